@@ -1,0 +1,29 @@
+# Every dependency comes from a Debian package through find_package; nothing is downloaded or vendored.
+find_package(CUDAToolkit QUIET)
+if(NOT CUDAToolkit_FOUND)
+  message(FATAL_ERROR
+    "kiln needs the CUDA toolkit (NVRTC, cuBLAS, NCCL headers and libraries), and none was found.\n"
+    "Install CUDA 12.8 or newer (https://developer.nvidia.com/cuda-downloads) so that /usr/local/cuda exists, "
+    "or point CMake at it with -DCUDAToolkit_ROOT=/path/to/cuda. No GPU or driver is needed to build.")
+endif()
+if(CUDAToolkit_VERSION VERSION_LESS 12.8)
+  message(FATAL_ERROR "kiln needs CUDA 12.8 or newer (NVRTC precompiled headers); found ${CUDAToolkit_VERSION}")
+endif()
+
+find_package(Threads REQUIRED)
+find_package(TBB REQUIRED)
+find_package(RocksDB REQUIRED)
+find_package(xxhash REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 REQUIRED)
+if(KILN_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(KILN_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()
+
+# The toolkit's include directory is where NVRTC finds cuda_fp16.h and friends at run time.
+list(GET CUDAToolkit_INCLUDE_DIRS 0 KILN_CUDA_INCLUDE_DIR)

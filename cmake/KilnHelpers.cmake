@@ -1,0 +1,31 @@
+# kiln_library(NAME folder SOURCES ...): one static library per folder, exported as kiln::<folder>.
+function(kiln_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  add_library(kiln_${name} STATIC ${ARG_SOURCES})
+  add_library(kiln::${name} ALIAS kiln_${name})
+  set_target_properties(kiln_${name} PROPERTIES EXPORT_NAME ${name} OUTPUT_NAME kiln_${name})
+  target_include_directories(kiln_${name} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  target_compile_options(kiln_${name} PRIVATE -Wall -Wextra -Wno-missing-field-initializers)
+  set_property(GLOBAL APPEND PROPERTY KILN_LIBRARIES kiln_${name})
+endfunction()
+
+# kiln_embed(TARGET target NAMESPACE ns FILES f1 f2 ...): builds text files into the target as a table
+# (name -> contents), so that the runtime never reads the source tree. The generated function is
+#   std::span<const kiln::EmbeddedFile> <ns>::embedded_files();
+function(kiln_embed)
+  cmake_parse_arguments(ARG "" "TARGET;NAMESPACE;BASE" "FILES" ${ARGN})
+  set(out "${CMAKE_CURRENT_BINARY_DIR}/${ARG_TARGET}_embedded.cpp")
+  set(files_abs "")
+  foreach(f ${ARG_FILES})
+    get_filename_component(abs "${f}" ABSOLUTE)
+    list(APPEND files_abs "${abs}")
+  endforeach()
+  add_custom_command(OUTPUT "${out}"
+    COMMAND ${CMAKE_COMMAND} -DOUT=${out} -DNAMESPACE=${ARG_NAMESPACE} -DBASE=${ARG_BASE}
+            "-DFILES=${files_abs}" -P ${PROJECT_SOURCE_DIR}/cmake/KilnEmbedScript.cmake
+    DEPENDS ${files_abs} ${PROJECT_SOURCE_DIR}/cmake/KilnEmbedScript.cmake
+    COMMENT "Embedding ${ARG_NAMESPACE} files" VERBATIM)
+  target_sources(${ARG_TARGET} PRIVATE "${out}")
+endfunction()

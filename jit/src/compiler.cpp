@@ -1,0 +1,191 @@
+#include "kiln/jit/compiler.h"
+
+#include <nvrtc.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "kiln/jit/cuda_status.h"
+#include "options.h"
+
+#ifndef KILN_DEFAULT_CUDA_INCLUDE
+#define KILN_DEFAULT_CUDA_INCLUDE "/usr/local/cuda/include"
+#endif
+
+namespace kiln {
+
+Status to_status(nvrtcResult result, const char* expr, const char* file, int line) {
+  if (result == NVRTC_SUCCESS) return Status();
+  std::string_view f(file);
+  if (auto s = f.rfind('/'); s != std::string_view::npos) f.remove_prefix(s + 1);
+  ErrorCode code = result == NVRTC_ERROR_CANCELLED ? ErrorCode::kCancelled : ErrorCode::kInternal;
+  return make_error(code, fmt::format("{} failed: {} [{}:{}]", expr, nvrtcGetErrorString(result), f, line));
+}
+
+NvrtcVersion nvrtc_version() {
+  static const NvrtcVersion v = [] {
+    NvrtcVersion out;
+    if (nvrtcVersion(&out.major, &out.minor) != NVRTC_SUCCESS) out = {};
+    return out;
+  }();
+  return v;
+}
+
+const std::string& cuda_include_dir() {
+  static const std::string dir = [] {
+    auto has_headers = [](const std::string& d) {
+      struct stat st {};
+      return ::stat((d + "/cuda_fp16.h").c_str(), &st) == 0;
+    };
+    if (const char* env = std::getenv("KILN_CUDA_INCLUDE"); env && *env) return std::string(env);
+    if (has_headers(KILN_DEFAULT_CUDA_INCLUDE)) return std::string(KILN_DEFAULT_CUDA_INCLUDE);
+    if (const char* home = std::getenv("CUDA_HOME"); home && *home && has_headers(std::string(home) + "/include")) {
+      return std::string(home) + "/include";
+    }
+    return std::string("/usr/local/cuda/include");
+  }();
+  return dir;
+}
+
+std::string Binary::symbol_for(const std::string& name) const {
+  for (const auto& [expr, lowered] : lowered_names) {
+    if (expr == name) return lowered;
+  }
+  return name;
+}
+
+namespace {
+
+// Owns an nvrtcProgram.
+class Program {
+ public:
+  explicit Program(nvrtcProgram p) : p_(p) {}
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+  ~Program() { nvrtcDestroyProgram(&p_); }
+  nvrtcProgram get() const { return p_; }
+
+ private:
+  nvrtcProgram p_;
+};
+
+// NVRTC's flow callback: 1 cancels. stop_requested() never goes back to false, as NVRTC requires.
+int flow_callback(void* payload, void*) {
+  return static_cast<const std::stop_token*>(payload)->stop_requested() ? 1 : 0;
+}
+
+std::string program_log(nvrtcProgram p) {
+  size_t n = 0;
+  if (nvrtcGetProgramLogSize(p, &n) != NVRTC_SUCCESS || n <= 1) return {};
+  std::string log(n, '\0');
+  if (nvrtcGetProgramLog(p, log.data()) != NVRTC_SUCCESS) return {};
+  log.resize(n - 1);  // drop the terminating NUL
+  return log;
+}
+
+// The first line of the log that reports an error, for a one-line message.
+std::string first_error_line(const std::string& log) {
+  size_t pos = 0;
+  while (pos < log.size()) {
+    size_t eol = log.find('\n', pos);
+    if (eol == std::string::npos) eol = log.size();
+    std::string_view line(log.data() + pos, eol - pos);
+    if (line.find("error") != std::string_view::npos) return std::string(line);
+    pos = eol + 1;
+  }
+  return log.substr(0, log.find('\n'));
+}
+
+Status validate(const KernelSource& src) {
+  if (src.source.empty()) return make_error(ErrorCode::kInvalidArgument, fmt::format("kernel '{}' has no source text", src.name));
+  if (src.entry.empty()) return make_error(ErrorCode::kInvalidArgument, fmt::format("kernel '{}' names no entry point", src.name));
+  for (const auto& o : src.options) {
+    if (detail::is_arch_option(o)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("kernel '{}': option '{}' sets the arch; give it as the Target instead", src.name, o));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<Binary> compile(const KernelSource& src, const Target& target, const CompileSettings& settings) {
+  KILN_RETURN_IF_ERROR(validate(src));
+  KILN_RETURN_IF_ERROR(Target::parse(target.arch));
+  if (settings.stop.stop_requested()) {
+    return make_error(ErrorCode::kCancelled, fmt::format("compile of '{}' cancelled before it started", src.name));
+  }
+  auto start = std::chrono::steady_clock::now();
+
+  std::vector<const char*> header_contents, header_names;
+  for (const auto& h : src.headers) {
+    header_contents.push_back(h.content.c_str());
+    header_names.push_back(h.name.c_str());
+  }
+  std::string program_name = (src.name.empty() ? std::string("kernel") : src.name) + ".cu";
+  nvrtcProgram raw = nullptr;
+  KILN_CHECK(nvrtcCreateProgram(&raw, src.source.c_str(), program_name.c_str(), static_cast<int>(src.headers.size()),
+                                header_contents.data(), header_names.data()));
+  Program program(raw);
+  for (const auto& e : src.name_expressions) KILN_CHECK(nvrtcAddNameExpression(program.get(), e.c_str()));
+  // Copy the token: the callback may run on NVRTC's threads while `settings` belongs to the caller.
+  std::stop_token stop = settings.stop;
+  if (stop.stop_possible()) KILN_CHECK(nvrtcSetFlowCallback(program.get(), &flow_callback, &stop));
+
+  std::vector<std::string> options;
+  options.push_back("-arch=" + target.arch);
+  for (const auto& o : src.options) options.push_back(o);
+  for (const auto& d : src.include_dirs) options.push_back("-I" + d);
+  options.push_back("-I" + cuda_include_dir());
+  if (settings.use_pch) {
+    options.push_back("-pch");
+    if (!settings.pch_dir.empty()) options.push_back("-pch-dir=" + settings.pch_dir);
+  }
+  std::vector<const char*> option_ptrs;
+  for (const auto& o : options) option_ptrs.push_back(o.c_str());
+
+  nvrtcResult rc = nvrtcCompileProgram(program.get(), static_cast<int>(option_ptrs.size()), option_ptrs.data());
+  std::string log = program_log(program.get());
+  if (rc == NVRTC_ERROR_CANCELLED) {
+    return make_error(ErrorCode::kCancelled, fmt::format("compile of '{}' for {} cancelled", src.name, target.arch));
+  }
+  if (rc != NVRTC_SUCCESS) {
+    return make_error(ErrorCode::kCompileError,
+                      fmt::format("NVRTC could not compile '{}' for {}: {}", src.name, target.arch,
+                                  log.empty() ? std::string(nvrtcGetErrorString(rc)) : first_error_line(log)),
+                      log);
+  }
+
+  Binary bin;
+  bin.key = make_key(src, target);
+  bin.name = src.name;
+  bin.entry = src.entry;
+  bin.arch = target.arch;
+  bin.log = std::move(log);
+  size_t n = 0;
+  KILN_CHECK(nvrtcGetCUBINSize(program.get(), &n));
+  bin.cubin.resize(n);
+  KILN_CHECK(nvrtcGetCUBIN(program.get(), bin.cubin.data()));
+  if (settings.want_ptx) {
+    KILN_CHECK(nvrtcGetPTXSize(program.get(), &n));
+    bin.ptx.resize(n);
+    KILN_CHECK(nvrtcGetPTX(program.get(), bin.ptx.data()));
+    if (!bin.ptx.empty() && bin.ptx.back() == '\0') bin.ptx.pop_back();
+  }
+  for (const auto& e : src.name_expressions) {
+    const char* lowered = nullptr;
+    KILN_CHECK(nvrtcGetLoweredName(program.get(), e.c_str(), &lowered));
+    bin.lowered_names.emplace_back(e, lowered);
+  }
+  NvrtcVersion v = nvrtc_version();
+  bin.nvrtc_major = v.major;
+  bin.nvrtc_minor = v.minor;
+  bin.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return bin;
+}
+
+}  // namespace kiln

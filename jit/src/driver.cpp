@@ -1,0 +1,113 @@
+#include "kiln/jit/driver.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace kiln {
+namespace {
+
+using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+const DriverApi* g_loaded = nullptr;  // set once by driver(); read by cuda_error_name
+
+std::string_view basename_of(std::string_view path) {
+  auto slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+Result<DriverApi> load_driver(const std::string& library) {
+  // RTLD_NODELETE: function pointers handed out must stay valid for the life of the process.
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return make_error(ErrorCode::kNoDriver,
+                      fmt::format("cannot load {} ({}); GPU work needs the NVIDIA driver, "
+                                  "compiling does not",
+                                  library, why ? why : "unknown reason"));
+  }
+  // cuGetProcAddress hands out the entry point whose ABI matches the CUDA version kiln's headers declare.
+  auto get_proc = reinterpret_cast<GetProcAddress>(dlsym(handle, "cuGetProcAddress_v2"));
+  if (get_proc == nullptr) {
+    return make_error(ErrorCode::kNoDriver,
+                      fmt::format("{} has no cuGetProcAddress_v2; the driver is older than "
+                                  "CUDA 12.0, update it",
+                                  library));
+  }
+  DriverApi api;
+  api.library = library;
+  std::string missing;
+#define KILN_RESOLVE(name)                                                                      \
+  {                                                                                             \
+    void* fn = nullptr;                                                                         \
+    CUdriverProcAddressQueryResult found{};                                                     \
+    if (get_proc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || \
+        fn == nullptr) {                                                                        \
+      missing += missing.empty() ? "" : ", ";                                                   \
+      missing += #name;                                                                         \
+    }                                                                                           \
+    api.name = reinterpret_cast<decltype(api.name)>(fn);                                        \
+  }
+  KILN_DRIVER_FUNCTIONS(KILN_RESOLVE)
+#undef KILN_RESOLVE
+  if (!missing.empty()) {
+    return make_error(ErrorCode::kNoDriver,
+                      fmt::format("{} lacks entry points kiln needs ({}); update the driver",
+                                  library, missing));
+  }
+  if (api.cuDriverGetVersion(&api.driver_version) != CUDA_SUCCESS) api.driver_version = 0;
+  CUresult init = api.cuInit(0);
+  if (init != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    api.cuGetErrorName(init, &name);
+    return make_error(ErrorCode::kNoDevice,
+                      fmt::format("cuInit failed with {} (driver {})",
+                                  name ? name : std::to_string(static_cast<int>(init)), basename_of(library)));
+  }
+  if (api.cuDeviceGetCount(&api.device_count) != CUDA_SUCCESS || api.device_count == 0) {
+    return make_error(ErrorCode::kNoDevice, "the driver loaded but reports no devices");
+  }
+  return api;
+}
+
+Result<const DriverApi*> driver() {
+  static std::once_flag once;
+  static Result<DriverApi>* loaded = nullptr;
+  std::call_once(once, [] {
+    const char* env = std::getenv("KILN_CUDA_DRIVER");
+    std::string library = (env != nullptr && *env != '\0') ? env : "libcuda.so.1";
+    loaded = new Result<DriverApi>(load_driver(library));  // lives for the process: entry points must too
+    if (loaded->ok()) g_loaded = &loaded->value();
+  });
+  if (!loaded->ok()) return loaded->status();
+  return &loaded->value();
+}
+
+std::string cuda_error_name(CUresult result) {
+  const char* name = nullptr;
+  if (g_loaded != nullptr && g_loaded->cuGetErrorName(result, &name) == CUDA_SUCCESS && name != nullptr) {
+    return name;
+  }
+  return fmt::format("CUresult {}", static_cast<int>(result));
+}
+
+Status to_status(CUresult result, const char* expr, const char* file, int line) {
+  if (result == CUDA_SUCCESS) return Status();
+  std::string description;
+  const char* text = nullptr;
+  if (g_loaded != nullptr && g_loaded->cuGetErrorString(result, &text) == CUDA_SUCCESS && text != nullptr) {
+    description = text;
+  }
+  return make_error(ErrorCode::kCudaError,
+                    fmt::format("{} failed: {}{}{}{} [{}:{}]", expr, cuda_error_name(result),
+                                description.empty() ? "" : " (", description, description.empty() ? "" : ")",
+                                basename_of(file), line));
+}
+
+}  // namespace kiln

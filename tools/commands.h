@@ -1,0 +1,36 @@
+// The kiln command line's subcommands. Each cmd_*.cpp file registers itself with KILN_REGISTER_COMMAND and
+// adds its subcommand(s) to the app; main.cpp only runs the registry, so commands never touch each other.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kiln::cli {
+
+using AddCommand = void (*)(CLI::App& root);
+
+/// Every registered command adder, in registration order.
+std::vector<AddCommand>& command_registry();
+
+struct CommandRegistrar {
+  explicit CommandRegistrar(AddCommand add) { command_registry().push_back(add); }
+};
+
+/// The `kiln NAME` group subcommand (e.g. "bench", "cache"), created on first use, so that several files
+/// can add `kiln bench pool`, `kiln bench allreduce`, ...
+CLI::App& group(CLI::App& root, const std::string& name, const std::string& description);
+
+/// Throw from a callback to exit with `code` after printing the error yourself.
+struct ExitCode : CLI::RuntimeError {
+  explicit ExitCode(int code) : CLI::RuntimeError(code) {}
+};
+
+}  // namespace kiln::cli
+
+#define KILN_REGISTER_COMMAND(fn) \
+  static ::kiln::cli::CommandRegistrar KILN_CLI_CONCAT(kiln_registrar_, __LINE__)(fn)
+#define KILN_CLI_CONCAT_INNER(a, b) a##b
+#define KILN_CLI_CONCAT(a, b) KILN_CLI_CONCAT_INNER(a, b)
