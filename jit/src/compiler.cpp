@@ -5,10 +5,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 
 #include <fmt/format.h>
 
 #include "kiln/jit/cuda_status.h"
+#include "kiln/jit/testing.h"
 #include "options.h"
 
 #ifndef KILN_DEFAULT_CUDA_INCLUDE
@@ -72,8 +74,14 @@ class Program {
   nvrtcProgram p_;
 };
 
+std::function<void()>& flow_hook() {
+  static std::function<void()> hook;
+  return hook;
+}
+
 // NVRTC's flow callback: 1 cancels. stop_requested() never goes back to false, as NVRTC requires.
 int flow_callback(void* payload, void*) {
+  if (const auto& hook = flow_hook()) hook();
   return static_cast<const std::stop_token*>(payload)->stop_requested() ? 1 : 0;
 }
 
@@ -112,6 +120,8 @@ Status validate(const KernelSource& src) {
 }
 
 }  // namespace
+
+void testing::set_nvrtc_flow_hook(std::function<void()> hook) { flow_hook() = std::move(hook); }
 
 Result<Binary> compile(const KernelSource& src, const Target& target, const CompileSettings& settings) {
   KILN_RETURN_IF_ERROR(validate(src));

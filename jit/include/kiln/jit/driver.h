@@ -30,7 +30,7 @@
   X(cuGraphExecDestroy) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)    \
   X(cuEventQuery) X(cuEventElapsedTime) X(cuTensorMapEncodeTiled) X(cuPointerGetAttribute)           \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuDeviceCanAccessPeer)         \
-  X(cuCtxEnablePeerAccess) X(cuLaunchHostFunc)
+  X(cuCtxEnablePeerAccess) X(cuLaunchHostFunc) X(cuCtxCreate) X(cuCtxDestroy)
 
 namespace kiln {
 

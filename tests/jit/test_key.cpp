@@ -1,0 +1,144 @@
+// KernelKey: stable across processes and paths, and sensitive to every input that changes the binary.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "kiln/jit/compiler.h"
+#include "kiln/jit/key.h"
+#include "kiln_test.h"
+#include "shared_kernels.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+const Target kSm90{"sm_90"};
+
+std::string run_probe(const std::string& include_dir) {
+  std::string cmd = std::string(KILN_KEY_PROBE) + (include_dir.empty() ? "" : " '" + include_dir + "'");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return "popen failed";
+  std::array<char, 128> buf{};
+  std::string out;
+  while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  int rc = pclose(p);
+  if (rc != 0) return "probe exited with " + std::to_string(rc);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+// A directory holding kiln_probe/tile.cuh (which includes a sibling by a quoted relative path).
+fs::path make_header_dir(const std::string& tag, const std::string& tile_value) {
+  fs::path dir = fs::temp_directory_path() / ("kiln_key_" + tag + "_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "kiln_probe");
+  std::ofstream(dir / "kiln_probe" / "tile.cuh") << "#include \"inner.cuh\"\nconstexpr int kTile = kInner * 2;\n";
+  std::ofstream(dir / "kiln_probe" / "inner.cuh") << "constexpr int kInner = " << tile_value << ";\n";
+  return dir;
+}
+
+TEST(KernelKey, HexRoundTrip) {
+  KernelKey k = make_key(test_kernels::probe_source(""), kSm90);
+  std::string hex = k.hex();
+  ASSERT_EQ(hex.size(), 32u);
+  EXPECT_EQ(hex.find_first_not_of("0123456789abcdef"), std::string::npos);
+  KILN_ASSERT_OK_AND_ASSIGN(KernelKey back, KernelKey::parse(hex));
+  EXPECT_EQ(back, k);
+  EXPECT_FALSE(KernelKey::parse("xyz").ok());
+  EXPECT_FALSE(KernelKey::parse(std::string(32, 'g')).ok());
+}
+
+TEST(KernelKey, SameInTwoSeparateProcesses) {
+  std::string here = make_key(test_kernels::probe_source(""), kSm90).hex();
+  std::string first = run_probe("");
+  std::string second = run_probe("");
+  EXPECT_EQ(first, here);
+  EXPECT_EQ(second, here);
+}
+
+TEST(KernelKey, SameWhenTheSameHeadersLiveAtDifferentPaths) {
+  fs::path a = make_header_dir("a", "16");
+  fs::path b = make_header_dir("b", "16");
+  KernelKey ka = make_key(test_kernels::probe_source(a.string()), kSm90);
+  KernelKey kb = make_key(test_kernels::probe_source(b.string()), kSm90);
+  EXPECT_EQ(ka, kb);
+  EXPECT_EQ(run_probe(b.string()), ka.hex()) << "another process, another path, same key";
+  // And the headers really are part of it: the same include at a third path with other content differs.
+  fs::path c = make_header_dir("c", "32");
+  EXPECT_NE(make_key(test_kernels::probe_source(c.string()), kSm90), ka);
+  KILN_EXPECT_OK(compile(test_kernels::probe_source(a.string()), kSm90));
+  for (const auto& d : {a, b, c}) fs::remove_all(d);
+}
+
+TEST(KernelKey, ChangesWhenANestedHeaderOnDiskChanges) {
+  fs::path dir = make_header_dir("edit", "16");
+  KernelKey before = make_key(test_kernels::probe_source(dir.string()), kSm90);
+  // Same size, new content: the file's size is unchanged, so the content hash must be what catches it.
+  std::ofstream(dir / "kiln_probe" / "inner.cuh") << "constexpr int kInner = 61;\n";
+  fs::last_write_time(dir / "kiln_probe" / "inner.cuh",
+                      fs::last_write_time(dir / "kiln_probe" / "inner.cuh") + std::chrono::seconds(2));
+  EXPECT_NE(make_key(test_kernels::probe_source(dir.string()), kSm90), before);
+  fs::remove_all(dir);
+}
+
+TEST(KernelKey, EveryInputThatChangesTheBinaryChangesIt) {
+  const KernelSource base = test_kernels::probe_source("");
+  const KernelKey k0 = make_key(base, kSm90);
+  std::set<KernelKey> keys = {k0};
+  auto expect_new = [&](const KernelSource& s, const Target& t, const char* what) {
+    KernelKey k = make_key(s, t);
+    EXPECT_NE(k, k0) << what;
+    EXPECT_TRUE(keys.insert(k).second) << what << " collides with another variant";
+  };
+  KernelSource s = base;
+  s.source += "// a comment\n";
+  expect_new(s, kSm90, "source text");
+  s = base;
+  s.options.push_back("-DC=3");
+  expect_new(s, kSm90, "an added option");
+  s = base;
+  s.options[0] = "-DA=5";
+  expect_new(s, kSm90, "an option's value");
+  s = base;
+  s.headers[0].content = "constexpr int kProbe = 4;\n";
+  expect_new(s, kSm90, "a header's content");
+  s = base;
+  s.headers[0].name = "probe/other.h";
+  expect_new(s, kSm90, "a header's name");
+  s = base;
+  s.name_expressions.push_back("scale<double, 2>");
+  expect_new(s, kSm90, "a name expression");
+  s = base;
+  s.name = "probe2";
+  expect_new(s, kSm90, "the program name (it appears in line info)");
+  expect_new(base, Target{"sm_90a"}, "the arch");
+  expect_new(base, Target{"sm_80"}, "another arch");
+}
+
+TEST(KernelKey, OptionOrderAndSpeedOnlyOptionsDoNotChangeIt) {
+  KernelSource a = test_kernels::probe_source("");
+  KernelSource b = a;
+  std::reverse(b.options.begin(), b.options.end());
+  EXPECT_EQ(make_key(a, kSm90), make_key(b, kSm90));
+  b.options.push_back("-pch");
+  b.options.push_back("-pch-dir=/tmp/somewhere");
+  EXPECT_EQ(make_key(a, kSm90), make_key(b, kSm90));
+  EXPECT_EQ(canonical_options({"-DB=2", "-I/abs/path", "-DA=1", "--pch-messages=false"}),
+            (std::vector<std::string>{"-DA=1", "-DB=2"}));
+}
+
+TEST(KernelKey, NoPathsOrHostNamesInTheHashedInputs) {
+  // The key is a pure function of content: moving the CUDA include dir's files would not change it, and the
+  // only paths kiln knows (include dirs) are excluded from the canonical options.
+  KernelSource s = test_kernels::probe_source("");
+  s.options.push_back("-I/home/someone/include");
+  s.options.push_back("--include-path=/opt/x");
+  EXPECT_EQ(make_key(s, kSm90), make_key(test_kernels::probe_source(""), kSm90));
+}
+
+}  // namespace
+}  // namespace kiln
