@@ -1,0 +1,185 @@
+// Family launch helpers and subgraphs (see kiln/templates/launch.h).
+#include "kiln/templates/launch.h"
+
+#include <fmt/format.h>
+
+#include "families.h"
+#include "kiln/templates/registry.h"
+
+namespace kiln::templates {
+
+EpilogueArgs default_epilogue_args() {
+  EpilogueArgs e{};
+  e.alpha = 1.f;
+  e.beta = 1.f;
+  return e;
+}
+
+namespace {
+Status bad(std::string msg) { return make_error(ErrorCode::kInvalidArgument, std::move(msg)); }
+
+// Launch::align_bytes / align_elems: what the configuration's vector accesses need (see template.h).
+Status check_ptr(const Launch& g, const void* p, const char* what) {
+  if (p && g.align_bytes > 1 && reinterpret_cast<uintptr_t>(p) % g.align_bytes) {
+    return bad(fmt::format("{} ({}) is not aligned to the {} bytes this configuration's vector accesses need", what,
+                           p, g.align_bytes));
+  }
+  return Status();
+}
+Status check_ld(const Launch& g, long long ld, const char* what) {
+  if (g.align_elems > 1 && ld % g.align_elems) {
+    return bad(fmt::format("{} = {} is not a multiple of {} (this configuration's vector width)", what, ld, g.align_elems));
+  }
+  return Status();
+}
+
+template <class Args>
+Status launch_struct(const Kernel& kernel, const Launch& g, const Args& args, CUstream stream) {
+  if (g.grid.x == 0 || g.grid.y == 0 || g.grid.z == 0) return Status();  // an empty problem: nothing to do
+  return kernel(g.config(stream), args);
+}
+}  // namespace
+
+Status launch(const Kernel& kernel, const Launch& g, const GemmArgs& a, CUstream stream) {
+  if (a.m < 0 || a.n < 0 || a.k < 0) return bad("gemm: negative size");
+  if (a.split_k < 1 || a.k_per_split < 0) return bad("gemm: split_k must be >= 1 and k_per_split >= 0");
+  if ((a.m && a.n && a.k) && (!a.a || !a.b)) return bad("gemm: null A or B");
+  if (a.split_k > 1 && !a.workspace) return bad("gemm: split-K partials need a workspace");
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.a, "gemm: a"));
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.b, "gemm: b"));
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.d, "gemm: d"));
+  KILN_RETURN_IF_ERROR(check_ld(g, a.lda, "gemm: lda"));
+  KILN_RETURN_IF_ERROR(check_ld(g, a.ldb, "gemm: ldb"));
+  if (a.d) KILN_RETURN_IF_ERROR(check_ld(g, a.ldd, "gemm: ldd"));
+  return launch_struct(kernel, g, a, stream);
+}
+
+Status launch(const Kernel& kernel, const Launch& g, const NormArgs& a, CUstream stream) {
+  if (a.rows < 0 || a.cols < 0) return bad("norm: negative size");
+  if (a.rows && a.cols && (!a.x || !a.y || !a.weight)) return bad("norm: null x, y or weight");
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.x, "norm: x"));
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.residual, "norm: residual"));
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.residual_out, "norm: residual_out"));
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.weight, "norm: weight"));
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.bias, "norm: bias"));
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.y, "norm: y"));
+  KILN_RETURN_IF_ERROR(check_ld(g, a.ld_x, "norm: ld_x"));
+  if (a.residual) KILN_RETURN_IF_ERROR(check_ld(g, a.ld_residual, "norm: ld_residual"));
+  if (a.residual_out) KILN_RETURN_IF_ERROR(check_ld(g, a.ld_residual_out, "norm: ld_residual_out"));
+  KILN_RETURN_IF_ERROR(check_ld(g, a.ld_y, "norm: ld_y"));
+  return launch_struct(kernel, g, a, stream);
+}
+
+Status launch(const Kernel& kernel, const Launch& g, const SoftmaxArgs& a, CUstream stream) {
+  if (a.rows < 0 || a.cols < 0) return bad("softmax: negative size");
+  if (a.rows && a.cols && (!a.x || !a.y)) return bad("softmax: null x or y");
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.x, "softmax: x"));
+  KILN_RETURN_IF_ERROR(check_ptr(g, a.y, "softmax: y"));
+  KILN_RETURN_IF_ERROR(check_ld(g, a.ld_x, "softmax: ld_x"));
+  KILN_RETURN_IF_ERROR(check_ld(g, a.ld_y, "softmax: ld_y"));
+  return launch_struct(kernel, g, a, stream);
+}
+
+Status launch(const Kernel& kernel, const Launch& g, const SplitKReduceArgs& a, CUstream stream) {
+  if (a.m < 0 || a.n < 0 || a.slices < 1) return bad("splitk_reduce: negative size or slices < 1");
+  if (a.m && a.n && (!a.workspace || !a.d)) return bad("splitk_reduce: null workspace or d");
+  return launch_struct(kernel, g, a, stream);
+}
+
+// ------------------------------------------------------------------------------------------------ subgraphs
+
+std::string_view binding_name(Binding b) {
+  switch (b) {
+    case Binding::kGemm: return "gemm";
+    case Binding::kGemmPartials: return "gemm_partials";
+    case Binding::kSplitKReduce: return "splitk_reduce";
+  }
+  return "?";
+}
+
+Result<Subgraph> make_splitk_gemm(const TemplatePtr& gemm, const Params& gemm_params, const Params& reduce_params,
+                                  const EpilogueSpec& epilogue, const Shape& shape, int slices) {
+  if (!gemm) return bad("split-K: no GEMM template");
+  if (slices < 1) return bad(fmt::format("split-K: slices must be >= 1, got {}", slices));
+  if (shape.m < 1 || shape.n < 1 || shape.k < 1) return bad("split-K: m, n and k must be >= 1");
+  const ParamSpec* partials = gemm->param("partials");
+  if (!partials || partials->kind != ParamKind::kBool || partials->role != ParamRole::kProblem) {
+    return bad(fmt::format("split-K: template '{}' has no bool problem parameter 'partials'", gemm->name()));
+  }
+  int64_t kps = (shape.k + slices - 1) / slices;
+  kps = (kps + 127) / 128 * 128;
+  int real_slices = static_cast<int>((shape.k + kps - 1) / kps);
+
+  Subgraph g;
+  SubgraphStep s0;
+  s0.tmpl = gemm;
+  Params gp = gemm_params;
+  gp.insert_or_assign("partials", Value::boolean(true));
+  KILN_ASSIGN_OR_RETURN(s0.kernel, gemm->render(gp));
+  Shape gs = shape;
+  gs.splits = real_slices;
+  KILN_ASSIGN_OR_RETURN(s0.geometry, gemm->geometry(gp, gs));
+  s0.binding = Binding::kGemmPartials;
+  s0.split_k = real_slices;
+  s0.k_per_split = static_cast<int>(kps);
+
+  KILN_ASSIGN_OR_RETURN(TemplatePtr reduce, find_template("splitk_reduce"));
+  SubgraphStep s1;
+  s1.tmpl = reduce;
+  Params rp = reduce_params;
+  rp.insert_or_assign("epilogue", epilogue_value(epilogue));
+  KILN_ASSIGN_OR_RETURN(s1.kernel, reduce->render(rp));
+  Shape rs{shape.m, shape.n, 1, 1, real_slices};
+  KILN_ASSIGN_OR_RETURN(s1.geometry, reduce->geometry(rp, rs));
+  s1.binding = Binding::kSplitKReduce;
+  s1.split_k = real_slices;
+
+  g.name = fmt::format("splitk{}_{}_{}", real_slices, s0.kernel.config_name, s1.kernel.config_name);
+  g.workspace_bytes = static_cast<size_t>(real_slices) * shape.m * shape.n * sizeof(float);
+  g.steps.push_back(std::move(s0));
+  g.steps.push_back(std::move(s1));
+  return g;
+}
+
+Status run(const Subgraph& graph, const std::vector<const Kernel*>& kernels, const GemmArgs& args,
+           CUdeviceptr workspace, CUstream stream) {
+  if (kernels.size() != graph.steps.size()) {
+    return bad(fmt::format("subgraph '{}': {} kernels for {} steps", graph.name, kernels.size(), graph.steps.size()));
+  }
+  if (graph.workspace_bytes && !workspace) return bad(fmt::format("subgraph '{}' needs a workspace", graph.name));
+  float* ws = reinterpret_cast<float*>(static_cast<uintptr_t>(workspace));
+  for (size_t i = 0; i < graph.steps.size(); ++i) {
+    const SubgraphStep& s = graph.steps[i];
+    if (!kernels[i]) return bad(fmt::format("subgraph '{}': no kernel for step {}", graph.name, i));
+    Status st;
+    switch (s.binding) {
+      case Binding::kGemm: st = launch(*kernels[i], s.geometry, args, stream); break;
+      case Binding::kGemmPartials: {
+        GemmArgs a = args;
+        a.d = nullptr;
+        a.workspace = ws;
+        a.split_k = s.split_k;
+        a.k_per_split = s.k_per_split;
+        st = launch(*kernels[i], s.geometry, a, stream);
+        break;
+      }
+      case Binding::kSplitKReduce: {
+        SplitKReduceArgs r{};
+        r.workspace = ws;
+        r.d = args.d;
+        r.m = args.m;
+        r.n = args.n;
+        r.slices = s.split_k;
+        r.slice_stride = static_cast<long long>(args.m) * args.n;
+        r.ldd = args.ldd;
+        r.ep = args.ep;
+        st = launch(*kernels[i], s.geometry, r, stream);
+        break;
+      }
+    }
+    if (!st.ok()) return std::move(st).with_context(fmt::format("step {} ({}) of subgraph '{}'", i, s.kernel.config_name, graph.name));
+  }
+  return Status();
+}
+
+}  // namespace kiln::templates

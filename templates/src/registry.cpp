@@ -1,0 +1,223 @@
+// The registry of built-in templates, and grid enumeration, pruning and sampling.
+#include "kiln/templates/registry.h"
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "families.h"
+#include "kiln/embedded.h"
+
+namespace kiln::templates_text {
+std::span<const kiln::EmbeddedFile> embedded_files();  // templates/**/*.cu, *.cuh (kiln_embed)
+}
+namespace kiln::templates_abi {
+std::span<const kiln::EmbeddedFile> embedded_files();  // kiln/templates/kernel_args.h
+}
+
+namespace kiln::templates {
+namespace {
+
+struct Registry {
+  std::vector<TemplatePtr> templates;
+  std::vector<Status> errors;
+};
+
+std::string_view find_embedded(std::string_view name, bool* found) {
+  for (const auto& f : templates_text::embedded_files()) {
+    if (f.name == name) {
+      *found = true;
+      return f.contents;
+    }
+  }
+  for (const auto& f : templates_abi::embedded_files()) {
+    if (f.name == name) {
+      *found = true;
+      return f.contents;
+    }
+  }
+  *found = false;
+  return {};
+}
+
+const Registry& registry() {
+  static const Registry r = [] {
+    Registry reg;
+    std::vector<TemplateDef> defs;
+    detail::add_norm_templates(defs);
+    detail::add_softmax_templates(defs);
+    detail::add_splitk_templates(defs);
+#ifdef KILN_HAVE_GEMM_TEMPLATES
+    detail::add_gemm_templates(defs);
+#endif
+    std::set<std::string> names;
+    for (TemplateDef& def : defs) {
+      std::string name = def.name;
+      if (!names.insert(name).second) {
+        reg.errors.push_back(make_error(ErrorCode::kInternal, fmt::format("template '{}' registered twice", name)));
+        continue;
+      }
+      bool found = false;
+      std::string_view text = find_embedded(def.file, &found);
+      if (!found) {
+        reg.errors.push_back(make_error(ErrorCode::kInternal,
+                                        fmt::format("template '{}': no embedded file '{}'", name, def.file)));
+        continue;
+      }
+      std::vector<Header> headers;
+      std::vector<std::string> header_names = def.headers;
+      if (std::find(header_names.begin(), header_names.end(), "kiln/templates/kernel_args.h") == header_names.end()) {
+        header_names.push_back("kiln/templates/kernel_args.h");
+      }
+      bool ok = true;
+      for (const std::string& h : header_names) {
+        std::string_view content = find_embedded(h, &found);
+        if (!found) {
+          reg.errors.push_back(make_error(ErrorCode::kInternal,
+                                          fmt::format("template '{}': no embedded header '{}'", name, h)));
+          ok = false;
+          break;
+        }
+        headers.push_back(Header{h, std::string(content)});
+      }
+      if (!ok) continue;
+      auto t = Template::create(std::move(def), text, std::move(headers));
+      if (!t.ok()) {
+        reg.errors.push_back(std::move(t).status());
+        continue;
+      }
+      reg.templates.push_back(*t);
+    }
+    std::sort(reg.templates.begin(), reg.templates.end(),
+              [](const TemplatePtr& a, const TemplatePtr& b) { return a->name() < b->name(); });
+    return reg;
+  }();
+  return r;
+}
+
+}  // namespace
+
+std::span<const TemplatePtr> all_templates() { return registry().templates; }
+std::span<const Status> registry_errors() { return registry().errors; }
+
+Result<TemplatePtr> find_template(std::string_view name) {
+  std::string known;
+  for (const TemplatePtr& t : all_templates()) {
+    if (t->name() == name) return t;
+    known += (known.empty() ? "" : ", ") + t->name();
+  }
+  return make_error(ErrorCode::kNotFound, fmt::format("no template '{}' (templates: {})", name, known));
+}
+
+std::vector<TemplatePtr> templates_for(std::string_view problem) {
+  std::vector<TemplatePtr> out;
+  for (const TemplatePtr& t : all_templates()) {
+    if (t->problem() == problem) out.push_back(t);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------ Grid
+
+Result<Grid> Grid::create(TemplatePtr t, Params fixed) {
+  Grid g;
+  for (const auto& [name, v] : fixed) {
+    const ParamSpec* s = t->param(name);
+    if (!s) return make_error(ErrorCode::kInvalidArgument, fmt::format("template '{}': unknown parameter '{}'", t->name(), name));
+    if (s->role == ParamRole::kDerived) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("template '{}': parameter '{}' is derived; it cannot be fixed", t->name(), name));
+    }
+    if (v.kind() != s->kind) {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("template '{}': parameter '{}' must be {}, got {}",
+                                                                 t->name(), name, kind_name(s->kind), kind_name(v.kind())));
+    }
+  }
+  for (const ParamSpec& s : t->params()) {
+    if (s.role == ParamRole::kDerived || fixed.contains(s.name)) continue;
+    if (s.values.empty()) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("template '{}': parameter '{}' has no values to enumerate", t->name(), s.name));
+    }
+    g.axes_.push_back(&s);
+    g.size_ *= s.values.size();
+  }
+  g.t_ = std::move(t);
+  g.fixed_ = std::move(fixed);
+  return g;
+}
+
+Params Grid::at(uint64_t index) const {
+  Params p = fixed_;
+  for (size_t i = axes_.size(); i-- > 0;) {
+    const ParamSpec* s = axes_[i];
+    uint64_t n = s->values.size();
+    p.insert_or_assign(s->name, s->values[index % n]);
+    index /= n;
+  }
+  return p;
+}
+
+std::vector<Params> pruned(const Grid& grid, const DeviceLimits& limits) {
+  std::vector<Params> out;
+  for (uint64_t i = 0; i < grid.size(); ++i) {
+    Params p = grid.at(i);
+    if (grid.tmpl().check(p, limits).ok()) out.push_back(std::move(p));
+  }
+  return out;
+}
+
+uint64_t pruned_count(const Grid& grid, const DeviceLimits& limits) {
+  uint64_t n = 0;
+  for (uint64_t i = 0; i < grid.size(); ++i) {
+    if (grid.tmpl().check(grid.at(i), limits).ok()) ++n;
+  }
+  return n;
+}
+
+namespace {
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser: a fixed, platform-independent permutation
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+std::vector<Params> sample(const Grid& grid, const DeviceLimits& limits, size_t n, uint64_t seed) {
+  // The passing indices in a fixed pseudo-random order.
+  std::vector<std::pair<uint64_t, uint64_t>> order;  // (hash, index)
+  for (uint64_t i = 0; i < grid.size(); ++i) {
+    if (grid.tmpl().check(grid.at(i), limits).ok()) order.emplace_back(mix(i ^ mix(seed)), i);
+  }
+  std::sort(order.begin(), order.end());
+  const auto& axes = grid.axes();
+  std::vector<std::vector<bool>> covered(axes.size());
+  for (size_t a = 0; a < axes.size(); ++a) covered[a].assign(axes[a]->values.size(), false);
+  auto value_index = [&](size_t a, uint64_t index) {
+    uint64_t div = 1;
+    for (size_t b = axes.size(); b-- > a + 1;) div *= axes[b]->values.size();
+    return static_cast<size_t>((index / div) % axes[a]->values.size());
+  };
+  std::vector<bool> chosen(order.size(), false);
+  std::vector<uint64_t> picked;
+  for (size_t j = 0; j < order.size(); ++j) {
+    bool adds = false;
+    for (size_t a = 0; a < axes.size(); ++a) adds |= !covered[a][value_index(a, order[j].second)];
+    if (!adds) continue;
+    for (size_t a = 0; a < axes.size(); ++a) covered[a][value_index(a, order[j].second)] = true;
+    chosen[j] = true;
+    picked.push_back(order[j].second);
+  }
+  for (size_t j = 0; j < order.size() && picked.size() < n; ++j) {
+    if (!chosen[j]) picked.push_back(order[j].second);
+  }
+  std::vector<Params> out;
+  out.reserve(picked.size());
+  for (uint64_t i : picked) out.push_back(grid.at(i));
+  return out;
+}
+
+}  // namespace kiln::templates
