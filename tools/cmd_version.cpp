@@ -14,7 +14,7 @@ void add_version_command(CLI::App& app) {
     NvrtcVersion nv = nvrtc_version();
     fmt::print("kiln    {}\n", kKilnVersion);
     fmt::print("NVRTC   {}.{}\n", nv.major, nv.minor);
-    fmt::print("headers {}\n", cuda_include_dir());
+    for (const auto& d : cuda_include_dirs()) fmt::print("headers {}\n", d);
     auto d = driver();
     if (!d.ok()) {
       fmt::print("driver  none ({})\n", d.status().to_string());

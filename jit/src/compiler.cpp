@@ -36,20 +36,27 @@ NvrtcVersion nvrtc_version() {
   return v;
 }
 
-const std::string& cuda_include_dir() {
-  static const std::string dir = [] {
+const std::vector<std::string>& cuda_include_dirs() {
+  static const std::vector<std::string> dirs = [] {
     auto has_headers = [](const std::string& d) {
       struct stat st {};
       return ::stat((d + "/cuda_fp16.h").c_str(), &st) == 0;
     };
-    if (const char* env = std::getenv("KILN_CUDA_INCLUDE"); env && *env) return std::string(env);
-    if (has_headers(KILN_DEFAULT_CUDA_INCLUDE)) return std::string(KILN_DEFAULT_CUDA_INCLUDE);
-    if (const char* home = std::getenv("CUDA_HOME"); home && *home && has_headers(std::string(home) + "/include")) {
-      return std::string(home) + "/include";
+    std::string dir = "/usr/local/cuda/include";
+    if (const char* env = std::getenv("KILN_CUDA_INCLUDE"); env && *env) {
+      dir = env;
+    } else if (has_headers(KILN_DEFAULT_CUDA_INCLUDE)) {
+      dir = KILN_DEFAULT_CUDA_INCLUDE;
+    } else if (const char* home = std::getenv("CUDA_HOME");
+               home && *home && has_headers(std::string(home) + "/include")) {
+      dir = std::string(home) + "/include";
     }
-    return std::string("/usr/local/cuda/include");
+    std::vector<std::string> out{dir};
+    struct stat st {};
+    if (::stat((dir + "/cccl").c_str(), &st) == 0 && S_ISDIR(st.st_mode)) out.push_back(dir + "/cccl");
+    return out;
   }();
-  return dir;
+  return dirs;
 }
 
 std::string Binary::symbol_for(const std::string& name) const {
@@ -150,7 +157,7 @@ Result<Binary> compile(const KernelSource& src, const Target& target, const Comp
   options.push_back("-arch=" + target.arch);
   for (const auto& o : src.options) options.push_back(o);
   for (const auto& d : src.include_dirs) options.push_back("-I" + d);
-  options.push_back("-I" + cuda_include_dir());
+  for (const auto& d : cuda_include_dirs()) options.push_back("-I" + d);
   if (settings.use_pch) {
     options.push_back("-pch");
     if (!settings.pch_dir.empty()) options.push_back("-pch-dir=" + settings.pch_dir);

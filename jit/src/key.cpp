@@ -181,7 +181,7 @@ KernelKey make_key(const KernelSource& source, const Target& target) {
 
   // Headers on disk reachable from the source and the in-memory headers, keyed by their include spelling.
   std::vector<std::string> dirs = detail::include_dirs_of(source);
-  dirs.push_back(cuda_include_dir());
+  for (const auto& d : cuda_include_dirs()) dirs.push_back(d);
   std::set<std::pair<std::string, std::string>> found;  // (spelling, content hash hex | "?")
   std::set<std::string> visited_paths;
   std::vector<std::pair<Directive, std::string>> work;  // directive, directory of the includer ("" = memory)

@@ -58,8 +58,9 @@ struct NvrtcVersion {
 };
 NvrtcVersion nvrtc_version();
 
-/// The CUDA toolkit include directory NVRTC searches last: $KILN_CUDA_INCLUDE if set, else the toolkit
-/// kiln was built against ($CUDA_HOME/include is tried when that one is missing).
-const std::string& cuda_include_dir();
+/// The CUDA toolkit include directories NVRTC searches last: $KILN_CUDA_INCLUDE if set, else the toolkit kiln
+/// was built against ($CUDA_HOME/include is tried when that one is missing), followed by its `cccl/`
+/// subfolder when present (CUDA 13 keeps libcu++, CUB and Thrust there).
+const std::vector<std::string>& cuda_include_dirs();
 
 }  // namespace kiln
