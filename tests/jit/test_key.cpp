@@ -19,8 +19,16 @@ namespace {
 namespace fs = std::filesystem;
 const Target kSm90{"sm_90"};
 
+// kiln_key_probe next to this test executable (so a packed copy on another machine finds it), else the one
+// CMake built.
+std::string probe_path() {
+  std::error_code ec;
+  fs::path next_to_me = fs::read_symlink("/proc/self/exe", ec).parent_path() / "kiln_key_probe";
+  return !ec && fs::exists(next_to_me) ? next_to_me.string() : std::string(KILN_KEY_PROBE);
+}
+
 std::string run_probe(const std::string& include_dir) {
-  std::string cmd = std::string(KILN_KEY_PROBE) + (include_dir.empty() ? "" : " '" + include_dir + "'");
+  std::string cmd = probe_path() + (include_dir.empty() ? "" : " '" + include_dir + "'");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return "popen failed";
   std::array<char, 128> buf{};
