@@ -153,14 +153,18 @@ Status run(const Subgraph& graph, const std::vector<const Kernel*>& kernels, con
     if (!kernels[i]) return bad(fmt::format("subgraph '{}': no kernel for step {}", graph.name, i));
     Status st;
     switch (s.binding) {
-      case Binding::kGemm: st = launch(*kernels[i], s.geometry, args, stream); break;
+      case Binding::kGemm:
+        st = s.tmpl->def().gemm_launch ? s.tmpl->def().gemm_launch(*kernels[i], s.kernel.params, s.geometry, args, stream)
+                                       : launch(*kernels[i], s.geometry, args, stream);
+        break;
       case Binding::kGemmPartials: {
         GemmArgs a = args;
         a.d = nullptr;
         a.workspace = ws;
         a.split_k = s.split_k;
         a.k_per_split = s.k_per_split;
-        st = launch(*kernels[i], s.geometry, a, stream);
+        st = s.tmpl->def().gemm_launch ? s.tmpl->def().gemm_launch(*kernels[i], s.kernel.params, s.geometry, a, stream)
+                                       : launch(*kernels[i], s.geometry, a, stream);
         break;
       }
       case Binding::kSplitKReduce: {

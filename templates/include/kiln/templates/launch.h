@@ -71,7 +71,8 @@ struct Subgraph {
 Result<Subgraph> make_splitk_gemm(const TemplatePtr& gemm, const Params& gemm_params, const Params& reduce_params,
                                   const EpilogueSpec& epilogue, const Shape& shape, int slices);
 
-/// Runs the subgraph: `kernels[i]` is the compiled kernel of `graph.steps[i]`; `args` are the problem's
+/// Runs the subgraph: GEMM steps go through their template's TemplateDef::gemm_launch when it has one (TMA
+/// configurations), else through launch(). `kernels[i]` is the compiled kernel of `graph.steps[i]`; `args` are the problem's
 /// GemmArgs (a, b, d, sizes, leading dimensions, epilogue args); `workspace` holds at least
 /// graph.workspace_bytes. Launches in order on `stream`; returns the first launch error.
 Status run(const Subgraph& graph, const std::vector<const Kernel*>& kernels, const GemmArgs& args,

@@ -27,6 +27,7 @@
 #include "kiln/jit/module.h"
 #include "kiln/jit/target.h"
 #include "kiln/status.h"
+#include "kiln/templates/kernel_args.h"
 
 namespace kiln {
 struct DeviceInfo;
@@ -193,6 +194,10 @@ struct TemplateDef {
   /// declaration order, "_<abbrev><value>" (a bool adds "_<abbrev>" when true and nothing when false; a
   /// parameter with an empty abbrev adds "_<value>").
   std::function<std::string(const Params&)> config_name;
+  /// GEMM templates whose kernels need more than the KilnGemmArgs struct at launch (e.g. TMA descriptors
+  /// encoded from the args): launches a compiled configuration (`params` complete). Subgraphs (launch.h
+  /// run()) call it for their GEMM steps when set; otherwise they use launch(kernel, geometry, args, stream).
+  std::function<Status(const Kernel&, const Params&, const Launch&, const KilnGemmArgs&, CUstream)> gemm_launch;
 };
 
 /// A rendered configuration: everything needed to compile it and name it.
