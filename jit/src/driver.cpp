@@ -11,8 +11,6 @@
 namespace kiln {
 namespace {
 
-using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
-
 const DriverApi* g_loaded = nullptr;  // set once by driver(); read by cuda_error_name
 
 std::string_view basename_of(std::string_view path) {
@@ -32,34 +30,33 @@ Result<DriverApi> load_driver(const std::string& library) {
                                   "compiling does not",
                                   library, why ? why : "unknown reason"));
   }
-  // cuGetProcAddress hands out the entry point whose ABI matches the CUDA version kiln's headers declare.
-  auto get_proc = reinterpret_cast<GetProcAddress>(dlsym(handle, "cuGetProcAddress_v2"));
-  if (get_proc == nullptr) {
-    return make_error(ErrorCode::kNoDriver,
-                      fmt::format("{} has no cuGetProcAddress_v2; the driver is older than "
-                                  "CUDA 12.0, update it",
-                                  library));
-  }
+  // Each entry point is looked up by the name cuda.h maps it to (cuMemAlloc -> cuMemAlloc_v2), exactly as a
+  // program linked against libcuda would bind it, so the pointer always has the signature the header
+  // declares. cuGetProcAddress(name, CUDA_VERSION) does not give that guarantee: CUDA 13 added
+  // cuCtxSynchronize_v2(CUcontext) while cuda.h still declares cuCtxSynchronize(void).
   DriverApi api;
   api.library = library;
   std::string missing;
-#define KILN_RESOLVE(name)                                                                      \
-  {                                                                                             \
-    void* fn = nullptr;                                                                         \
-    CUdriverProcAddressQueryResult found{};                                                     \
-    if (get_proc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || \
-        fn == nullptr) {                                                                        \
-      missing += missing.empty() ? "" : ", ";                                                   \
-      missing += #name;                                                                         \
-    }                                                                                           \
-    api.name = reinterpret_cast<decltype(api.name)>(fn);                                        \
+#define KILN_STRINGIFY_INNER(x) #x
+#define KILN_STRINGIFY(x) KILN_STRINGIFY_INNER(x)
+#define KILN_RESOLVE(name)                                                \
+  {                                                                       \
+    void* fn = dlsym(handle, KILN_STRINGIFY(name));                       \
+    if (fn == nullptr) {                                                  \
+      missing += missing.empty() ? "" : ", ";                             \
+      missing += KILN_STRINGIFY(name);                                    \
+    }                                                                     \
+    api.name = reinterpret_cast<decltype(api.name)>(fn);                  \
   }
   KILN_DRIVER_FUNCTIONS(KILN_RESOLVE)
 #undef KILN_RESOLVE
+  if (api.cuGetErrorName == nullptr || api.cuInit == nullptr) {
+    return make_error(ErrorCode::kNoDriver,
+                      fmt::format("{} is not a CUDA driver library (it has no cuInit)", library));
+  }
   if (!missing.empty()) {
     return make_error(ErrorCode::kNoDriver,
-                      fmt::format("{} lacks entry points kiln needs ({}); update the driver",
-                                  library, missing));
+                      fmt::format("{} lacks entry points kiln needs ({}); update the driver", library, missing));
   }
   if (api.cuDriverGetVersion(&api.driver_version) != CUDA_SUCCESS) api.driver_version = 0;
   CUresult init = api.cuInit(0);

@@ -49,7 +49,16 @@ TEST(NoDriver, LoadingAMissingLibraryDirectlyIsAnError) {
   auto wrong = load_driver("libm.so.6");
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.status().code(), ErrorCode::kNoDriver);
-  EXPECT_NE(wrong.status().message().find("cuGetProcAddress"), std::string::npos) << wrong.status().message();
+  EXPECT_NE(wrong.status().message().find("not a CUDA driver"), std::string::npos) << wrong.status().message();
+}
+
+TEST(NoDriver, EveryEntryPointResolvesAgainstTheToolkitStub) {
+  // The toolkit's stub libcuda exports every driver symbol but has no driver behind it: all of kiln's entry
+  // points must resolve by the names cuda.h maps them to, and only cuInit may fail.
+  auto api = load_driver(KILN_CUDA_STUB_DRIVER);
+  ASSERT_FALSE(api.ok());
+  EXPECT_EQ(api.status().code(), ErrorCode::kNoDevice) << api.status().to_string();
+  EXPECT_NE(api.status().message().find("cuInit"), std::string::npos) << api.status().message();
 }
 
 }  // namespace

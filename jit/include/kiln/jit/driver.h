@@ -11,9 +11,8 @@
 
 #include "kiln/status.h"
 
-// Every driver entry point kiln uses. Names are the unversioned API names: each resolves (through
-// cuGetProcAddress, for the CUDA version of the headers kiln was built with) to the version whose
-// signature cuda.h declares, which is also the member's type.
+// Every driver entry point kiln uses, by API name. cuda.h maps some names to versioned symbols
+// (cuMemAlloc -> cuMemAlloc_v2); each member is resolved by that mapped name and typed by its declaration.
 #define KILN_DRIVER_FUNCTIONS(X)                                                                      \
   X(cuGetErrorName) X(cuGetErrorString) X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount)          \
   X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDeviceGetUuid)   \
