@@ -1,0 +1,222 @@
+// kiln template gemm_wgmma_sm90: D[M,N] = epilogue(A[M,K] . B[K,N]) with Hopper's wgmma (sm_90a only).
+//
+// Warp-specialised: warpgroup 0 is the producer, whose one elected thread walks the block's tiles issuing TMA
+// loads (cp.async.bulk.tensor, 128-byte swizzle, tensor maps made on the host and passed as __grid_constant__
+// parameters) into a ${stages}-stage ring of shared memory, each stage guarded by a "full" and an "empty"
+// mbarrier. Warpgroups 1..${consumers} are consumers: each owns ${bm}/${consumers} rows of the ${bm}x${bn}
+// tile and issues m64n${bn}k16 wgmmas straight from shared memory (K-major or MN-major operands per layout),
+// keeping one wgmma group in flight while it waits for the next stage, then applies the epilogue from its
+// fp32 accumulators to global memory. setmaxnreg moves registers from the producer to the consumers.
+// With `persistent`, the grid is at most one block per SM and each block loops over tiles, so the producer
+// fetches the next tile while the consumers store the last. TMA zero-fills reads outside A and B (edges and
+// a K tail included) and the stores are masked, so M, N and K are run-time arguments; TMA needs 16-byte
+// aligned rows: lda and ldb multiples of 8 elements.
+#include "common/kiln_device.cuh"
+#include "kiln/templates/kernel_args.h"
+${epilogue}
+#include "gemm/gemm_common.cuh"
+
+namespace {
+
+typedef ${dtype} In;
+constexpr int BM = ${bm}, BN = ${bn}, BK = 64;
+constexpr int CONSUMERS = ${consumers};
+constexpr int WG_M = BM / CONSUMERS;  // rows per consumer warpgroup
+constexpr int MW = WG_M / 64;         // m64 wgmmas per consumer per k16 step
+constexpr int STAGES = ${stages};
+constexpr int GROUP_M = ${group_m};
+constexpr bool A_COL = ${layout_a.col};  // A M-contiguous: an MN-major wgmma operand
+constexpr bool B_COL = ${layout_b.col};  // B K-contiguous: a K-major wgmma operand
+constexpr bool PARTIALS = ${partials};
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
+constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
+constexpr int CHUNK_BYTES = 64 * BK * 2;  // one 64 (M or N) x 64 (K) box of an MN-major operand
+static_assert(WG_M % 64 == 0 && BN % 64 == 0, "tile shape");
+
+// CUtensorMap's size and alignment, without the driver header.
+struct __align__(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// A wgmma shared-memory matrix descriptor with 128-byte swizzle. K-major tiles are rows of 64 elements
+// (128 bytes), 8-row groups 1024 bytes apart (SBO); MN-major tiles are 64x64 boxes of 64 contiguous M/N
+// elements per K row, boxes CHUNK_BYTES apart along M/N (LBO), 8-row K groups 1024 bytes apart (SBO).
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ unsigned long long desc_a(unsigned stage_a, int row0, int kk) {
+  if constexpr (!A_COL) return wgmma_desc(stage_a + row0 * 128 + kk * 32, 16, 1024);
+  return wgmma_desc(stage_a + (row0 / 64) * CHUNK_BYTES + kk * 2048, CHUNK_BYTES, 1024);
+}
+__device__ __forceinline__ unsigned long long desc_b(unsigned stage_b, int kk) {
+  if constexpr (B_COL) return wgmma_desc(stage_b + kk * 32, 16, 1024);
+  return wgmma_desc(stage_b + kk * 2048, CHUNK_BYTES, 1024);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// kiln_wgmma(d, desc_a, desc_b): d += A . B for one m64n${bn}k16 step (generated for this configuration).
+${wgmma}
+
+struct Work {
+  int z, m0, n0, k_begin, k_blocks;
+};
+__device__ __forceinline__ Work work_of(const KilnGemmArgs& args, int w, int tiles_m, int tiles_n) {
+  Work r;
+  const int per_slice = tiles_m * tiles_n;
+  r.z = w / per_slice;
+  int tm, tn;
+  kiln_tile_of(w - r.z * per_slice, tiles_m, tiles_n, GROUP_M, tm, tn);
+  r.m0 = tm * BM;
+  r.n0 = tn * BN;
+  int k_end;
+  kiln_k_range(args, r.z, r.k_begin, k_end);
+  r.k_blocks = (k_end - r.k_begin + BK - 1) / BK;
+  return r;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    kiln_gemm_wgmma_sm90(const KilnGemmArgs args, const __grid_constant__ TensorMap tma_a,
+                         const __grid_constant__ TensorMap tma_b) {
+  extern __shared__ unsigned char smem_raw[];
+  // 128-byte swizzled TMA boxes need 1024-byte aligned destinations.
+  const unsigned base = (kiln_smem_addr(smem_raw) + 1023u) & ~1023u;
+  const unsigned full_bar = base + STAGES * STAGE_BYTES;  // STAGES mbarriers: the stage holds data
+  const unsigned empty_bar = full_bar + STAGES * 8;       // STAGES mbarriers: the consumers are done with it
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, CONSUMERS * 4);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int tiles_m = (args.m + BM - 1) / BM, tiles_n = (args.n + BN - 1) / BN;
+  const int slices = PARTIALS ? args.split_k : 1;
+  const int total = tiles_m * tiles_n * slices;
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      unsigned phase = 0;
+      for (int w = blockIdx.x; w < total; w += gridDim.x) {
+        const Work wk = work_of(args, w, tiles_m, tiles_n);
+        for (int kb = 0; kb < wk.k_blocks; ++kb) {
+          mbar_wait(empty_bar + 8 * stage, phase ^ 1);
+          const unsigned full = full_bar + 8 * stage;
+          mbar_expect_tx(full, STAGE_BYTES);
+          const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
+          const int k = wk.k_begin + kb * BK;
+          if constexpr (!A_COL) {
+            tma_load(sa, &tma_a, k, wk.m0, full);
+          } else {
+#pragma unroll
+            for (int j = 0; j < BM / 64; ++j) tma_load(sa + j * CHUNK_BYTES, &tma_a, wk.m0 + 64 * j, k, full);
+          }
+          if constexpr (B_COL) {
+            tma_load(sb, &tma_b, k, wk.n0, full);
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j) tma_load(sb + j * CHUNK_BYTES, &tma_b, wk.n0 + 64 * j, k, full);
+          }
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    int stage = 0;
+    unsigned phase = 0;
+    float acc[MW][BN / 2];
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      const Work wk = work_of(args, w, tiles_m, tiles_n);
+#pragma unroll
+      for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) acc[mi][j] = 0.f;
+
+      int prev = -1;
+      for (int kb = 0; kb < wk.k_blocks; ++kb) {
+        mbar_wait(full_bar + 8 * stage, phase);
+        const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+#pragma unroll
+          for (int mi = 0; mi < MW; ++mi) kiln_wgmma(acc[mi], desc_a(sa, c * WG_M + mi * 64, kk), desc_b(sb, kk));
+        }
+        wgmma_commit();
+        // Keep this stage's wgmmas in flight; the previous stage's are done, so its buffers can be refilled.
+        wgmma_wait<1>();
+        if (prev >= 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev);
+        prev = stage;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      wgmma_wait<0>();
+      if (prev >= 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev);
+
+      // Accumulator layout of m64nNk16: warp w of the warpgroup holds rows 16w + lane/4 (+ 8), and
+      // columns 8j + 2 (lane % 4) (+ 1) in registers 4j (+ 1) and, for the row + 8, 4j + 2 (+ 1).
+#pragma unroll
+      for (int mi = 0; mi < MW; ++mi) {
+        const int row = wk.m0 + c * WG_M + mi * 64 + warp * 16 + lane / 4;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = wk.n0 + j * 8 + 2 * (lane % 4);
+          kiln_gemm_store2<PARTIALS>(args, wk.z, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
+          kiln_gemm_store2<PARTIALS>(args, wk.z, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,65 @@
+// The GEMM template families: D[M,N] = epilogue(A[M,K] . B[K,N]), bf16/fp16 in, fp32 accumulate.
+//
+//   gemm_mma_sm80    mma.sync m16n8k16 + a cp.async multi-stage pipeline (sm_80 and later, sm_90 included).
+//                    Any leading dimension: `align` (8, 4, 2, 1 elements) sets the global load width.
+//   gemm_wgmma_sm90  wgmma + TMA, warp-specialised producer/consumer with mbarriers, optionally persistent
+//                    (sm_90a only). Needs lda and ldb multiples of 8 elements (TMA rows are 16-byte aligned).
+//
+// Both take KilnGemmArgs (kiln/templates/kernel_args.h), share the problem parameters below, render the
+// epilogue (kiln/templates/epilogue.h) into their store path, and with `partials` write split-K fp32 partials
+// for the "splitk_reduce" template (see make_splitk_gemm in kiln/templates/launch.h).
+//
+// Parameters (names as in the templates' ParamSpecs):
+//   problem:  dtype (bf16 | f16), layout_a, layout_b (row | col), epilogue (code), partials (bool);
+//             gemm_mma_sm80 also `align`.
+//   gemm_mma_sm80 tunables:   bm, bn, bk, warps_m, warps_n, stages, group_m (block rasterisation).
+//   gemm_wgmma_sm90 tunables: bm, bn, consumers (warpgroups), stages, group_m, persistent.
+// Layouts: A row-major is [M, K] with K contiguous (lda >= K), col-major is M contiguous (lda >= M);
+// B row-major is [K, N] with N contiguous (ldb >= N), col-major is K contiguous (ldb >= K). D is row-major.
+// Pointers a, b, d (and workspace) must be 16-byte aligned.
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+#include "kiln/jit/module.h"
+#include "kiln/status.h"
+#include "kiln/templates/epilogue.h"
+#include "kiln/templates/launch.h"
+#include "kiln/templates/template.h"
+
+namespace kiln::templates {
+
+/// The problem parameters of both GEMM families for a problem: dtype, layouts, the rendered epilogue and
+/// `partials`. For gemm_mma_sm80 add `align` (see gemm_alignment). Pure.
+Params gemm_problem_params(DType in, Layout a, Layout b, const EpilogueSpec& epilogue, bool partials = false);
+
+/// The widest global load (8, 4, 2 or 1 elements) that the leading dimensions of A and B allow:
+/// the largest power of two <= 8 dividing both. The pointers are assumed 16-byte aligned. Pure.
+int gemm_alignment(int64_t lda, int64_t ldb);
+
+/// The leading dimensions of dense operands: lda = K (row-major A) or M, ldb = N (row-major B) or K.
+int64_t dense_lda(Layout a, const Shape& s);
+int64_t dense_ldb(Layout b, const Shape& s);
+
+/// The inline-PTX function `kiln_wgmma(float (&d)[n/2], desc_a, desc_b)` issuing one
+/// wgmma.mma_async m64n<n>k16 with fp32 accumulators; `a_mn_major`/`b_mn_major` select the transposed
+/// (M- or N-contiguous) shared-memory operand. n is a multiple of 8 in [8, 256]. Deterministic.
+std::string render_wgmma(int n, DType in, bool a_mn_major, bool b_mn_major);
+
+/// Launches a compiled configuration of either GEMM family. `params` are the configuration's complete
+/// parameters (Rendered::params) and `geometry` its Template::geometry() for the problem. For
+/// gemm_wgmma_sm90 configurations this encodes the two TMA tensor maps from `args` (cuTensorMapEncodeTiled)
+/// and passes them after the argument struct, and caps a persistent grid at one block per SM of the current
+/// device; every other configuration goes through launch(kernel, geometry, args, stream).
+/// kInvalidArgument for bad sizes, a leading dimension TMA cannot take, or a missing pointer; kCudaError from
+/// the encode or launch. Thread-safe.
+Status launch_gemm(const Kernel& kernel, const Params& params, const Launch& geometry, const GemmArgs& args,
+                   CUstream stream);
+
+/// True when `params` are those of a TMA configuration (gemm_wgmma_sm90), which must be launched with
+/// launch_gemm().
+bool gemm_needs_tma(const Params& params);
+
+}  // namespace kiln::templates

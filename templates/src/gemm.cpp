@@ -1,0 +1,83 @@
+// What the two GEMM families share: problem parameters, alignment, configuration naming, and the launch
+// entry point (see kiln/templates/gemm.h).
+#include "gemm_family.h"
+
+#include <fmt/format.h>
+
+#include "kiln/templates/gemm.h"
+
+namespace kiln::templates {
+
+Params gemm_problem_params(DType in, Layout a, Layout b, const EpilogueSpec& epilogue, bool partials) {
+  Params p;
+  p.emplace("dtype", Value::dtype(in));
+  p.emplace("layout_a", Value::layout(a));
+  p.emplace("layout_b", Value::layout(b));
+  p.emplace("epilogue", epilogue_value(epilogue));
+  p.emplace("partials", Value::boolean(partials));
+  return p;
+}
+
+int gemm_alignment(int64_t lda, int64_t ldb) {
+  for (int align : {8, 4, 2}) {
+    if (lda % align == 0 && ldb % align == 0) return align;
+  }
+  return 1;
+}
+
+int64_t dense_lda(Layout a, const Shape& s) { return a == Layout::kRowMajor ? s.k : s.m; }
+int64_t dense_ldb(Layout b, const Shape& s) { return b == Layout::kRowMajor ? s.n : s.k; }
+
+bool gemm_needs_tma(const Params& params) { return params.contains("consumers"); }
+
+Status launch_gemm(const Kernel& kernel, const Params& params, const Launch& geometry, const GemmArgs& args,
+                   CUstream stream) {
+  if (gemm_needs_tma(params)) return detail::launch_gemm_tma(kernel, params, geometry, args, stream);
+  return launch(kernel, geometry, args, stream);
+}
+
+namespace detail {
+
+std::vector<Value> gemm_epilogue_values() {
+  // One sample epilogue keeps the grid (every tunable x every problem value) small enough to enumerate;
+  // a problem's own epilogue is any EpilogueSpec (the GPU tests run each op and output dtype).
+  return {epilogue_samples(DType::kBF16)[1]};  // bias_gelu_bf16
+}
+
+std::vector<ParamSpec> gemm_problem_specs() {
+  return {
+      dtype_param("dtype", ParamRole::kProblem, {DType::kBF16, DType::kF16}, "", "A and B element type"),
+      layout_param("layout_a", ParamRole::kProblem, "a", "A row-major (K contiguous) or col-major (M contiguous)"),
+      layout_param("layout_b", ParamRole::kProblem, "b", "B row-major (N contiguous) or col-major (K contiguous)"),
+      code_param("epilogue", ParamRole::kProblem, gemm_epilogue_values(), "",
+                 "render_epilogue() snippet applied to each accumulator; its dtype is D's"),
+      bool_param("partials", ParamRole::kProblem, "partials",
+                 "split-K: write fp32 partials of K slice blockIdx.z to the workspace, no epilogue"),
+  };
+}
+
+Status gemm_problem_common(const Params& p, const Shape& s) {
+  if (s.m > INT32_MAX || s.n > INT32_MAX || s.k > INT32_MAX) {
+    return make_error(ErrorCode::kInvalidArgument, "gemm: sizes must be < 2^31");
+  }
+  if (!get_bool(p, "partials") && s.splits != 1) {
+    return make_error(ErrorCode::kInvalidArgument, "gemm: splits > 1 needs partials=true");
+  }
+  return Status();
+}
+
+std::string gemm_problem_suffix(const Params& p) {
+  const Value& ep = p.find("epilogue")->second;
+  return fmt::format("{}_{}{}_{}{}", dtype_name(get_dtype(p, "dtype")),
+                     get_layout(p, "layout_a") == Layout::kRowMajor ? 'r' : 'c',
+                     get_layout(p, "layout_b") == Layout::kRowMajor ? 'r' : 'c', ep.code_tag(),
+                     get_bool(p, "partials") ? "_partials" : "");
+}
+
+void add_gemm_templates(std::vector<TemplateDef>& out) {
+  out.push_back(gemm_mma_sm80_def());
+  out.push_back(gemm_wgmma_sm90_def());
+}
+
+}  // namespace detail
+}  // namespace kiln::templates

@@ -1,0 +1,224 @@
+// gemm_wgmma_sm90 (templates/gemm/wgmma_sm90.cu): wgmma + TMA warp-specialised GEMM for sm_90a, and its
+// launch (tensor maps are encoded on the host from each call's pointers and sizes).
+#include <array>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "gemm_family.h"
+#include "kiln/jit/device.h"
+#include "kiln/jit/driver.h"
+#include "kiln/templates/gemm.h"
+
+namespace kiln::templates {
+
+std::string render_wgmma(int n, DType in, bool a_mn_major, bool b_mn_major) {
+  const int regs = n / 2;
+  std::string list, outs;
+  for (int i = 0; i < regs; ++i) {
+    list += fmt::format("{}%{}", i ? ", " : "", i);
+    outs += fmt::format("{}\"+f\"(d[{}])", i ? ", " : "", i);
+  }
+  const std::string_view t = in == DType::kBF16 ? "bf16" : "f16";
+  // scale-d is a predicate operand; it is always 1 (accumulate), the kernel zeroes accumulators itself.
+  return fmt::format(
+      "__device__ __forceinline__ void kiln_wgmma(float (&d)[{regs}], unsigned long long desc_a,\n"
+      "                                           unsigned long long desc_b) {{\n"
+      "  asm volatile(\n"
+      "      \"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pi}, 0;\\n\"\n"
+      "      \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{list}}}, %{ai}, %{bi}, p, 1, 1, {ta}, {tb};\\n}}\\n\"\n"
+      "      : {outs}\n"
+      "      : \"l\"(desc_a), \"l\"(desc_b), \"r\"(1));\n"
+      "}}\n",
+      fmt::arg("regs", regs), fmt::arg("pi", regs + 2), fmt::arg("n", n), fmt::arg("t", t), fmt::arg("list", list),
+      fmt::arg("ai", regs), fmt::arg("bi", regs + 1), fmt::arg("ta", a_mn_major ? 1 : 0),
+      fmt::arg("tb", b_mn_major ? 1 : 0), fmt::arg("outs", outs));
+}
+
+namespace detail {
+namespace {
+
+struct Sm90Config {
+  int64_t bm, bn, consumers, stages;
+  int64_t wg_m() const { return bm / consumers; }
+  int64_t threads() const { return 128 * (consumers + 1); }
+  int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
+  // The stages, 1 KiB of slack to align them to 1024 bytes (128-byte swizzle), and two mbarriers per stage.
+  int64_t smem_bytes() const { return stages * stage_bytes() + 1024 + stages * 16; }
+  int64_t acc_regs() const { return (wg_m() / 64) * bn / 2; }
+};
+
+Sm90Config config_of(const Params& p) {
+  return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages")};
+}
+
+Result<Params> derive(const Params& p) {
+  Params d;
+  const int64_t bn = get_int(p, "bn");
+  if (bn < 8 || bn > 256 || bn % 8) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("bn {} is not a multiple of 8 in [8, 256]", bn));
+  }
+  const bool a_mn = get_layout(p, "layout_a") == Layout::kColMajor;
+  const bool b_mn = get_layout(p, "layout_b") == Layout::kRowMajor;
+  d.emplace("wgmma", Value::code(render_wgmma(static_cast<int>(bn), get_dtype(p, "dtype"), a_mn, b_mn),
+                                 fmt::format("m64n{}k16", bn)));
+  return d;
+}
+
+Status constraints(const Params& p, const DeviceLimits& l) {
+  const Sm90Config c = config_of(p);
+  auto fail = [](ErrorCode code, std::string msg) { return make_error(code, std::move(msg)); };
+  if (c.consumers != 1 && c.consumers != 2) return fail(ErrorCode::kOutOfRange, "consumers must be 1 or 2");
+  if (c.bm % (64 * c.consumers) || c.wg_m() > 256) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("bm {} must be a multiple of 64 x consumers {}", c.bm, c.consumers));
+  }
+  if (c.bm > 256 || c.bn % 64 || c.bn > 256) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("bm {} <= 256 and bn {} a multiple of 64 <= 256 (TMA boxes, wgmma n)", c.bm, c.bn));
+  }
+  if (c.stages < 2) return fail(ErrorCode::kOutOfRange, "stages must be >= 2");
+  if (c.acc_regs() > 128) {
+    return fail(ErrorCode::kOutOfRange, fmt::format("{} fp32 accumulators per consumer thread > 128 (tile {}x{} over "
+                                                    "{} warpgroups)", c.acc_regs(), c.bm, c.bn, c.consumers));
+  }
+  if (c.smem_bytes() > l.smem_per_block_optin) {
+    return fail(ErrorCode::kOutOfRange, fmt::format("{} bytes of shared memory > the device's {} per block",
+                                                    c.smem_bytes(), l.smem_per_block_optin));
+  }
+  return Status();
+}
+
+Status problem_constraints(const Params& p, const Shape& s) {
+  KILN_RETURN_IF_ERROR(gemm_problem_common(p, s));
+  const int64_t lda = dense_lda(get_layout(p, "layout_a"), s), ldb = dense_ldb(get_layout(p, "layout_b"), s);
+  if (lda % 8 || ldb % 8) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("TMA needs lda {} and ldb {} to be multiples of 8 elements", lda, ldb));
+  }
+  return Status();
+}
+
+Result<Launch> geometry(const Params& p, const Shape& s) {
+  const Sm90Config c = config_of(p);
+  Launch l;
+  const int64_t work = ((s.m + c.bm - 1) / c.bm) * ((s.n + c.bn - 1) / c.bn) *
+                       (get_bool(p, "partials") ? s.splits : 1);
+  if (work > INT32_MAX) return make_error(ErrorCode::kInvalidArgument, "gemm: too many tiles");
+  // A persistent grid is capped at one block per SM by launch_gemm(), which knows the device.
+  l.grid.x = static_cast<unsigned>(work);
+  if (s.m == 0 || s.n == 0) l.grid.x = 0;
+  l.block.x = static_cast<unsigned>(c.threads());
+  l.shared_bytes = static_cast<unsigned>(c.smem_bytes());
+  return l;
+}
+
+std::string config_name(const Params& p) {
+  const Sm90Config c = config_of(p);
+  return fmt::format("gemm_wgmma_{}x{}x64_c{}_s{}_g{}{}_{}", c.bm, c.bn, c.consumers, c.stages, get_int(p, "group_m"),
+                     get_bool(p, "persistent") ? "_p" : "", gemm_problem_suffix(p));
+}
+
+// The SM count of each device, read once (persistent grids are sized by it).
+Result<int> sm_count_of_current_device() {
+  static std::mutex mu;
+  static std::array<int, 64> counts{};
+  KILN_ASSIGN_OR_RETURN(int dev, current_device());
+  if (dev < 0 || dev >= static_cast<int>(counts.size())) return make_error(ErrorCode::kOutOfRange, "device ordinal");
+  std::lock_guard<std::mutex> lock(mu);
+  if (counts[dev] == 0) {
+    KILN_ASSIGN_OR_RETURN(DeviceInfo info, device_info(dev));
+    counts[dev] = info.sm_count;
+  }
+  return counts[dev];
+}
+
+// A 2-D tiled tensor map over a row-major [rows][cols] view (cols contiguous, `ld` elements apart) with a
+// box of box_cols x box_rows and 128-byte swizzle; reads outside the tensor are zero-filled.
+Status encode_map(CUtensorMap* map, const DriverApi* api, DType dtype, const void* base, int64_t rows, int64_t cols,
+                  int64_t ld, unsigned box_cols, unsigned box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  KILN_CHECK(api->cuTensorMapEncodeTiled(
+      map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return Status();
+}
+
+}  // namespace
+
+Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch& geometry, const GemmArgs& a,
+                       CUstream stream) {
+  auto bad = [](std::string msg) { return make_error(ErrorCode::kInvalidArgument, std::move(msg)); };
+  if (a.m < 0 || a.n < 0 || a.k < 0) return bad("gemm: negative size");
+  if (a.split_k < 1) return bad("gemm: split_k must be >= 1");
+  if (geometry.grid.x == 0 || a.m == 0 || a.n == 0) return Status();
+  if (a.k == 0) return bad("gemm_wgmma_sm90: K must be >= 1");
+  if (!a.a || !a.b) return bad("gemm: null A or B");
+  if (a.split_k > 1 && !a.workspace) return bad("gemm: split-K partials need a workspace");
+  if (a.lda % 8 || a.ldb % 8) return bad(fmt::format("gemm_wgmma_sm90: TMA needs lda {} and ldb {} multiples of 8", a.lda, a.ldb));
+  if ((reinterpret_cast<uintptr_t>(a.a) | reinterpret_cast<uintptr_t>(a.b)) % 16) {
+    return bad("gemm_wgmma_sm90: A and B must be 16-byte aligned");
+  }
+  const Sm90Config c = config_of(params);
+  const DType dtype = get_dtype(params, "dtype");
+  KILN_ASSIGN_OR_RETURN(const DriverApi* api, driver());
+
+  alignas(64) CUtensorMap map_a, map_b;
+  if (get_layout(params, "layout_a") == Layout::kRowMajor) {  // [M][K]: one box of BM rows per stage
+    KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, a.a, a.m, a.k, a.lda, 64, static_cast<unsigned>(c.bm)));
+  } else {  // [K][M]: BM / 64 boxes of 64 M x 64 K per stage
+    KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, a.a, a.k, a.m, a.lda, 64, 64));
+  }
+  if (get_layout(params, "layout_b") == Layout::kColMajor) {  // [N][K]: one box of BN rows per stage
+    KILN_RETURN_IF_ERROR(encode_map(&map_b, api, dtype, a.b, a.n, a.k, a.ldb, 64, static_cast<unsigned>(c.bn)));
+  } else {  // [K][N]
+    KILN_RETURN_IF_ERROR(encode_map(&map_b, api, dtype, a.b, a.k, a.n, a.ldb, 64, 64));
+  }
+
+  LaunchConfig cfg = geometry.config(stream);
+  if (get_bool(params, "persistent")) {
+    KILN_ASSIGN_OR_RETURN(int sms, sm_count_of_current_device());
+    cfg.grid.x = std::min<unsigned>(cfg.grid.x, static_cast<unsigned>(sms));
+  }
+  void* ptrs[] = {const_cast<GemmArgs*>(&a), &map_a, &map_b, nullptr};
+  return kernel.launch(cfg, ptrs);
+}
+
+TemplateDef gemm_wgmma_sm90_def() {
+  TemplateDef d;
+  d.name = "gemm_wgmma_sm90";
+  d.problem = "gemm";
+  d.description = "Hopper GEMM: wgmma + TMA, warp-specialised producer/consumer with mbarriers (sm_90a)";
+  d.file = "gemm/wgmma_sm90.cu";
+  d.headers = {"common/kiln_device.cuh", "gemm/gemm_common.cuh"};
+  d.entry = "kiln_gemm_wgmma_sm90";
+  d.min_cc = 90;
+  d.needs_arch_specific = true;
+  d.params = gemm_problem_specs();
+  d.params.push_back(int_param("bm", ParamRole::kTunable, {64, 128, 256}, "", "block tile rows (M)"));
+  d.params.push_back(int_param("bn", ParamRole::kTunable, {64, 128, 192, 256}, "", "block tile columns (N): wgmma n"));
+  d.params.push_back(int_param("consumers", ParamRole::kTunable, {1, 2}, "c", "consumer warpgroups, bm/consumers rows each"));
+  d.params.push_back(int_param("stages", ParamRole::kTunable, {3, 4, 5, 6, 8}, "s", "TMA pipeline depth (64-wide K steps)"));
+  d.params.push_back(int_param("group_m", ParamRole::kTunable, {1, 8, 16}, "g",
+                               "tile rasterisation: tile rows walked before the next tile column (L2 reuse)"));
+  d.params.push_back(bool_param("persistent", ParamRole::kTunable, "p",
+                                "one block per SM looping over tiles (the next tile's loads overlap the stores)"));
+  d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
+  d.specialization_note =
+      "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "
+      "launch by launch_gemm()";
+  d.derive = derive;
+  d.constraints = constraints;
+  d.problem_constraints = problem_constraints;
+  d.geometry = geometry;
+  d.config_name = config_name;
+  d.gemm_launch = launch_gemm_tma;
+  return d;
+}
+
+}  // namespace detail
+}  // namespace kiln::templates

@@ -1,0 +1,204 @@
+// GEMM templates on the GPU: every family over a sample of configurations covering every tunable value,
+// problems covering each dtype, layout, epilogue op and output dtype, split-K partials and the split-K
+// subgraph, with shapes M = 1, 7, 17, 4095, K = 40 and N not a multiple of 8, each checked against a float64
+// CPU reference with the output poisoned first. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include "gemm_harness.h"
+#include "kiln_test.h"
+
+namespace kiln::testing {
+namespace {
+
+using templates::DeviceLimits;
+using templates::Grid;
+
+EpilogueSpec spec(std::string_view ops, DType out) {
+  auto s = templates::parse_epilogue(ops, out);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return *s;
+}
+
+// Problem variants: together they cover each input dtype, each layout pair, each epilogue op and each
+// output dtype, partials, and (gemm_mma_sm80) each load width.
+struct Variant {
+  DType in;
+  Layout la, lb;
+  EpilogueSpec ep;
+  bool partials;
+  int align;  // gemm_mma_sm80 only
+};
+
+std::vector<Variant> variants() {
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  return {
+      {DType::kBF16, R, R, spec("bias+gelu", DType::kBF16), false, 8},
+      {DType::kBF16, R, C, spec("", DType::kF32), false, 8},
+      {DType::kBF16, C, R, spec("scale+bias+relu", DType::kBF16), false, 4},
+      {DType::kF16, C, C, spec("bias+silu+residual", DType::kF16), false, 8},
+      {DType::kF16, R, R, spec("residual", DType::kF16), false, 1},
+      {DType::kBF16, C, C, spec("silu", DType::kF32), false, 2},
+      {DType::kBF16, R, C, spec("", DType::kBF16), true, 8},
+      {DType::kF16, C, R, spec("gelu+scale", DType::kBF16), true, 1},
+  };
+}
+
+// M = 1, 7, 17, 4095; K = 40 and other K tails; N odd (129) and N = 200 (not a multiple of 64).
+std::vector<std::array<int64_t, 3>> shapes() {
+  return {{1, 256, 256}, {7, 136, 40}, {17, 200, 264}, {4095, 72, 136}, {130, 129, 72}, {256, 384, 1000}};
+}
+
+Params problem_params(const Variant& v, bool with_align) {
+  Params p = templates::gemm_problem_params(v.in, v.la, v.lb, v.ep, v.partials);
+  if (with_align) p.emplace("align", templates::Value::integer(v.align));
+  return p;
+}
+
+struct FamilyRun {
+  int cases = 0, skipped = 0, failed = 0;
+};
+
+// Samples configurations of `name` for each variant (every tunable value covered across the samples),
+// compiles them all, and runs each on every shape it accepts.
+void check_family(const std::string& name, const std::string& arch, size_t per_variant) {
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template(name));
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major < t->def().min_cc / 10) GTEST_SKIP() << name << " needs sm_" << t->def().min_cc;
+  const Target target{arch};
+  const DeviceLimits limits = DeviceLimits::from_device(info, target);
+  const bool sm80 = name == "gemm_mma_sm80";
+
+  std::vector<Variant> vs = variants();
+  std::vector<std::pair<TemplatePtr, Params>> configs;
+  std::vector<size_t> variant_of;
+  for (size_t vi = 0; vi < vs.size(); ++vi) {
+    KILN_ASSERT_OK_AND_ASSIGN(Grid grid, Grid::create(t, problem_params(vs[vi], sm80)));
+    for (Params& p : templates::sample(grid, limits, per_variant, /*seed=*/vi)) {
+      configs.emplace_back(t, std::move(p));
+      variant_of.push_back(vi);
+    }
+  }
+  std::vector<Target> targets(configs.size(), target);
+  auto compiled = compile_all(configs, targets);
+
+  FamilyRun run;
+  std::map<std::pair<size_t, size_t>, GemmData> data;  // (variant, shape) -> host data and reference
+  for (size_t i = 0; i < compiled.size(); ++i) {
+    if (!compiled[i].ok()) {
+      ADD_FAILURE() << compiled[i].status().to_string_with_detail();
+      continue;
+    }
+    const CompiledGemm& c = *compiled[i];
+    // No spills: local memory would be a slow path (and a sign of a runtime-indexed register array).
+    EXPECT_EQ(c.attr.local_bytes, 0) << c.rendered.config_name;
+    const Variant& v = vs[variant_of[i]];
+    double worst = 0;
+    int ran = 0;
+    auto sh = shapes();
+    for (size_t si = 0; si < sh.size(); ++si) {
+      GemmProblem p{sh[si][0], sh[si][1], sh[si][2], v.in, v.la, v.lb, v.ep, v.partials ? 3 : 1};
+      Shape s{p.m, p.n, p.k, 1, 1};
+      if (v.partials) s.splits = static_cast<int>((p.k + k_per_split(p.k, 3) - 1) / k_per_split(p.k, 3));
+      if (!t->check_problem(c.rendered.params, s).ok()) {
+        ++run.skipped;
+        continue;
+      }
+      auto key = std::make_pair(variant_of[i], si);
+      if (!data.contains(key)) data.emplace(key, make_gemm_data(p, 1000 * variant_of[i] + si));
+      const GemmData& d = data.at(key);
+      auto dev = upload_gemm(p, d);
+      KILN_ASSERT_OK(dev);
+      auto err = run_and_check(c, p, d, *dev);
+      ++run.cases;
+      ++ran;
+      const double tol = v.partials ? 1e-5 : gemm_tolerance(v.ep.out);
+      if (!err.ok()) {
+        ++run.failed;
+        ADD_FAILURE() << c.rendered.config_name << " on " << p.str() << ": " << err.status().to_string_with_detail();
+        KILN_ASSERT_OK(ensure_context(0));  // a fault poisons the context: stop here
+        continue;
+      }
+      if (!(*err <= tol)) {
+        ++run.failed;
+        ADD_FAILURE() << c.rendered.config_name << " on " << p.str() << ": relative error " << *err << " > " << tol;
+      }
+      worst = std::max(worst, *err);
+    }
+    std::printf("  %-72s regs %3d  cases %d  worst err %.2e\n", c.rendered.config_name.c_str(), c.attr.registers, ran,
+                worst);
+  }
+  std::printf("%s: %zu configurations, %d cases run, %d skipped (shape not served), %d failed\n", name.c_str(),
+              configs.size(), run.cases, run.skipped, run.failed);
+  EXPECT_GT(run.cases, static_cast<int>(configs.size()));
+}
+
+TEST(GemmGpu, MmaSm80Sweep) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  check_family("gemm_mma_sm80", info.arch(), 5);
+}
+
+TEST(GemmGpu, WgmmaSm90Sweep) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
+  check_family("gemm_wgmma_sm90", "sm_90a", 5);
+}
+
+// The split-K subgraph (partials GEMM + splitk_reduce with the epilogue) for both families, on decode shapes.
+TEST(GemmGpu, SplitKSubgraphDecode) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  const EpilogueSpec ep = spec("bias+gelu", DType::kBF16);
+  struct Case {
+    std::string tmpl, arch;
+    Params tunables;
+  };
+  using templates::Value;
+  std::vector<Case> cases;
+  cases.push_back({"gemm_mma_sm80", info.arch(),
+                   {{"bm", Value::integer(16)}, {"bn", Value::integer(64)}, {"bk", Value::integer(64)},
+                    {"warps_m", Value::integer(1)}, {"warps_n", Value::integer(4)}, {"stages", Value::integer(4)},
+                    {"group_m", Value::integer(1)}, {"align", Value::integer(8)}}});
+  if (info.cc_major == 9) {
+    cases.push_back({"gemm_wgmma_sm90", "sm_90a",
+                     {{"bm", Value::integer(64)}, {"bn", Value::integer(128)}, {"consumers", Value::integer(1)},
+                      {"stages", Value::integer(6)}, {"group_m", Value::integer(1)},
+                      {"persistent", Value::boolean(false)}}});
+  }
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr reduce_t, templates::find_template("splitk_reduce"));
+  for (const Case& c : cases) {
+    KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template(c.tmpl));
+    for (int64_t m : {1, 16}) {
+      GemmProblem p{m, 4096, 4096, DType::kBF16, Layout::kRowMajor, Layout::kColMajor, ep, 1};
+      Params gp = templates::gemm_problem_params(p.in, p.la, p.lb, ep, false);
+      for (const auto& [k, v] : c.tunables) gp.insert_or_assign(k, v);
+      Params rp{{"threads", Value::integer(256)}, {"vec", Value::integer(4)}};
+      KILN_ASSERT_OK_AND_ASSIGN(auto graph, templates::make_splitk_gemm(t, gp, rp, ep, Shape{p.m, p.n, p.k}, 4));
+      ASSERT_EQ(graph.steps.size(), 2u);
+      std::vector<std::pair<TemplatePtr, Result<Rendered>>> steps;
+      steps.emplace_back(t, graph.steps[0].kernel);
+      steps.emplace_back(reduce_t, graph.steps[1].kernel);
+      auto compiled = compile_rendered(steps, {Target{c.arch}, Target{info.arch()}});
+      KILN_ASSERT_OK(compiled[0]);
+      KILN_ASSERT_OK(compiled[1]);
+      const GemmData d = make_gemm_data(p, 77 + m);
+      KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
+      KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, DeviceBuffer::allocate(graph.workspace_bytes));
+      KILN_ASSERT_OK(poison(g.d));
+      KILN_ASSERT_OK(poison(ws));
+      GemmArgs args = gemm_args(p, g);
+      KILN_ASSERT_OK(templates::run(graph, {compiled[0]->kernel.get(), compiled[1]->kernel.get()}, args, ws.ptr(), nullptr));
+      KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* api, driver());
+      ASSERT_EQ(api->cuCtxSynchronize(), CUDA_SUCCESS);
+      std::vector<uint8_t> bytes(static_cast<size_t>(p.m * p.n) * 2);
+      KILN_ASSERT_OK(g.d.copy_to_host(bytes.data(), bytes.size()));
+      const double err = rel_norm_error(to_doubles(DType::kBF16, bytes, p.m * p.n), p.n, d.out, p.m, p.n);
+      std::printf("  %-60s M=%-3lld err %.2e\n", graph.name.c_str(), static_cast<long long>(m), err);
+      EXPECT_LE(err, 1e-2) << graph.name << " M=" << m;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing

@@ -1,0 +1,223 @@
+// GEMM templates without a GPU: registration, parameters, constraints, problem checks, geometry, names,
+// deterministic rendering, and a handful of configurations per family compiled with NVRTC (sm_80 / sm_90a)
+// whose PTX holds the instructions the family is about (mma.sync + cp.async; wgmma + TMA).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "kiln/jit.h"
+#include "kiln/templates/gemm.h"
+#include "kiln/templates/templates.h"
+#include "kiln_test.h"
+
+namespace kiln::templates {
+namespace {
+
+Params sm80_params(int64_t bm, int64_t bn, int64_t bk, int64_t wm, int64_t wn, int64_t stages, int64_t align,
+                   DType in = DType::kBF16, Layout la = Layout::kRowMajor, Layout lb = Layout::kRowMajor,
+                   bool partials = false, std::string_view ep = "bias+gelu", DType out = DType::kBF16) {
+  Params p = gemm_problem_params(in, la, lb, *parse_epilogue(ep, out), partials);
+  p.emplace("align", Value::integer(align));
+  p.emplace("bm", Value::integer(bm));
+  p.emplace("bn", Value::integer(bn));
+  p.emplace("bk", Value::integer(bk));
+  p.emplace("warps_m", Value::integer(wm));
+  p.emplace("warps_n", Value::integer(wn));
+  p.emplace("stages", Value::integer(stages));
+  p.emplace("group_m", Value::integer(8));
+  return p;
+}
+
+Params sm90_params(int64_t bm, int64_t bn, int64_t consumers, int64_t stages, bool persistent, DType in = DType::kBF16,
+                   Layout la = Layout::kRowMajor, Layout lb = Layout::kColMajor, bool partials = false,
+                   std::string_view ep = "bias+gelu", DType out = DType::kBF16) {
+  Params p = gemm_problem_params(in, la, lb, *parse_epilogue(ep, out), partials);
+  p.emplace("bm", Value::integer(bm));
+  p.emplace("bn", Value::integer(bn));
+  p.emplace("consumers", Value::integer(consumers));
+  p.emplace("stages", Value::integer(stages));
+  p.emplace("group_m", Value::integer(8));
+  p.emplace("persistent", Value::boolean(persistent));
+  return p;
+}
+
+DeviceLimits limits(const char* arch) { return *DeviceLimits::for_target(Target{arch}); }
+
+TEST(GemmTemplates, BothFamiliesRegisterCleanly) {
+  for (const Status& s : registry_errors()) ADD_FAILURE() << s.to_string_with_detail();
+  auto gemms = templates_for("gemm");
+  std::vector<std::string> names;
+  for (const auto& t : gemms) names.push_back(t->name());
+  EXPECT_NE(std::find(names.begin(), names.end(), "gemm_mma_sm80"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "gemm_wgmma_sm90"), names.end());
+  // Both declare the bool problem parameter the split-K subgraph needs.
+  for (const auto& t : gemms) {
+    const ParamSpec* p = t->param("partials");
+    ASSERT_NE(p, nullptr) << t->name();
+    EXPECT_EQ(p->kind, ParamKind::kBool);
+    EXPECT_EQ(p->role, ParamRole::kProblem);
+  }
+}
+
+TEST(GemmTemplates, ConfigNamesAreStableAndReadable) {
+  auto sm80 = *find_template("gemm_mma_sm80");
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  EXPECT_EQ(*sm80->config_name(sm80_params(128, 128, 32, 2, 2, 3, 8)), "gemm_mma_128x128x32_w2x2_s3_g8_a8_bf16_rr_bias_gelu_bf16");
+  EXPECT_EQ(*sm90->config_name(sm90_params(128, 256, 2, 4, true, DType::kF16, Layout::kColMajor, Layout::kRowMajor, true,
+                                           "", DType::kF32)),
+            "gemm_wgmma_128x256x64_c2_s4_g8_p_f16_cr_none_f32_partials");
+}
+
+TEST(GemmTemplates, BadParametersAreNamedErrors) {
+  auto sm80 = *find_template("gemm_mma_sm80");
+  Params p = sm80_params(128, 128, 32, 2, 2, 3, 8);
+  Params unknown = p;
+  unknown.emplace("bmm", Value::integer(64));
+  auto r = sm80->render(unknown);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().to_string().find("bmm"), std::string::npos) << r.status().to_string();
+
+  Params missing = p;
+  missing.erase("stages");
+  r = sm80->render(missing);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().to_string().find("stages"), std::string::npos) << r.status().to_string();
+
+  Params wrong_kind = p;
+  wrong_kind.insert_or_assign("bm", Value::boolean(true));
+  r = sm80->render(wrong_kind);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().to_string().find("bm"), std::string::npos) << r.status().to_string();
+
+  // The derived wgmma wrapper cannot be given.
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  Params derived = sm90_params(128, 128, 2, 4, false);
+  derived.emplace("wgmma", Value::code("x", "x"));
+  EXPECT_FALSE(sm90->render(derived).ok());
+}
+
+TEST(GemmTemplates, ConstraintsPruneWithReasons) {
+  auto sm80 = *find_template("gemm_mma_sm80");
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  EXPECT_TRUE(sm80->check(sm80_params(128, 256, 32, 2, 4, 4, 8), limits("sm_80")).ok());
+  // 4 x (256x64 + 64x256) x 2 bytes = 256 KiB > 163 KiB on sm_80.
+  Status s = sm80->check(sm80_params(256, 256, 64, 2, 4, 4, 8), limits("sm_80"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("shared memory"), std::string::npos) << s.to_string();
+  // A 128x128 warp tile needs ~600 registers per thread.
+  s = sm80->check(sm80_params(128, 128, 32, 1, 1, 2, 8), limits("sm_80"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("registers"), std::string::npos) << s.to_string();
+  // Warp tiles must be whole m16n16 pieces.
+  EXPECT_FALSE(sm80->check(sm80_params(32, 64, 32, 4, 1, 3, 8), limits("sm_80")).ok());
+
+  EXPECT_TRUE(sm90->check(sm90_params(128, 256, 2, 4, true), limits("sm_90a")).ok());
+  // wgmma needs the arch-specific target, and Hopper.
+  EXPECT_EQ(sm90->check(sm90_params(128, 256, 2, 4, true), limits("sm_90")).code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(sm90->check(sm90_params(128, 256, 2, 4, true), limits("sm_80")).code(), ErrorCode::kFailedPrecondition);
+  // 6 x 48 KiB stages > 227 KiB; a 128x256 tile for one warpgroup is 256 accumulators per thread.
+  EXPECT_FALSE(sm90->check(sm90_params(128, 256, 2, 6, true), limits("sm_90a")).ok());
+  EXPECT_FALSE(sm90->check(sm90_params(128, 256, 1, 3, true), limits("sm_90a")).ok());
+}
+
+TEST(GemmTemplates, ProblemChecksAlignmentAndGeometry) {
+  auto sm80 = *find_template("gemm_mma_sm80");
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  EXPECT_EQ(gemm_alignment(4096, 4096), 8);
+  EXPECT_EQ(gemm_alignment(4100, 4096), 4);
+  EXPECT_EQ(gemm_alignment(40, 129), 1);
+  // B row-major with N = 129 has ldb = 129: only align 1 serves it; TMA cannot.
+  const Shape odd{64, 129, 64};
+  EXPECT_FALSE(sm80->check_problem(sm80_params(64, 64, 32, 2, 2, 3, 8), odd).ok());
+  EXPECT_TRUE(sm80->check_problem(sm80_params(64, 64, 32, 2, 2, 3, 1), odd).ok());
+  EXPECT_FALSE(sm90->check_problem(sm90_params(128, 128, 2, 4, false, DType::kBF16, Layout::kRowMajor,
+                                               Layout::kRowMajor), odd).ok());
+  EXPECT_TRUE(sm90->check_problem(sm90_params(128, 128, 2, 4, false), odd).ok());  // B col-major: ldb = K
+
+  auto g = sm80->geometry(sm80_params(128, 256, 32, 2, 4, 4, 8), Shape{4095, 1000, 40});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid.x, 32u * 4u);
+  EXPECT_EQ(g->grid.z, 1u);
+  EXPECT_EQ(g->block.x, 256u);
+  EXPECT_EQ(g->shared_bytes, 4u * (128 * 32 + 32 * 256) * 2);
+  Shape split{16, 4096, 4096, 1, 4};
+  g = sm80->geometry(sm80_params(16, 64, 64, 1, 4, 4, 8, DType::kBF16, Layout::kRowMajor, Layout::kRowMajor, true), split);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid.z, 4u);
+  g = sm90->geometry(sm90_params(128, 256, 2, 4, false, DType::kBF16, Layout::kRowMajor, Layout::kColMajor, true), split);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid.x, 16u * 4u);  // one tile row x 16 tile columns x 4 slices
+  EXPECT_EQ(g->block.x, 384u);
+  EXPECT_FALSE(sm80->check_problem(sm80_params(64, 64, 32, 2, 2, 3, 8), split).ok());  // splits without partials
+}
+
+TEST(GemmTemplates, WgmmaWrapperAndDeterministicRendering) {
+  const std::string w = render_wgmma(256, DType::kBF16, false, true);
+  EXPECT_NE(w.find("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"), std::string::npos);
+  EXPECT_NE(w.find("%127}"), std::string::npos);  // 128 accumulator registers
+  EXPECT_NE(w.find("p, 1, 1, 0, 1;"), std::string::npos);
+  EXPECT_NE(render_wgmma(64, DType::kF16, true, false).find("m64n64k16.f32.f16.f16"), std::string::npos);
+
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  auto a = sm90->render(sm90_params(128, 128, 2, 4, false));
+  auto b = sm90->render(sm90_params(128, 128, 2, 4, false));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->source.source, b->source.source);
+  EXPECT_EQ(a->source.options, b->source.options);
+  EXPECT_EQ(a->config_name, b->config_name);
+  EXPECT_EQ(a->source.entry, "kiln_gemm_wgmma_sm90");
+  auto c = sm90->render(sm90_params(128, 64, 2, 4, false));
+  EXPECT_NE(a->source.source, c->source.source);
+}
+
+// A handful of configurations per family, NVRTC-compiled for real (CI has no GPU; these must still build).
+TEST(GemmTemplates, SampleCompilesWithNvrtc) {
+  auto sm80 = *find_template("gemm_mma_sm80");
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  struct Job {
+    TemplatePtr t;
+    Params p;
+    const char* arch;
+    std::vector<const char*> ptx_must_have;
+  };
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  std::vector<Job> jobs = {
+      {sm80, sm80_params(128, 256, 32, 2, 4, 4, 8), "sm_80",
+       {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans"}},
+      {sm80, sm80_params(16, 64, 64, 1, 4, 3, 1, DType::kF16, C, C, true, "", DType::kF32), "sm_90",
+       {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.trans"}},
+      {sm80, sm80_params(64, 128, 64, 2, 2, 3, 4, DType::kBF16, C, R, false, "scale+bias+silu+residual", DType::kF16),
+       "sm_90", {"cp.async.ca.shared.global", "mma.sync"}},
+      {sm90, sm90_params(128, 256, 2, 4, true), "sm_90a",
+       {"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "cp.async.bulk.tensor.2d", "setmaxnreg.inc",
+        "mbarrier.try_wait.parity"}},
+      {sm90, sm90_params(64, 128, 1, 6, false, DType::kF16, C, R, true, "", DType::kF32), "sm_90a",
+       {"wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "cp.async.bulk.tensor.2d"}},
+  };
+  std::vector<Result<Binary>> out(jobs.size(), make_error(ErrorCode::kCancelled, "not run"));
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+      auto r = jobs[i].t->render(jobs[i].p);
+      if (!r.ok()) {
+        out[i] = r.status();
+        continue;
+      }
+      CompileSettings settings;
+      settings.want_ptx = true;
+      out[i] = compile(r->source, Target{jobs[i].arch}, settings);
+    }
+  };
+  std::thread t1(worker), t2(worker);
+  t1.join();
+  t2.join();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    KILN_ASSERT_OK(out[i]);
+    EXPECT_GT(out[i]->cubin.size(), 0u);
+    for (const char* s : jobs[i].ptx_must_have) EXPECT_NE(out[i]->ptx.find(s), std::string::npos) << out[i]->name << ": " << s;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::templates
