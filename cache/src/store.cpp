@@ -804,6 +804,7 @@ Status Store::sync() {
   if (!m.writer) KILN_RETURN_IF_ERROR(m.maybe_promote());
   if (!m.writer) return Status();
   KILN_RETURN_IF_ERROR(m.ingest_staged());
+  m.clean_dead();
   std::shared_lock role(m.role_mu);
   if (m.writer) KILN_CHECK(m.db->db->SyncWAL());
   return Status();
