@@ -78,6 +78,7 @@ Result<std::shared_ptr<const ParsedText>> parse_text(std::string_view text, std:
       i += 2;
       continue;
     }
+    const size_t start = i;
     size_t close = text.find_first_of("}\n", i + 2);
     if (close == std::string_view::npos || text[close] != '}') {
       return syntax_error(out->what, line, "'${' without a closing '}' on the same line");
@@ -85,6 +86,18 @@ Result<std::shared_ptr<const ParsedText>> parse_text(std::string_view text, std:
     std::string_view body = trim(text.substr(i + 2, close - i - 2));
     i = close + 1;
     bool directive = false;
+    // A directive alone on its line (only blanks before it, a newline or the end after it) takes its whole
+    // line with it, so blocks leave no blank lines; inside a line of text it leaves the text around it alone.
+    const bool is_directive = body == "else" || body == "endif" || body == "if" || body.starts_with("if ");
+    bool standalone = false;
+    if (is_directive && (i == text.size() || text[i] == '\n')) {
+      size_t nl = start == 0 ? std::string_view::npos : text.rfind('\n', start - 1);
+      size_t line_start = nl == std::string_view::npos ? 0 : nl + 1;
+      standalone = text.substr(line_start, start - line_start).find_first_not_of(" \t") == std::string_view::npos;
+      if (standalone) {
+        while (!literal.empty() && (literal.back() == ' ' || literal.back() == '\t')) literal.pop_back();
+      }
+    }
     if (body.starts_with("if ") || body == "if") {
       std::string_view cond = trim(body.substr(2));
       bool negate = false;
@@ -131,9 +144,8 @@ Result<std::shared_ptr<const ParsedText>> parse_text(std::string_view text, std:
       n.line = line;
       target().push_back(std::move(n));
     }
-    // A directive alone at the end of its line takes the newline with it, so blocks leave no blank lines.
-    if (directive && i < text.size() && text[i] == '\n') {
-      ++i;
+    if (directive && standalone && i < text.size()) {
+      ++i;  // the newline
       ++line;
     }
   }

@@ -8,7 +8,8 @@
 //   ${name.attr}     an attribute of the value: dtype .name .bytes .is_f32; layout .name .row .col;
 //                    code .tag (its short name); int, bool and enum have none
 //   ${if name} A ${else} B ${endif}   A when bool parameter `name` is true, else B (${else} optional,
-//                    ${if !name} negates; blocks nest). A newline right after a directive is dropped.
+//                    ${if !name} negates; blocks nest). A directive alone on its line takes the whole
+//                    line with it; one inside a line of text leaves the text around it alone.
 //   $$               a literal '$'
 // Every placeholder must name a declared parameter: this is checked when the registry is built (so a typo in a
 // template fails every test), and a parameter set that is missing, adds or mistypes a parameter is refused
