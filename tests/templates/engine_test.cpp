@@ -208,7 +208,7 @@ TEST(Params, DeclarationsAreValidated) {
 TEST(Determinism, SameParamsSameTextAndKey) {
   for (const TemplatePtr& t : all_templates()) {
     KILN_ASSERT_OK_AND_ASSIGN(Grid g, Grid::create(t));
-    auto picks = sample(g, limits("sm_90"), 3);
+    auto picks = sample(g, limits("sm_90a"), 3);
     ASSERT_FALSE(picks.empty()) << t->name();
     for (const Params& p : picks) {
       KILN_ASSERT_OK_AND_ASSIGN(Rendered a, t->render(p));
@@ -348,12 +348,13 @@ TEST(Grid, FixedParametersAndIndexing) {
 }
 
 TEST(Sample, CoversEveryValueDeterministically) {
+  // sm_90a: every template (the wgmma family needs an arch-specific target).
   for (const TemplatePtr& t : all_templates()) {
     KILN_ASSERT_OK_AND_ASSIGN(Grid g, Grid::create(t));
-    auto a = sample(g, limits("sm_90"), 4);
-    auto b = sample(g, limits("sm_90"), 4);
+    auto a = sample(g, limits("sm_90a"), 4);
+    auto b = sample(g, limits("sm_90a"), 4);
     EXPECT_EQ(a, b) << t->name();
-    auto all = pruned(g, limits("sm_90"));
+    auto all = pruned(g, limits("sm_90a"));
     for (const ParamSpec* axis : g.axes()) {
       for (const Value& v : axis->values) {
         bool possible = std::any_of(all.begin(), all.end(), [&](const Params& p) { return p.at(axis->name) == v; });
@@ -361,10 +362,10 @@ TEST(Sample, CoversEveryValueDeterministically) {
         EXPECT_EQ(possible, covered) << t->name() << " " << axis->name << "=" << v.short_text();
       }
     }
-    for (const Params& p : a) KILN_EXPECT_OK(t->check(p, limits("sm_90")));
-    auto big = sample(g, limits("sm_90"), 40);
+    for (const Params& p : a) KILN_EXPECT_OK(t->check(p, limits("sm_90a")));
+    auto big = sample(g, limits("sm_90a"), 40);
     EXPECT_EQ(big.size(), std::min<size_t>(std::max<size_t>(40, a.size()), all.size()));
-    EXPECT_NE(sample(g, limits("sm_90"), 4, 1), a) << "the seed changes the sample";
+    if (all.size() > a.size()) EXPECT_NE(sample(g, limits("sm_90a"), 4, 1), a) << "the seed changes the sample";
   }
 }
 
