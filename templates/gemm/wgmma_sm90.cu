@@ -8,7 +8,10 @@
 // keeping one wgmma group in flight while it waits for the next stage, then applies the epilogue from its
 // fp32 accumulators to global memory. setmaxnreg moves registers from the producer to the consumers.
 // With `persistent`, the grid is at most one block per SM and each block loops over tiles, so the producer
-// fetches the next tile while the consumers store the last. TMA zero-fills reads outside A and B (edges and
+// fetches the next tile while the consumers store the last. With cluster_k = ${cluster_k} > 1 (for few tiles,
+// e.g. decode), a tile's K is split over a cluster of cluster_k blocks; each block parks its fp32
+// accumulators in its shared memory and the cluster's first block sums them over distributed shared memory
+// and applies the epilogue: split-K in one kernel, with no workspace. TMA zero-fills reads outside A and B (edges and
 // a K tail included) and the stores are masked, so M, N and K are run-time arguments; TMA needs 16-byte
 // aligned rows: lda and ldb multiples of 8 elements.
 #include "common/kiln_device.cuh"
@@ -28,11 +31,14 @@ constexpr int GROUP_M = ${group_m};
 constexpr bool A_COL = ${layout_a.col};  // A M-contiguous: an MN-major wgmma operand
 constexpr bool B_COL = ${layout_b.col};  // B K-contiguous: a K-major wgmma operand
 constexpr bool PARTIALS = ${partials};
+constexpr int CLUSTER_K = ${cluster_k};
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int CHUNK_BYTES = 64 * BK * 2;  // one 64 (M or N) x 64 (K) box of an MN-major operand
 static_assert(WG_M % 64 == 0 && BN % 64 == 0, "tile shape");
+static_assert(CLUSTER_K == 1 || (!PARTIALS && CONSUMERS * MW * BN * 128 * 2 <= STAGES * STAGE_BYTES),
+              "cluster split-K parks the accumulators in the pipeline's shared memory");
 
 // CUtensorMap's size and alignment, without the driver header.
 struct __align__(64) TensorMap {
@@ -93,20 +99,47 @@ __device__ __forceinline__ void wgmma_wait() {
 // kiln_wgmma(d, desc_a, desc_b): d += A . B for one m64n${bn}k16 step (generated for this configuration).
 ${wgmma}
 
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float4 ld_cluster_f4(unsigned local_addr, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
 struct Work {
   int z, m0, n0, k_begin, k_blocks;
 };
+// Work unit w: a tile (and, for split-K partials, a K slice z); with CLUSTER_K > 1, cluster block w % CLUSTER_K
+// takes its share of the tile's K blocks.
 __device__ __forceinline__ Work work_of(const KilnGemmArgs& args, int w, int tiles_m, int tiles_n) {
   Work r;
+  int tile = w, part = 0;
+  if constexpr (CLUSTER_K > 1) {
+    tile = w / CLUSTER_K;
+    part = w % CLUSTER_K;
+  }
   const int per_slice = tiles_m * tiles_n;
-  r.z = w / per_slice;
+  r.z = tile / per_slice;
   int tm, tn;
-  kiln_tile_of(w - r.z * per_slice, tiles_m, tiles_n, GROUP_M, tm, tn);
+  kiln_tile_of(tile - r.z * per_slice, tiles_m, tiles_n, GROUP_M, tm, tn);
   r.m0 = tm * BM;
   r.n0 = tn * BN;
   int k_end;
   kiln_k_range(args, r.z, r.k_begin, k_end);
   r.k_blocks = (k_end - r.k_begin + BK - 1) / BK;
+  if constexpr (CLUSTER_K > 1) {
+    const int per = (r.k_blocks + CLUSTER_K - 1) / CLUSTER_K;
+    const int first = min(part * per, r.k_blocks);
+    r.k_begin += first * BK;
+    r.k_blocks = min(per, r.k_blocks - first);
+  }
   return r;
 }
 
@@ -134,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   const int tiles_m = (args.m + BM - 1) / BM, tiles_n = (args.n + BN - 1) / BN;
   const int slices = PARTIALS ? args.split_k : 1;
-  const int total = tiles_m * tiles_n * slices;
+  const int total = tiles_m * tiles_n * slices * CLUSTER_K;
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -167,6 +200,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           }
         }
       }
+    }
+    if constexpr (CLUSTER_K > 1) {  // the consumers' two cluster barriers need every thread of the cluster
+      cluster_sync();
+      cluster_sync();
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -204,6 +241,43 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       wgmma_wait<0>();
       if (prev >= 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev);
+
+      if constexpr (CLUSTER_K > 1) {
+        // Every block of the cluster parks its accumulators in its (now idle) pipeline memory, as float4s in
+        // thread order; the first block adds the others' over distributed shared memory.
+        unsigned rank;
+        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 128) : "memory");  // all wgmma reads of the ring done
+        const unsigned park = base + c * (MW * BN * 128 * 2);
+        if (rank != 0) {
+#pragma unroll
+          for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              const unsigned a = park + ((mi * (BN / 8) + j) * 128 + tid) * 16;
+              asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "f"(acc[mi][4 * j]),
+                           "f"(acc[mi][4 * j + 1]), "f"(acc[mi][4 * j + 2]), "f"(acc[mi][4 * j + 3])
+                           : "memory");
+            }
+        }
+        cluster_sync();
+        if (rank == 0) {
+          for (unsigned r = 1; r < CLUSTER_K; ++r) {
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+              for (int j = 0; j < BN / 8; ++j) {
+                const float4 v = ld_cluster_f4(park + ((mi * (BN / 8) + j) * 128 + tid) * 16, r);
+                acc[mi][4 * j] += v.x;
+                acc[mi][4 * j + 1] += v.y;
+                acc[mi][4 * j + 2] += v.z;
+                acc[mi][4 * j + 3] += v.w;
+              }
+          }
+        }
+        cluster_sync();  // the others' shared memory stays alive until the first block has read it
+        if (rank != 0) continue;
+      }
 
       // Accumulator layout of m64nNk16: warp w of the warpgroup holds rows 16w + lane/4 (+ 8), and
       // columns 8j + 2 (lane % 4) (+ 1) in registers 4j (+ 1) and, for the row + 8, 4j + 2 (+ 1).

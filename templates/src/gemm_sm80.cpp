@@ -11,6 +11,8 @@ struct Sm80Config {
   int64_t bm, bn, bk, warps_m, warps_n, stages, align;
   int64_t threads() const { return 32 * warps_m * warps_n; }
   int64_t stage_bytes() const { return (bm * bk + bk * bn) * 2; }
+  // Global loads per thread per stage; fully unrolled for align >= 4, each holding an address and a predicate.
+  int64_t load_iters() const { return (bm * bk + bk * bn) / align / threads(); }
   int64_t smem_bytes() const { return stages * stage_bytes(); }
   // Accumulators, two buffers of A and B fragments, and ~40 for addresses, loop state and the epilogue.
   int64_t regs_estimate() const {
@@ -44,6 +46,12 @@ Status constraints(const Params& p, const DeviceLimits& l) {
   if (c.smem_bytes() > l.smem_per_block_optin) {
     return fail(ErrorCode::kOutOfRange, fmt::format("{} bytes of shared memory > the device's {} per block",
                                                     c.smem_bytes(), l.smem_per_block_optin));
+  }
+  // Measured on an H200: configurations with more than 16 unrolled wide loads per thread per stage ran out of
+  // registers (255) and spilled; narrow loads (align <= 2) are not unrolled.
+  if (c.align >= 4 && c.load_iters() > 16) {
+    return fail(ErrorCode::kOutOfRange, fmt::format("{} global loads per thread per stage > 16 (too few threads "
+                                                    "for the tile: registers would spill)", c.load_iters()));
   }
   const int64_t regs = c.regs_estimate();
   if (regs > l.max_regs_per_thread || regs * c.threads() > l.regs_per_sm) {

@@ -39,7 +39,7 @@ namespace detail {
 namespace {
 
 struct Sm90Config {
-  int64_t bm, bn, consumers, stages;
+  int64_t bm, bn, consumers, stages, cluster_k;
   int64_t wg_m() const { return bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
   int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
@@ -49,7 +49,7 @@ struct Sm90Config {
 };
 
 Sm90Config config_of(const Params& p) {
-  return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages")};
+  return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k")};
 }
 
 Result<Params> derive(const Params& p) {
@@ -86,6 +86,16 @@ Status constraints(const Params& p, const DeviceLimits& l) {
     return fail(ErrorCode::kOutOfRange, fmt::format("{} bytes of shared memory > the device's {} per block",
                                                     c.smem_bytes(), l.smem_per_block_optin));
   }
+  if (c.cluster_k < 1 || c.cluster_k > 8) return fail(ErrorCode::kOutOfRange, "cluster_k must be in [1, 8] (portable clusters)");
+  if (c.cluster_k > 1) {
+    if (get_bool(p, "persistent") || get_bool(p, "partials")) {
+      return fail(ErrorCode::kInvalidArgument, "cluster_k > 1 excludes persistent and partials");
+    }
+    if (c.bm * c.bn * 4 > c.stages * c.stage_bytes()) {
+      return fail(ErrorCode::kOutOfRange, "cluster_k > 1 parks a bm x bn fp32 tile in the pipeline's shared memory: "
+                                          "not enough stages");
+    }
+  }
   return Status();
 }
 
@@ -103,20 +113,22 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
   const Sm90Config c = config_of(p);
   Launch l;
   const int64_t work = ((s.m + c.bm - 1) / c.bm) * ((s.n + c.bn - 1) / c.bn) *
-                       (get_bool(p, "partials") ? s.splits : 1);
+                       (get_bool(p, "partials") ? s.splits : 1) * c.cluster_k;
   if (work > INT32_MAX) return make_error(ErrorCode::kInvalidArgument, "gemm: too many tiles");
   // A persistent grid is capped at one block per SM by launch_gemm(), which knows the device.
   l.grid.x = static_cast<unsigned>(work);
   if (s.m == 0 || s.n == 0) l.grid.x = 0;
   l.block.x = static_cast<unsigned>(c.threads());
   l.shared_bytes = static_cast<unsigned>(c.smem_bytes());
+  l.cluster.x = static_cast<unsigned>(c.cluster_k);
   return l;
 }
 
 std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
-  return fmt::format("gemm_wgmma_{}x{}x64_c{}_s{}_g{}{}_{}", c.bm, c.bn, c.consumers, c.stages, get_int(p, "group_m"),
-                     get_bool(p, "persistent") ? "_p" : "", gemm_problem_suffix(p));
+  return fmt::format("gemm_wgmma_{}x{}x64_c{}_s{}_g{}{}{}_{}", c.bm, c.bn, c.consumers, c.stages, get_int(p, "group_m"),
+                     get_bool(p, "persistent") ? "_p" : "",
+                     c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "", gemm_problem_suffix(p));
 }
 
 // The SM count of each device, read once (persistent grids are sized by it).
@@ -207,6 +219,9 @@ TemplateDef gemm_wgmma_sm90_def() {
                                "tile rasterisation: tile rows walked before the next tile column (L2 reuse)"));
   d.params.push_back(bool_param("persistent", ParamRole::kTunable, "p",
                                 "one block per SM looping over tiles (the next tile's loads overlap the stores)"));
+  d.params.push_back(int_param("cluster_k", ParamRole::kTunable, {1, 4}, "ck",
+                               "split K over a cluster of this many blocks, reduced in distributed shared memory "
+                               "(one kernel; for few tiles, e.g. decode)"));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "

@@ -164,7 +164,7 @@ TEST(GemmGpu, SplitKSubgraphDecode) {
     cases.push_back({"gemm_wgmma_sm90", "sm_90a",
                      {{"bm", Value::integer(64)}, {"bn", Value::integer(128)}, {"consumers", Value::integer(1)},
                       {"stages", Value::integer(6)}, {"group_m", Value::integer(1)},
-                      {"persistent", Value::boolean(false)}}});
+                      {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(1)}}});
   }
   KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr reduce_t, templates::find_template("splitk_reduce"));
   for (const Case& c : cases) {
@@ -200,5 +200,49 @@ TEST(GemmGpu, SplitKSubgraphDecode) {
   }
 }
 
+// Decode shapes with split-K inside one kernel: a cluster of blocks per tile reducing over distributed
+// shared memory (gemm_wgmma_sm90, cluster_k > 1), fused bias + gelu.
+TEST(GemmGpu, ClusterSplitKDecode) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  using templates::Value;
+  const EpilogueSpec ep = spec("bias+gelu", DType::kBF16);
+  struct Case {
+    int64_t m, n, k;
+    int bm, bn, consumers, stages, cluster_k;
+    Layout lb;
+  };
+  const std::vector<Case> cases = {{1, 4096, 4096, 64, 128, 1, 8, 4, Layout::kColMajor},
+                                   {16, 4096, 4096, 64, 256, 1, 4, 2, Layout::kColMajor},
+                                   {17, 520, 1000, 64, 64, 1, 8, 8, Layout::kRowMajor},   // K tail, 16 K blocks over 8
+                                   {64, 1024, 136, 128, 128, 2, 4, 4, Layout::kColMajor}};  // a block with 1 K block
+  std::vector<std::pair<TemplatePtr, Params>> cfgs;
+  for (const Case& c : cases) {
+    Params p = templates::gemm_problem_params(DType::kBF16, Layout::kRowMajor, c.lb, ep, false);
+    for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
+             {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
+             {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(1)},
+             {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(c.cluster_k)}})
+      p.insert_or_assign(k, v);
+    cfgs.emplace_back(t, std::move(p));
+  }
+  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    KILN_ASSERT_OK(compiled[i]);
+    const Case& c = cases[i];
+    GemmProblem p{c.m, c.n, c.k, DType::kBF16, Layout::kRowMajor, c.lb, ep, 1};
+    const GemmData d = make_gemm_data(p, 300 + i);
+    KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
+    auto err = run_and_check(*compiled[i], p, d, g);
+    KILN_ASSERT_OK(err);
+    std::printf("  %-60s %s err %.2e\n", compiled[i]->rendered.config_name.c_str(), p.str().c_str(), *err);
+    EXPECT_LE(*err, 1e-2) << compiled[i]->rendered.config_name;
+    EXPECT_EQ(compiled[i]->attr.local_bytes, 0);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::testing
+

@@ -39,6 +39,7 @@ Params sm90_params(int64_t bm, int64_t bn, int64_t consumers, int64_t stages, bo
   p.emplace("stages", Value::integer(stages));
   p.emplace("group_m", Value::integer(8));
   p.emplace("persistent", Value::boolean(persistent));
+  p.emplace("cluster_k", Value::integer(1));
   return p;
 }
 
@@ -119,6 +120,17 @@ TEST(GemmTemplates, ConstraintsPruneWithReasons) {
   // 6 x 48 KiB stages > 227 KiB; a 128x256 tile for one warpgroup is 256 accumulators per thread.
   EXPECT_FALSE(sm90->check(sm90_params(128, 256, 2, 6, true), limits("sm_90a")).ok());
   EXPECT_FALSE(sm90->check(sm90_params(128, 256, 1, 3, true), limits("sm_90a")).ok());
+  // Cluster split-K: not with persistence or partials; the cluster is the launch's.
+  Params ck = sm90_params(64, 128, 1, 8, false);
+  ck.insert_or_assign("cluster_k", Value::integer(4));
+  EXPECT_TRUE(sm90->check(ck, limits("sm_90a")).ok());
+  auto g = sm90->geometry(ck, Shape{16, 4096, 4096});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid.x, 32u * 4u);
+  EXPECT_EQ(g->cluster.x, 4u);
+  EXPECT_EQ(*sm90->config_name(ck), "gemm_wgmma_64x128x64_c1_s8_g8_ck4_bf16_rc_bias_gelu_bf16");
+  ck.insert_or_assign("persistent", Value::boolean(true));
+  EXPECT_FALSE(sm90->check(ck, limits("sm_90a")).ok());
 }
 
 TEST(GemmTemplates, ProblemChecksAlignmentAndGeometry) {
@@ -194,6 +206,8 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
         "mbarrier.try_wait.parity"}},
       {sm90, sm90_params(64, 128, 1, 6, false, DType::kF16, C, R, true, "", DType::kF32), "sm_90a",
        {"wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "cp.async.bulk.tensor.2d"}},
+      {sm90, [&] { Params p = sm90_params(64, 256, 1, 4, false); p.insert_or_assign("cluster_k", Value::integer(4)); return p; }(),
+       "sm_90a", {"barrier.cluster.arrive", "mapa.shared::cluster", "ld.shared::cluster.v4.f32"}},
   };
   std::vector<Result<Binary>> out(jobs.size(), make_error(ErrorCode::kCancelled, "not run"));
   std::atomic<size_t> next{0};
