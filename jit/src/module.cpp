@@ -28,8 +28,12 @@ Result<std::shared_ptr<detail::LoadedModule>> load_into_current(std::string_view
     return make_error(ErrorCode::kFailedPrecondition,
                       "no current CUDA context on this thread: make one current, or call kiln::ensure_context()");
   }
-  if (image.size() < 4 || image.substr(0, 4) != "\x7f" "ELF") {
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("not a cubin: {} bytes without an ELF header", image.size()));
+  // A cubin is an ELF image; nvcc's fatbins (several cubins plus PTX) start with 0xBA55ED50.
+  const bool elf = image.size() >= 4 && image.substr(0, 4) == "\x7f" "ELF";
+  const bool fatbin = image.size() >= 4 && image.substr(0, 4) == std::string_view("\x50\xed\x55\xba", 4);
+  if (!elf && !fatbin) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("not a cubin or fatbin: {} bytes without an ELF or fatbin header", image.size()));
   }
   auto m = std::make_shared<detail::LoadedModule>();
   m->context = ctx;

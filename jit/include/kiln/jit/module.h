@@ -87,7 +87,7 @@ class Module {
  public:
   /// Loads `binary`'s cubin into the current context (kFailedPrecondition when the thread has none).
   static Result<Module> load(const Binary& binary);
-  /// Loads a cubin image with no lowered-name table.
+  /// Loads a cubin or fatbin image with no lowered-name table.
   static Result<Module> load_image(std::string_view cubin);
 
   Module(Module&&) noexcept = default;

@@ -1,0 +1,7 @@
+// kiln's autotuner in one include.
+#pragma once
+
+#include "kiln/runtime/choice.h"
+#include "kiln/runtime/ops.h"
+#include "kiln/runtime/problem.h"
+#include "kiln/runtime/tuner.h"

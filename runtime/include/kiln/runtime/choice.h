@@ -1,0 +1,89 @@
+// Choice: one way to compute a problem — a rendered template configuration, a cuBLASLt algorithm, a subgraph
+// of several kernels, or a user's own kernel — behind one interface the autotuner compiles, checks, times and
+// runs.
+//
+// Life of a choice: kernels() says what it needs compiled; precompile() sends that through the pool's
+// precompile gate and returns a future of the binaries (ready at once for choices with nothing to compile);
+// prepare() loads them into the current context; run() launches on a stream. No choice compiles lazily inside
+// benchmarking.
+#pragma once
+
+#include <cuda.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/jit/compiler.h"
+#include "kiln/jit/module.h"
+#include "kiln/pool/executor.h"
+#include "kiln/pool/future.h"
+#include "kiln/runtime/problem.h"
+#include "kiln/status.h"
+#include "kiln/templates/launch.h"
+#include "kiln/templates/template.h"
+
+namespace kiln {
+class PrecompileGate;
+}
+
+namespace kiln::runtime {
+
+enum class ChoiceKind { kTemplate, kExtern, kSubgraph, kUser };
+/// "template", "extern", "subgraph", "user".
+std::string_view choice_kind_name(ChoiceKind kind);
+
+/// One kernel a choice needs compiled.
+struct CompileRequest {
+  KernelSource source;
+  Target target;
+};
+
+/// The compiled kernels of a choice, in the order of its kernels().
+using Binaries = std::vector<Binary>;
+
+class Choice {
+ public:
+  virtual ~Choice() = default;
+
+  /// Stable and unique among the choices of one problem; what the cache stores timings and decisions under.
+  /// Template configurations use their configuration name, cuBLASLt algorithms "cublaslt_a.._t.._s..".
+  virtual const std::string& name() const = 0;
+  virtual ChoiceKind kind() const = 0;
+  /// The kernels to compile before the choice can run; empty for an extern choice.
+  virtual std::vector<CompileRequest> kernels() const { return {}; }
+  /// Loads `binaries` (one per kernels() entry) into the current context and makes the choice runnable.
+  /// Called once, before the first run(). Not thread-safe with run().
+  virtual Status prepare(const Binaries& binaries) = 0;
+  /// Computes the problem on `args` on `stream`. `workspace` holds at least workspace_bytes(). Thread-safe
+  /// after prepare(). Launch errors are returned; faults show at the next synchronisation.
+  virtual Status run(const OpArgs& args, CUdeviceptr workspace, CUstream stream) const = 0;
+  /// Device memory run() needs besides the op's buffers (split-K partials, an unfused intermediate).
+  virtual size_t workspace_bytes() const { return 0; }
+  /// What the choice is, for reports and decisions: template parameters, an algorithm's fields.
+  virtual std::map<std::string, std::string> parameters() const { return {}; }
+  /// Ties within measurement noise go to the lower rank: externs first (they need no compile and are the
+  /// reference), then templates, subgraphs and user kernels.
+  virtual int tie_rank() const;
+
+  /// The precompile gate: sends kernels() through `gate` at `priority` and returns a future of the binaries
+  /// (every kernel of a subgraph; a ready future when there is nothing to compile).
+  Future<Binaries> precompile(PrecompileGate& gate, Priority priority) const;
+};
+
+using ChoicePtr = std::shared_ptr<Choice>;
+
+/// A rendered template configuration of one kernel, launched through its family's argument struct.
+ChoicePtr make_template_choice(templates::TemplatePtr tmpl, templates::Rendered rendered, Target target,
+                               templates::Shape shape);
+
+/// A templates::Subgraph (e.g. split-K: partial GEMM + reduction) as one choice.
+ChoicePtr make_subgraph_choice(templates::Subgraph graph, Target target, templates::Shape shape);
+
+/// A user's own kernel. `launch` launches the compiled kernel for the op's arguments (it chooses the grid).
+using UserLaunch = std::function<Status(const Kernel& kernel, const OpArgs& args, CUstream stream)>;
+ChoicePtr make_user_choice(std::string name, KernelSource source, Target target, UserLaunch launch);
+
+}  // namespace kiln::runtime

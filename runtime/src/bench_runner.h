@@ -1,0 +1,62 @@
+// Times and checks choices on the GPU: L2 flushed before each timed run, events around the run only, warm-up,
+// repetitions from a time budget, CUDA-graph replays for launch-bound choices, early drop, and correctness
+// against reference outputs with poisoned outputs.
+#pragma once
+
+#include <cuda.h>
+
+#include <vector>
+
+#include "kiln/jit/device.h"
+#include "kiln/runtime/choice.h"
+#include "kiln/runtime/ops.h"
+#include "kiln/runtime/tuner.h"
+
+namespace kiln::runtime::detail {
+
+struct Samples {
+  std::vector<double> us;  // one per timed run
+  bool graph = false;
+  bool partial = false;
+};
+
+/// The median, min and percentiles of samples (microseconds).
+struct Summary {
+  double median = 0, min = 0, p10 = 0, p90 = 0;
+};
+Summary summarize(std::vector<double> us);
+
+class BenchRunner {
+ public:
+  /// Needs a current context; allocates the L2 flush buffer and events on `stream`.
+  static Result<std::unique_ptr<BenchRunner>> create(const BenchmarkOptions& options, const DeviceInfo& device);
+  ~BenchRunner();
+
+  CUstream stream() const { return stream_.get(); }
+
+  /// Copies of the outputs the reference choice wrote, to check other choices against.
+  Status capture_reference(const std::vector<OutputRegion>& outputs);
+  /// Poisons the outputs, runs `choice` once, synchronises, and compares every output with the reference.
+  /// kWrongResult naming the output and its error (or how many elements were not written); launch and
+  /// fault errors as run() and the driver report them; kTimeout for a run that does not finish.
+  Result<double> check(const Choice& choice, const OpArgs& args, CUdeviceptr workspace,
+                       const std::vector<OutputRegion>& outputs, double tolerance);
+  /// Times `choice`: a short estimate first; if it is over drop_factor x `best_us` (> 0) the estimate is
+  /// returned as partial; otherwise repetitions from the budget (or fixed_reps), as graph replays when short.
+  Result<Samples> measure(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, double best_us);
+  /// `n` timed runs of `choice` as measure() does them, with no estimate (near-tie re-measurement).
+  Result<Samples> time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, int n, bool graph);
+
+ private:
+  BenchRunner() = default;
+  Status synchronize();
+  Status flush();
+
+  BenchmarkOptions options_;
+  Stream stream_;
+  DeviceBuffer flush_buffer_;
+  std::vector<Event> events_;
+  std::vector<DeviceBuffer> reference_;
+};
+
+}  // namespace kiln::runtime::detail

@@ -1,0 +1,77 @@
+// TuneReport's table and JSON.
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include "kiln/runtime/tuner.h"
+
+namespace kiln::runtime {
+
+std::string TuneReport::table(int top) const {
+  std::string out = fmt::format("{}\n  chosen {}{}; {} choices, {} failed; compile wait {:.3f} s, benchmark {:.3f} s, total {:.3f} s\n",
+                                problem, chosen, decision_from_cache ? " (cached decision)" : "", candidates, failures,
+                                compile_wait_seconds, benchmark_seconds, total_seconds);
+  if (!note.empty()) out += "  note: " + note + "\n";
+  double best = 0;
+  for (const auto& c : choices) {
+    if (c.status.ok() && !c.partial) {
+      best = c.median_us;
+      break;
+    }
+  }
+  int shown = 0;
+  out += fmt::format("  {:<64} {:>10} {:>7} {:>16} {:>5}  {}\n", "choice", "median us", "% best", "p10-p90 us", "runs", "");
+  for (const auto& c : choices) {
+    if (!c.status.ok() || shown >= top) continue;
+    ++shown;
+    std::string flags;
+    if (c.name == chosen) flags += "chosen ";
+    if (c.partial) flags += "dropped-early ";
+    if (c.from_cache) flags += "cached ";
+    if (c.graph) flags += "graph ";
+    out += fmt::format("  {:<64} {:>10.2f} {:>6.1f}% {:>7.2f}-{:<8.2f} {:>5}  {}\n", c.name.substr(0, 64), c.median_us,
+                       best > 0 ? 100.0 * best / c.median_us : 0.0, c.p10_us, c.p90_us, c.reps, flags);
+  }
+  for (const auto& c : choices) {
+    if (c.status.ok()) continue;
+    out += fmt::format("  FAILED {}: {}\n", c.name, c.status.to_string());
+  }
+  return out;
+}
+
+std::string TuneReport::json() const {
+  nlohmann::json j;
+  j["problem"] = problem;
+  j["key"] = key;
+  j["chosen"] = chosen;
+  j["reference"] = reference;
+  j["candidates"] = candidates;
+  j["failures"] = failures;
+  j["decision_from_cache"] = decision_from_cache;
+  j["compile_wait_seconds"] = compile_wait_seconds;
+  j["benchmark_seconds"] = benchmark_seconds;
+  j["total_seconds"] = total_seconds;
+  if (!note.empty()) j["note"] = note;
+  j["choices"] = nlohmann::json::array();
+  for (const auto& c : choices) {
+    nlohmann::json cj{{"name", c.name}, {"kind", choice_kind_name(c.kind)}, {"ok", c.status.ok()}};
+    if (c.status.ok()) {
+      cj["median_us"] = c.median_us;
+      cj["min_us"] = c.min_us;
+      cj["p10_us"] = c.p10_us;
+      cj["p90_us"] = c.p90_us;
+      cj["runs"] = c.reps;
+      cj["partial"] = c.partial;
+      cj["from_cache"] = c.from_cache;
+      cj["graph"] = c.graph;
+      cj["relative_error"] = c.error;
+    } else {
+      cj["error"] = c.status.to_string();
+    }
+    if (!c.parameters.empty()) cj["parameters"] = c.parameters;
+    j["choices"].push_back(std::move(cj));
+  }
+  return j.dump();
+}
+
+}  // namespace kiln::runtime

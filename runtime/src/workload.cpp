@@ -1,0 +1,201 @@
+#include "kiln/runtime/workload.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kiln::runtime {
+namespace {
+
+using json = nlohmann::json;
+
+Status bad(const std::string& where, const std::string& what) {
+  return make_error(ErrorCode::kInvalidArgument, fmt::format("workload {}: {}", where, what));
+}
+
+Result<std::vector<int64_t>> sizes(const json& e, const char* field, const std::string& where, bool required,
+                                   int64_t fallback = 0) {
+  if (!e.contains(field)) {
+    if (required) return bad(where, fmt::format("missing \"{}\"", field));
+    return std::vector<int64_t>{fallback};
+  }
+  const json& v = e[field];
+  std::vector<int64_t> out;
+  if (v.is_number_integer()) out.push_back(v.get<int64_t>());
+  else if (v.is_array()) {
+    for (const auto& x : v) {
+      if (!x.is_number_integer()) return bad(where, fmt::format("\"{}\" must hold integers", field));
+      out.push_back(x.get<int64_t>());
+    }
+  } else {
+    return bad(where, fmt::format("\"{}\" must be an integer or a list of integers", field));
+  }
+  if (out.empty()) return bad(where, fmt::format("\"{}\" is an empty list", field));
+  for (int64_t s : out) {
+    if (s <= 0) return bad(where, fmt::format("\"{}\" has {} (sizes are positive)", field, s));
+  }
+  return out;
+}
+
+Result<DType> dtype_field(const json& e, const char* field, DType fallback, const std::string& where) {
+  if (!e.contains(field)) return fallback;
+  if (!e[field].is_string()) return bad(where, fmt::format("\"{}\" must be a dtype name", field));
+  auto t = templates::parse_dtype(e[field].get<std::string>());
+  if (!t.ok()) return bad(where, t.status().message());
+  return *t;
+}
+
+Result<Layout> layout_field(const json& e, const char* field, const std::string& where) {
+  if (!e.contains(field)) return Layout::kRowMajor;
+  std::string s = e[field].is_string() ? e[field].get<std::string>() : "";
+  if (s == "row") return Layout::kRowMajor;
+  if (s == "col") return Layout::kColMajor;
+  return bad(where, fmt::format("\"{}\" must be \"row\" or \"col\"", field));
+}
+
+template <class T>
+Result<T> scalar(const json& e, const char* field, T fallback, const std::string& where) {
+  if (!e.contains(field)) return fallback;
+  try {
+    return e[field].get<T>();
+  } catch (const json::exception&) {
+    return bad(where, fmt::format("\"{}\" has the wrong type", field));
+  }
+}
+
+Status expand(const json& e, const std::string& where, Workload& out) {
+  if (!e.is_object() || !e.contains("op") || !e["op"].is_string()) return bad(where, "an entry needs an \"op\" string");
+  const std::string op = e["op"].get<std::string>();
+  const std::string label = e.contains("name") && e["name"].is_string() ? e["name"].get<std::string>() : op;
+  KILN_ASSIGN_OR_RETURN(DType dtype, dtype_field(e, "dtype", DType::kBF16, where));
+  if (op == "gemm") {
+    KILN_ASSIGN_OR_RETURN(auto ms, sizes(e, "m", where, true));
+    KILN_ASSIGN_OR_RETURN(auto ns, sizes(e, "n", where, true));
+    KILN_ASSIGN_OR_RETURN(auto ks, sizes(e, "k", where, true));
+    GemmProblem g;
+    g.a = g.b = dtype;
+    KILN_ASSIGN_OR_RETURN(g.a_layout, layout_field(e, "layout_a", where));
+    KILN_ASSIGN_OR_RETURN(g.b_layout, layout_field(e, "layout_b", where));
+    KILN_ASSIGN_OR_RETURN(DType out_dtype, dtype_field(e, "out", dtype, where));
+    KILN_ASSIGN_OR_RETURN(std::string ops, scalar<std::string>(e, "epilogue", "", where));
+    auto spec = templates::parse_epilogue(ops, out_dtype);
+    if (!spec.ok()) return bad(where, spec.status().message());
+    g.epilogue = *spec;
+    KILN_ASSIGN_OR_RETURN(g.epilogue.bias_dtype, dtype_field(e, "bias_dtype", out_dtype, where));
+    KILN_ASSIGN_OR_RETURN(g.epilogue.residual_dtype, dtype_field(e, "residual_dtype", out_dtype, where));
+    for (int64_t m : ms)
+      for (int64_t n : ns)
+        for (int64_t k : ks) {
+          g.m = m, g.n = n, g.k = k;
+          out.problems.push_back(Problem::gemm(g));
+          out.labels.push_back(label);
+        }
+    return Status();
+  }
+  if (op == "rmsnorm" || op == "layernorm") {
+    KILN_ASSIGN_OR_RETURN(auto rows, sizes(e, "rows", where, true));
+    KILN_ASSIGN_OR_RETURN(auto cols, sizes(e, "cols", where, true));
+    NormProblem n;
+    n.layernorm = op == "layernorm";
+    n.dtype = dtype;
+    KILN_ASSIGN_OR_RETURN(n.residual, scalar<bool>(e, "residual", false, where));
+    KILN_ASSIGN_OR_RETURN(n.bias, scalar<bool>(e, "bias", false, where));
+    KILN_ASSIGN_OR_RETURN(n.eps, scalar<float>(e, "eps", 1e-6f, where));
+    for (int64_t r : rows)
+      for (int64_t c : cols) {
+        n.rows = r, n.cols = c;
+        out.problems.push_back(Problem::norm(n));
+        out.labels.push_back(label);
+      }
+    return Status();
+  }
+  if (op == "softmax") {
+    KILN_ASSIGN_OR_RETURN(auto rows, sizes(e, "rows", where, true));
+    KILN_ASSIGN_OR_RETURN(auto cols, sizes(e, "cols", where, true));
+    SoftmaxProblem s;
+    s.dtype = dtype;
+    KILN_ASSIGN_OR_RETURN(s.scale, scalar<float>(e, "scale", 1.0f, where));
+    for (int64_t r : rows)
+      for (int64_t c : cols) {
+        s.rows = r, s.cols = c;
+        out.problems.push_back(Problem::softmax(s));
+        out.labels.push_back(label);
+      }
+    return Status();
+  }
+  return bad(where, fmt::format("unknown op \"{}\" (gemm, rmsnorm, layernorm, softmax)", op));
+}
+
+}  // namespace
+
+Result<Workload> parse_workload(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("workload: not JSON: {}", e.what()));
+  }
+  if (!j.is_object() || !j.contains("problems") || !j["problems"].is_array()) {
+    return make_error(ErrorCode::kInvalidArgument, "workload: expected {\"problems\": [...]}");
+  }
+  Workload w;
+  w.name = j.contains("name") && j["name"].is_string() ? j["name"].get<std::string>() : "workload";
+  for (size_t i = 0; i < j["problems"].size(); ++i) {
+    KILN_RETURN_IF_ERROR(expand(j["problems"][i], fmt::format("entry {}", i), w));
+  }
+  return w;
+}
+
+Result<Workload> load_workload(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error(ErrorCode::kNotFound, fmt::format("cannot read workload file '{}'", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto w = parse_workload(ss.str());
+  if (!w.ok()) return std::move(w).status().with_context(fmt::format("reading {}", path));
+  return w;
+}
+
+std::string problem_to_json(const Problem& problem) {
+  json e;
+  e["op"] = problem.op;
+  std::visit(
+      [&](const auto& d) {
+        using T = std::decay_t<decltype(d)>;
+        if constexpr (std::is_same_v<T, GemmProblem>) {
+          e["m"] = d.m, e["n"] = d.n, e["k"] = d.k;
+          e["dtype"] = templates::dtype_name(d.a);
+          e["layout_a"] = templates::layout_name(d.a_layout);
+          e["layout_b"] = templates::layout_name(d.b_layout);
+          std::string ops;
+          for (auto op : d.epilogue.ops) ops += (ops.empty() ? "" : "+") + std::string(templates::op_name(op));
+          e["epilogue"] = ops;
+          e["out"] = templates::dtype_name(d.epilogue.out);
+          e["bias_dtype"] = templates::dtype_name(d.epilogue.bias_dtype);
+          e["residual_dtype"] = templates::dtype_name(d.epilogue.residual_dtype);
+        } else if constexpr (std::is_same_v<T, NormProblem>) {
+          e["rows"] = d.rows, e["cols"] = d.cols;
+          e["dtype"] = templates::dtype_name(d.dtype);
+          e["residual"] = d.residual, e["bias"] = d.bias, e["eps"] = d.eps;
+        } else if constexpr (std::is_same_v<T, SoftmaxProblem>) {
+          e["rows"] = d.rows, e["cols"] = d.cols;
+          e["dtype"] = templates::dtype_name(d.dtype);
+          e["scale"] = d.scale;
+        } else {
+          e["sizes"] = d.sizes;
+          e["attributes"] = d.attributes;
+        }
+      },
+      problem.desc);
+  return e.dump();
+}
+
+Result<Problem> problem_from_json(const std::string& text) {
+  KILN_ASSIGN_OR_RETURN(Workload w, parse_workload("{\"problems\": [" + text + "]}"));
+  if (w.problems.size() != 1) return make_error(ErrorCode::kInvalidArgument, "expected exactly one problem");
+  return w.problems.front();
+}
+
+}  // namespace kiln::runtime
