@@ -122,7 +122,9 @@ std::string ProblemKey::canonical() const {
     s += '/';
     for (size_t j = 0; j < operands[i].shape.size(); ++j) {
       if (j) s += 'x';
-      s += fmt::format("{}", operands[i].shape[j]);
+      char buf[24];
+      auto r = std::to_chars(buf, buf + sizeof buf, operands[i].shape[j]);
+      s.append(buf, r.ptr);
     }
   }
   s += ";epi=";

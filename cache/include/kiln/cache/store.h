@@ -150,6 +150,11 @@ class Store {
   /// Every current timing record, in (problem, choice) order. Thread-safe.
   std::vector<TimingRecord> all_timings() const;
 
+  /// Stores many records in one write (one staged batch for a reader), filling stamps and toolchains like
+  /// the single puts. For imports and other bulk writers. Thread-safe.
+  Status put_all(std::vector<TimingRecord> timings, std::vector<Decision> decisions,
+                 const std::vector<Binary>& binaries = {});
+
   // ---- Whole-cache operations.
 
   /// Calls `fn` with the metadata of every stored binary (reading each value), until it returns false.

@@ -1,0 +1,132 @@
+// Preloading: real kernels compiled for this GPU, stored, preloaded and launched; what is missing, foreign
+// or library-only is counted, not fatal. Without a GPU, preload fails with a clear error.
+#include <gtest/gtest.h>
+
+#include "cache_test_util.h"
+#include "kiln/cache/preload.h"
+#include "kiln/jit.h"
+#include "kiln_test.h"
+
+namespace kiln::cache {
+namespace {
+
+using testing::TempDir;
+
+constexpr const char* kFill = R"(
+extern "C" __global__ void fill(int* out, int n, int value) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = value + i;
+}
+)";
+
+StoreOptions opts(const TempDir& d) {
+  StoreOptions o;
+  o.dir = d.path();
+  o.ingest_interval = std::chrono::milliseconds(0);
+  return o;
+}
+
+TEST(Preload, WithoutAGpuItSaysSo) {
+  if (ensure_context(0).ok()) GTEST_SKIP() << "a GPU is present";
+  TempDir dir;
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  auto r = preload(*store, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().code() == ErrorCode::kNoDriver || r.status().code() == ErrorCode::kNoDevice)
+      << r.status().to_string();
+}
+
+TEST(Preload, LoadsLaunchesAndCountsWhatIsMissing) {
+  KILN_REQUIRE_GPU();
+  TempDir dir;
+  KILN_ASSERT_OK_AND_ASSIGN(Target target, Target::from_device(0));
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceFingerprint dev, DeviceFingerprint::of_device(0));
+  VersionStamp ver = VersionStamp::current();
+  auto problem = [&](int m, DeviceFingerprint d) {
+    ProblemKey p = testing::sample_problem(m);
+    p.device = std::move(d);
+    p.versions = ver;
+    return p.canonical();
+  };
+  std::vector<std::string> loaded_problems;
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+    for (int v = 0; v < 6; ++v) {
+      KernelSource src;
+      src.name = "fill";
+      src.entry = "fill";
+      src.source = kFill;
+      src.options = {"-DVARIANT=" + std::to_string(v)};  // distinct keys
+      KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile(src, target));
+      KILN_ASSERT_OK(store->put_binary(bin));
+      Decision d;
+      d.problem = problem(16 * (v + 1), dev);
+      d.choice = "fill_v" + std::to_string(v);
+      d.kernel = bin.key;
+      KILN_ASSERT_OK(store->put_decision(d));
+      loaded_problems.push_back(d.problem);
+    }
+    Decision missing;  // its binary was never stored
+    missing.problem = problem(1000, dev);
+    missing.choice = "gone";
+    missing.kernel = KernelKey{123, 456};
+    KILN_ASSERT_OK(store->put_decision(missing));
+    Decision library;  // a cuBLAS choice: nothing to load
+    library.problem = problem(2000, dev);
+    library.choice = "cublaslt/algo3";
+    KILN_ASSERT_OK(store->put_decision(library));
+    Binary foreign = testing::fake_binary(77, 1000, "sm_80");
+    KILN_ASSERT_OK(store->put_binary(foreign));
+    Decision wrong_arch;
+    wrong_arch.problem = problem(3000, dev);
+    wrong_arch.choice = "old";
+    wrong_arch.kernel = foreign.key;
+    KILN_ASSERT_OK(store->put_decision(wrong_arch));
+    DeviceFingerprint other = dev;
+    other.name = "Some Other GPU";
+    Decision elsewhere;
+    elsewhere.problem = problem(16, other);
+    elsewhere.choice = "fill_v0";
+    elsewhere.kernel = KernelKey{1, 1};
+    KILN_ASSERT_OK(store->put_decision(elsewhere));
+  }
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  for (int threads : {1, 3}) {
+    PreloadOptions po;
+    po.threads = threads;
+    KILN_ASSERT_OK_AND_ASSIGN(Preloaded p, preload(*store, po));
+    const PreloadReport& r = p.report();
+    EXPECT_EQ(r.decisions, 9u);  // not the other device's
+    EXPECT_EQ(r.loaded, 6u);
+    EXPECT_EQ(r.missing, 2u);
+    EXPECT_EQ(r.without_kernel, 1u);
+    EXPECT_EQ(r.failed, 0u);
+    EXPECT_EQ(p.size(), 6u);
+    // Every loaded kernel runs and computes what its source says.
+    KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buf, DeviceBuffer::allocate(256 * sizeof(int)));
+    for (const auto& prob : loaded_problems) {
+      const Kernel* k = p.find(prob);
+      ASSERT_NE(k, nullptr);
+      KILN_ASSERT_OK(buf.fill_bytes(0xff));
+      LaunchConfig lc;
+      lc.grid = {1, 1, 1};
+      lc.block = {256, 1, 1};
+      KILN_ASSERT_OK((*k)(lc, buf.ptr(), 256, 1000));
+      std::vector<int> host(256);
+      KILN_ASSERT_OK(buf.copy_to_host(host.data(), 256 * sizeof(int)));
+      for (int i = 0; i < 256; ++i) ASSERT_EQ(host[i], 1000 + i);
+    }
+  }
+  // A workload: exactly the listed problems.
+  PreloadOptions po;
+  po.problems = {loaded_problems[0], loaded_problems[3]};
+  KILN_ASSERT_OK_AND_ASSIGN(Preloaded p, preload(*store, po));
+  EXPECT_EQ(p.size(), 2u);
+  EXPECT_NE(p.find(loaded_problems[3]), nullptr);
+  EXPECT_EQ(p.find(loaded_problems[1]), nullptr);
+  po.problems = {"not a key"};
+  EXPECT_EQ(preload(*store, po).status().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln::cache

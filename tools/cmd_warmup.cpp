@@ -1,0 +1,79 @@
+// kiln warmup: load every cached kernel for this device (or a workload's) and report how long it took.
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "commands.h"
+#include "kiln/cache/cache.h"
+
+namespace kiln::cli {
+namespace {
+
+struct WarmupArgs {
+  std::string dir;
+  std::string problems_file;
+  int device = 0;
+  int threads = 0;
+};
+
+int run_warmup(const WarmupArgs& a) {
+  cache::StoreOptions so;
+  so.dir = a.dir;
+  so.ingest_interval = std::chrono::milliseconds(0);
+  auto t0 = std::chrono::steady_clock::now();
+  auto store = cache::Store::open(so);
+  if (!store.ok()) {
+    fmt::print(stderr, "kiln warmup: {}\n", store.status().to_string());
+    return 1;
+  }
+  double open_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cache::PreloadOptions po;
+  po.device = a.device;
+  po.threads = a.threads;
+  if (!a.problems_file.empty()) {
+    std::ifstream in(a.problems_file);
+    if (!in) {
+      fmt::print(stderr, "kiln warmup: cannot read '{}'\n", a.problems_file);
+      return 1;
+    }
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line[0] != '#') po.problems.push_back(line);
+    }
+  }
+  auto loaded = cache::preload(**store, po);
+  if (!loaded.ok()) {
+    fmt::print(stderr, "kiln warmup: {}\n", loaded.status().to_string());
+    return 1;
+  }
+  const auto& r = loaded->report();
+  fmt::print("cache       {} ({} in {:.1f} ms)\n", (*store)->dir(), (*store)->is_writer() ? "writer" : "reader", open_s * 1e3);
+  fmt::print("decisions   {} selected{}\n", r.decisions, a.problems_file.empty() ? " for this device" : " from " + a.problems_file);
+  fmt::print("ready       {} kernels loaded and resolved in {:.1f} ms ({} threads)\n", r.loaded, r.load_seconds * 1e3, r.threads);
+  if (r.without_kernel) fmt::print("library     {} decisions name no compiled kernel\n", r.without_kernel);
+  if (r.missing) fmt::print("missing     {} binaries not in the cache (compiled on first use)\n", r.missing);
+  if (r.failed) fmt::print("failed      {} binaries the driver refused\n", r.failed);
+  for (const auto& e : r.errors) fmt::print("  {}\n", e);
+  fmt::print("total       {:.1f} ms\n", (open_s + r.total_seconds) * 1e3);
+  return r.failed ? 1 : 0;
+}
+
+void add_warmup_command(CLI::App& app) {
+  auto args = std::make_shared<WarmupArgs>();
+  auto* cmd = app.add_subcommand("warmup", "Load every cached kernel for this device (or a workload) and make it ready");
+  cmd->add_option("--cache-dir", args->dir, "The cache folder (default: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, "
+                                            "else ~/.cache/kiln)");
+  cmd->add_option("--problems", args->problems_file, "A file of canonical problem keys, one a line (default: every "
+                                                     "decision for the device)");
+  cmd->add_option("--device", args->device, "Device ordinal (default 0)");
+  cmd->add_option("--threads", args->threads, "Loader threads (default: chosen from measurements)");
+  cmd->callback([args] {
+    int rc = run_warmup(*args);
+    if (rc != 0) throw ExitCode(rc);
+  });
+}
+
+}  // namespace
+
+KILN_REGISTER_COMMAND(add_warmup_command);
+
+}  // namespace kiln::cli
