@@ -86,8 +86,8 @@ Value Value::enumeration(std::string choice) {
 Value Value::code(std::string text, std::string tag) {
   Value x;
   x.kind_ = ParamKind::kCode;
-  x.s_ = std::move(text);
-  x.tag_ = std::move(tag);
+  x.code_ = std::make_shared<const std::string>(std::move(text));
+  x.s_ = std::move(tag);
   return x;
 }
 
@@ -113,9 +113,19 @@ const std::string& Value::as_enum() const {
 }
 const std::string& Value::as_code() const {
   assert(kind_ == ParamKind::kCode);
-  return s_;
+  static const std::string kEmpty;
+  return code_ ? *code_ : kEmpty;
 }
-const std::string& Value::code_tag() const { return tag_; }
+const std::string& Value::code_tag() const {
+  static const std::string kEmpty;
+  return kind_ == ParamKind::kCode ? s_ : kEmpty;
+}
+
+bool Value::operator==(const Value& o) const {
+  if (kind_ != o.kind_ || i_ != o.i_ || s_ != o.s_) return false;
+  if (code_ == o.code_) return true;
+  return code_ && o.code_ && *code_ == *o.code_;
+}
 
 std::string Value::short_text() const {
   switch (kind_) {
@@ -124,7 +134,7 @@ std::string Value::short_text() const {
     case ParamKind::kDType: return std::string(dtype_name(as_dtype()));
     case ParamKind::kLayout: return std::string(layout_name(as_layout()));
     case ParamKind::kEnum: return s_;
-    case ParamKind::kCode: return tag_;
+    case ParamKind::kCode: return s_;
   }
   return "?";
 }

@@ -81,13 +81,13 @@ class Value {
 
   /// For names and logs: "128", "true", "bf16", "row", the choice, or the code's tag.
   std::string short_text() const;
-  bool operator==(const Value&) const = default;
+  bool operator==(const Value& o) const;
 
  private:
   ParamKind kind_ = ParamKind::kInt;
   int64_t i_ = 0;
-  std::string s_;    // enum choice or code text
-  std::string tag_;  // code tag
+  std::string s_;    // enum choice, or code tag
+  std::shared_ptr<const std::string> code_;  // code text, shared: grids copy parameter sets a lot
 };
 
 /// A parameter set: name -> value, ordered by name (so iteration and printing are deterministic).
