@@ -4,10 +4,22 @@
 #include <fmt/format.h>
 
 #include "choice_impl.h"
+#include "kiln/embedded.h"
 #include "kiln/pool/gate.h"
 #include "kiln/templates/gemm.h"
 
+namespace kiln::templates_abi {
+std::span<const kiln::EmbeddedFile> embedded_files();  // built into kiln::templates
+}
+
 namespace kiln::runtime {
+
+Header kernel_abi_header() {
+  for (const auto& f : templates_abi::embedded_files()) {
+    if (f.name == "kiln/templates/kernel_args.h") return Header{std::string(f.name), std::string(f.contents)};
+  }
+  return Header{"kiln/templates/kernel_args.h", ""};
+}
 
 std::string_view choice_kind_name(ChoiceKind kind) {
   switch (kind) {

@@ -75,7 +75,6 @@ Status Problem::validate() const {
       [&](const auto& d) -> Status {
         using T = std::decay_t<decltype(d)>;
         if constexpr (std::is_same_v<T, GemmProblem>) {
-          if (op != "gemm") return make_error(ErrorCode::kInvalidArgument, "a GemmProblem's op must be 'gemm'");
           KILN_RETURN_IF_ERROR(positive(d.m, "m", op));
           KILN_RETURN_IF_ERROR(positive(d.n, "n", op));
           KILN_RETURN_IF_ERROR(positive(d.k, "k", op));
@@ -84,9 +83,6 @@ Status Problem::validate() const {
           }
           return Status();
         } else if constexpr (std::is_same_v<T, NormProblem>) {
-          if (op != (d.layernorm ? "layernorm" : "rmsnorm")) {
-            return make_error(ErrorCode::kInvalidArgument, "a NormProblem's op must be 'rmsnorm' or 'layernorm' to match");
-          }
           if (d.bias && !d.layernorm) return make_error(ErrorCode::kInvalidArgument, "rmsnorm has no bias");
           KILN_RETURN_IF_ERROR(positive(d.rows, "rows", op));
           return positive(d.cols, "cols", op);

@@ -82,6 +82,10 @@ ChoicePtr make_template_choice(templates::TemplatePtr tmpl, templates::Rendered 
 /// A templates::Subgraph (e.g. split-K: partial GEMM + reduction) as one choice.
 ChoicePtr make_subgraph_choice(templates::Subgraph graph, Target target, templates::Shape shape);
 
+/// The in-memory header "kiln/templates/kernel_args.h" (KilnGemmArgs, KilnNormArgs, ...): add it to a user
+/// kernel's KernelSource::headers to take the same arguments as kiln's templates.
+Header kernel_abi_header();
+
 /// A user's own kernel. `launch` launches the compiled kernel for the op's arguments (it chooses the grid).
 using UserLaunch = std::function<Status(const Kernel& kernel, const OpArgs& args, CUstream stream)>;
 ChoicePtr make_user_choice(std::string name, KernelSource source, Target target, UserLaunch launch);

@@ -1,0 +1,232 @@
+// Choice generation, precompiling without a GPU, the op registry and the size dispatcher (no GPU needed).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "kiln/cache/tuning.h"
+#include "kiln/pool/gate.h"
+#include "kiln/runtime.h"
+#include "kiln_test.h"
+
+namespace kiln::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+ChoiceContext hopper() {
+  auto ctx = choice_context_for_arch(Target{"sm_90a"});
+  EXPECT_TRUE(ctx.ok()) << ctx.status().to_string();
+  ctx->max_template_configs = 6;
+  return *ctx;
+}
+
+Problem decode_gemm(const char* epilogue = "") {
+  GemmProblem g;
+  g.m = 16, g.n = 4096, g.k = 4096;
+  g.epilogue = *templates::parse_epilogue(epilogue, DType::kBF16);
+  return Problem::gemm(g);
+}
+
+TEST(Choices, GemmOnHopperWithoutAGpu) {
+  ChoiceContext ctx = hopper();
+  EXPECT_FALSE(ctx.has_device);
+  EXPECT_EQ(ctx.target.arch, "sm_90");
+  EXPECT_EQ(ctx.arch_target.arch, "sm_90a");
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(decode_gemm(), ctx));
+  std::set<std::string> names, families;
+  int subgraphs = 0;
+  for (const auto& c : choices) {
+    EXPECT_TRUE(names.insert(c->name()).second) << c->name();
+    EXPECT_NE(c->kind(), ChoiceKind::kExtern) << "externs need a device: " << c->name();
+    auto kernels = c->kernels();
+    ASSERT_FALSE(kernels.empty()) << c->name();
+    for (const auto& k : kernels) EXPECT_TRUE(k.target.arch == "sm_90" || k.target.arch == "sm_90a") << k.target.arch;
+    if (c->kind() == ChoiceKind::kSubgraph) {
+      ++subgraphs;
+      EXPECT_NE(c->name().find("splitk"), std::string::npos) << c->name();
+      EXPECT_EQ(kernels.size(), 2u);
+    } else {
+      families.insert(c->parameters().at("template"));
+    }
+  }
+  EXPECT_EQ(families, (std::set<std::string>{"gemm_mma_sm80", "gemm_wgmma_sm90"}));
+  EXPECT_GT(subgraphs, 0) << "a 16-row GEMM with K = 4096 leaves most SMs idle: split-K must be offered";
+  EXPECT_GE(choices.size(), 12u);
+}
+
+TEST(Choices, EpilogueProblemsOfferUnfusedPairs) {
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(decode_gemm("bias+gelu"), hopper()));
+  int unfused = 0;
+  for (const auto& c : choices) {
+    // One slice: the plain GEMM writes fp32, the reduction kernel applies the epilogue.
+    if (c->name().rfind("splitk1_", 0) != 0) continue;
+    ++unfused;
+    auto kernels = c->kernels();
+    ASSERT_EQ(kernels.size(), 2u);
+    EXPECT_NE(kernels[1].source.source.find("kiln_epilogue"), std::string::npos) << "the reduction applies it";
+  }
+  EXPECT_GT(unfused, 0);
+}
+
+TEST(Choices, LargeProblemsSkipSplitK) {
+  GemmProblem g;
+  g.m = g.n = g.k = 4096;
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(Problem::gemm(g), hopper()));
+  for (const auto& c : choices) EXPECT_NE(c->kind(), ChoiceKind::kSubgraph) << c->name();
+}
+
+TEST(Choices, AmpereGetsNoHopperTemplates) {
+  KILN_ASSERT_OK_AND_ASSIGN(ChoiceContext ctx, choice_context_for_arch(Target{"sm_80"}));
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(decode_gemm(), ctx));
+  ASSERT_FALSE(choices.empty());
+  for (const auto& c : choices) {
+    for (const auto& k : c->kernels()) EXPECT_EQ(k.target.arch, "sm_80") << c->name();
+  }
+}
+
+TEST(Choices, MemoryBoundOps) {
+  for (const Problem& p : {Problem::norm({.rows = 64, .cols = 4096, .residual = true}),
+                           Problem::norm({.layernorm = true, .rows = 64, .cols = 4096, .bias = true}),
+                           Problem::softmax({.rows = 64, .cols = 32000})}) {
+    KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(p, hopper()));
+    EXPECT_GE(choices.size(), 3u) << p.describe();
+    for (const auto& c : choices) EXPECT_EQ(c->kind(), ChoiceKind::kTemplate) << c->name();
+  }
+}
+
+TEST(Choices, ATemplateChoiceAndASubgraphCompile) {
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(decode_gemm("bias+relu"), hopper()));
+  auto executor = make_inline_executor();
+  KILN_ASSERT_OK_AND_ASSIGN(auto gate, PrecompileGate::create({.executor = std::move(executor)}));
+  bool did_template = false, did_subgraph = false;
+  for (const auto& c : choices) {
+    bool is_subgraph = c->kind() == ChoiceKind::kSubgraph;
+    if ((is_subgraph && did_subgraph) || (!is_subgraph && did_template)) continue;
+    Future<Binaries> f = c->precompile(*gate, Priority::kNormal);
+    const Result<Binaries>& b = f.get();
+    KILN_ASSERT_OK(b);
+    EXPECT_EQ(b->size(), c->kernels().size()) << c->name();
+    (is_subgraph ? did_subgraph : did_template) = true;
+  }
+  EXPECT_TRUE(did_template && did_subgraph);
+}
+
+TEST(Precompile, FillsTheCacheThenFindsEverythingThere) {
+  fs::path dir = fs::temp_directory_path() / ("kiln_precompile_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto open = [&] {
+    cache::StoreOptions store;
+    store.dir = dir.string();
+    return cache::TuningCache::open(cache::TuneMode::kTune, store);
+  };
+  TuneOptions options;
+  options.max_template_configs = 3;
+  const Problem p = Problem::norm({.rows = 8, .cols = 4096, .residual = true});
+  int first_kernels = 0;
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(auto cache, open());
+    std::shared_ptr<cache::TuningCache> shared(std::move(cache));
+    KILN_ASSERT_OK_AND_ASSIGN(auto gate, make_cached_gate(shared, make_inline_executor()));
+    KILN_ASSERT_OK_AND_ASSIGN(PrecompileReport r, precompile_problem(p, Target{"sm_90a"}, *gate, options));
+    EXPECT_EQ(r.failed, 0) << (r.failures.empty() ? "" : r.failures.front());
+    EXPECT_GT(r.kernels, 0);
+    EXPECT_EQ(r.cached, 0);
+    EXPECT_EQ(gate->counters().compiles, static_cast<uint64_t>(r.kernels));
+    first_kernels = r.kernels;
+  }
+  {  // A new process's view: every kernel comes from the cache, nothing reaches a compiler.
+    KILN_ASSERT_OK_AND_ASSIGN(auto cache, open());
+    std::shared_ptr<cache::TuningCache> shared(std::move(cache));
+    KILN_ASSERT_OK_AND_ASSIGN(auto gate, make_cached_gate(shared, make_inline_executor()));
+    KILN_ASSERT_OK_AND_ASSIGN(PrecompileReport r, precompile_problem(p, Target{"sm_90a"}, *gate, options));
+    EXPECT_EQ(r.kernels, first_kernels);
+    EXPECT_EQ(r.cached, first_kernels);
+    EXPECT_EQ(gate->counters().compiles, 0u);
+  }
+  fs::remove_all(dir);
+}
+
+// ---- registry
+
+class NamedChoice final : public Choice {
+ public:
+  explicit NamedChoice(std::string name, std::vector<std::string>* log = nullptr) : name_(std::move(name)), log_(log) {}
+  const std::string& name() const override { return name_; }
+  ChoiceKind kind() const override { return ChoiceKind::kUser; }
+  Status prepare(const Binaries&) override { return Status(); }
+  Status run(const OpArgs&, CUdeviceptr, CUstream) const override {
+    if (log_) log_->push_back(name_);
+    return Status();
+  }
+
+ private:
+  std::string name_;
+  std::vector<std::string>* log_;
+};
+
+TEST(Registry, CustomOpsAndAddedChoices) {
+  OpRegistry& r = OpRegistry::global();
+  EXPECT_EQ(r.find("no_such_op").status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(r.add(OpDef{.name = "incomplete"}).code(), ErrorCode::kInvalidArgument);
+  OpDef def;
+  def.name = "test_custom_op";
+  def.choices = [](const Problem&, const ChoiceContext&) -> Result<std::vector<ChoicePtr>> {
+    return std::vector<ChoicePtr>{std::make_shared<NamedChoice>("mine_a"), std::make_shared<NamedChoice>("mine_b")};
+  };
+  def.reference = [](const Problem&) { return std::string("mine_a"); };
+  def.buffers = [](const Problem&, uint32_t) -> Result<OpBuffers> { return OpBuffers{}; };
+  def.tolerance = [](DType) { return 0.0; };
+  KILN_ASSERT_OK(r.add(def));
+  Problem p = Problem::custom("test_custom_op", {.sizes = {8}});
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, r.choices(p, hopper()));
+  EXPECT_EQ(choices.size(), 2u);
+  KILN_ASSERT_OK(r.add_choices("test_custom_op", [](const Problem&, const ChoiceContext&) -> Result<std::vector<ChoicePtr>> {
+    return std::vector<ChoicePtr>{std::make_shared<NamedChoice>("extra")};
+  }));
+  KILN_ASSERT_OK_AND_ASSIGN(choices, r.choices(p, hopper()));
+  EXPECT_EQ(choices.back()->name(), "extra");
+  KILN_ASSERT_OK(r.add_choices("test_custom_op", [](const Problem&, const ChoiceContext&) -> Result<std::vector<ChoicePtr>> {
+    return std::vector<ChoicePtr>{std::make_shared<NamedChoice>("mine_a")};
+  }));
+  auto dup = r.choices(p, hopper());
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("'mine_a'"), std::string::npos);
+  EXPECT_EQ(r.add_choices("no_such_op", {}).code(), ErrorCode::kNotFound);
+}
+
+// ---- dispatcher
+
+std::shared_ptr<Selection> selection_named(const std::string& name, std::vector<std::string>* log) {
+  return std::make_shared<Selection>(Problem::custom("d", {.sizes = {1}}), std::make_shared<NamedChoice>(name, log), TuneReport{});
+}
+
+TEST(Dispatcher, PowersOfTwoBucketsMatchTheirDefinition) {
+  std::vector<int64_t> bounds = {1, 16, 64, 256, 4096};
+  std::vector<std::shared_ptr<Selection>> sels;
+  for (auto b : bounds) sels.push_back(selection_named("b" + std::to_string(b), nullptr));
+  KILN_ASSERT_OK_AND_ASSIGN(auto d, Dispatcher::create(bounds, sels));
+  for (int64_t size = 1; size <= 10000; ++size) {
+    size_t want = 0;
+    while (want + 1 < bounds.size() && bounds[want] < size) ++want;
+    ASSERT_EQ(d->select(size).choice_name(), sels[want]->choice_name()) << "size " << size;
+  }
+}
+
+TEST(Dispatcher, ArbitraryHintsAndRunsTheChosenOne) {
+  std::vector<std::string> log;
+  std::vector<int64_t> bounds = {3, 20, 100};
+  std::vector<std::shared_ptr<Selection>> sels = {selection_named("small", &log), selection_named("mid", &log),
+                                                  selection_named("big", &log)};
+  KILN_ASSERT_OK_AND_ASSIGN(auto d, Dispatcher::create(bounds, sels));
+  for (int64_t size : {1, 3, 4, 20, 21, 100, 5000}) {
+    KILN_ASSERT_OK(d->run(CustomArgs{{}, {size}}, nullptr));
+  }
+  EXPECT_EQ(log, (std::vector<std::string>{"small", "small", "mid", "mid", "big", "big", "big"}));
+  EXPECT_FALSE(Dispatcher::create({4, 2}, {sels[0], sels[1]}).ok());
+  EXPECT_FALSE(Dispatcher::create({4}, {sels[0], sels[1]}).ok());
+  EXPECT_FALSE(Dispatcher::create({}, {}).ok());
+}
+
+}  // namespace
+}  // namespace kiln::runtime
