@@ -13,7 +13,7 @@ mkdir -p "$OUT" /tmp/cubins
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 if [[ -z ${SKIP_TESTS:-} ]]; then
-  timeout 240 $D/templates_gemm_gpu_test > "$OUT/gemm_gpu_test.log" 2>&1; echo "templates_gemm_gpu_test rc=$?"
+  timeout 150 $D/templates_gemm_gpu_test > "$OUT/gemm_gpu_test.log" 2>&1; echo "templates_gemm_gpu_test rc=$?"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|configurations,|splitk" "$OUT/gemm_gpu_test.log" | head -40
   grep -E "Failure|error|relative error" "$OUT/gemm_gpu_test.log" | head -30
 fi

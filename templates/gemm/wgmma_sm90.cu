@@ -7,6 +7,7 @@
 // tile and issues m64n${bn}k16 wgmmas straight from shared memory (K-major or MN-major operands per layout),
 // keeping one wgmma group in flight while it waits for the next stage, then applies the epilogue from its
 // fp32 accumulators to global memory. setmaxnreg moves registers from the producer to the consumers.
+// blocks_per_sm = ${blocks_per_sm}: 2 lets small tiles (decode) run two blocks per SM instead of one.
 // With `persistent`, the grid is at most one block per SM and each block loops over tiles, so the producer
 // fetches the next tile while the consumers store the last. With cluster_k = ${cluster_k} > 1 (for few tiles,
 // e.g. decode), a tile's K is split over a cluster of cluster_k blocks; each block parks its fp32
@@ -32,6 +33,7 @@ constexpr bool A_COL = ${layout_a.col};  // A M-contiguous: an MN-major wgmma op
 constexpr bool B_COL = ${layout_b.col};  // B K-contiguous: a K-major wgmma operand
 constexpr bool PARTIALS = ${partials};
 constexpr int CLUSTER_K = ${cluster_k};
+constexpr int BLOCKS_PER_SM = ${blocks_per_sm};
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
@@ -145,7 +147,7 @@ __device__ __forceinline__ Work work_of(const KilnGemmArgs& args, int w, int til
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     kiln_gemm_wgmma_sm90(const KilnGemmArgs args, const __grid_constant__ TensorMap tma_a,
                          const __grid_constant__ TensorMap tma_b) {
   extern __shared__ unsigned char smem_raw[];
@@ -170,8 +172,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int total = tiles_m * tiles_n * slices * CLUSTER_K;
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    // One block per SM: registers move from the producer to the consumers. Two per SM: everyone keeps the
+    // 128 the launch bound allows (the small tiles this is for need no more).
+    if constexpr (BLOCKS_PER_SM == 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&tma_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&tma_b)) : "memory");
       int stage = 0;
       unsigned phase = 0;
       for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -206,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       cluster_sync();
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    if constexpr (BLOCKS_PER_SM == 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     int stage = 0;
@@ -262,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
         cluster_sync();
         if (rank == 0) {
+#pragma unroll 1  // (left to its own heuristics ptxas partially unrolls this and spills a register)
           for (unsigned r = 1; r < CLUSTER_K; ++r) {
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi)

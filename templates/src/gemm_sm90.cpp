@@ -39,7 +39,7 @@ namespace detail {
 namespace {
 
 struct Sm90Config {
-  int64_t bm, bn, consumers, stages, cluster_k;
+  int64_t bm, bn, consumers, stages, cluster_k, blocks_per_sm;
   int64_t wg_m() const { return bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
   int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
@@ -49,7 +49,8 @@ struct Sm90Config {
 };
 
 Sm90Config config_of(const Params& p) {
-  return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k")};
+  return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
+          get_int(p, "blocks_per_sm")};
 }
 
 Result<Params> derive(const Params& p) {
@@ -85,6 +86,18 @@ Status constraints(const Params& p, const DeviceLimits& l) {
   if (c.smem_bytes() > l.smem_per_block_optin) {
     return fail(ErrorCode::kOutOfRange, fmt::format("{} bytes of shared memory > the device's {} per block",
                                                     c.smem_bytes(), l.smem_per_block_optin));
+  }
+  if (c.blocks_per_sm != 1 && c.blocks_per_sm != 2) return fail(ErrorCode::kOutOfRange, "blocks_per_sm must be 1 or 2");
+  if (c.blocks_per_sm == 2) {
+    // Two blocks share the SM's registers (128 per thread, no setmaxnreg) and shared memory.
+    if (c.acc_regs() > 64) {
+      return fail(ErrorCode::kOutOfRange, fmt::format("blocks_per_sm 2 allows 64 accumulators per thread, the tile "
+                                                      "needs {}", c.acc_regs()));
+    }
+    if (2 * (c.smem_bytes() + 1024) > l.smem_per_sm) {
+      return fail(ErrorCode::kOutOfRange, fmt::format("two blocks of {} bytes of shared memory exceed the SM's {}",
+                                                      c.smem_bytes(), l.smem_per_sm));
+    }
   }
   if (c.cluster_k < 1 || c.cluster_k > 8) return fail(ErrorCode::kOutOfRange, "cluster_k must be in [1, 8] (portable clusters)");
   if (c.cluster_k > 1) {
@@ -126,9 +139,10 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
 
 std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
-  return fmt::format("gemm_wgmma_{}x{}x64_c{}_s{}_g{}{}{}_{}", c.bm, c.bn, c.consumers, c.stages, get_int(p, "group_m"),
+  return fmt::format("gemm_wgmma_{}x{}x64_c{}_s{}_g{}{}{}{}_{}", c.bm, c.bn, c.consumers, c.stages, get_int(p, "group_m"),
                      get_bool(p, "persistent") ? "_p" : "",
-                     c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "", gemm_problem_suffix(p));
+                     c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
+                     c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", gemm_problem_suffix(p));
 }
 
 // The SM count of each device, read once (persistent grids are sized by it).
@@ -222,6 +236,8 @@ TemplateDef gemm_wgmma_sm90_def() {
   d.params.push_back(int_param("cluster_k", ParamRole::kTunable, {1, 4}, "ck",
                                "split K over a cluster of this many blocks, reduced in distributed shared memory "
                                "(one kernel; for few tiles, e.g. decode)"));
+  d.params.push_back(int_param("blocks_per_sm", ParamRole::kTunable, {1, 2}, "b",
+                               "1: registers move to the consumers (setmaxnreg); 2: two small-tile blocks per SM"));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "

@@ -164,7 +164,8 @@ TEST(GemmGpu, SplitKSubgraphDecode) {
     cases.push_back({"gemm_wgmma_sm90", "sm_90a",
                      {{"bm", Value::integer(64)}, {"bn", Value::integer(128)}, {"consumers", Value::integer(1)},
                       {"stages", Value::integer(6)}, {"group_m", Value::integer(1)},
-                      {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(1)}}});
+                      {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(1)},
+                      {"blocks_per_sm", Value::integer(1)}}});
   }
   KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr reduce_t, templates::find_template("splitk_reduce"));
   for (const Case& c : cases) {
@@ -224,7 +225,8 @@ TEST(GemmGpu, ClusterSplitKDecode) {
     for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
              {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
              {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(1)},
-             {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(c.cluster_k)}})
+             {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(c.cluster_k)},
+             {"blocks_per_sm", Value::integer(c.bm * c.bn / c.consumers <= 64 * 128 && c.cluster_k <= 4 ? 2 : 1)}})
       p.insert_or_assign(k, v);
     cfgs.emplace_back(t, std::move(p));
   }

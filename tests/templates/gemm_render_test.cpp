@@ -40,6 +40,7 @@ Params sm90_params(int64_t bm, int64_t bn, int64_t consumers, int64_t stages, bo
   p.emplace("group_m", Value::integer(8));
   p.emplace("persistent", Value::boolean(persistent));
   p.emplace("cluster_k", Value::integer(1));
+  p.emplace("blocks_per_sm", Value::integer(1));
   return p;
 }
 
@@ -131,6 +132,14 @@ TEST(GemmTemplates, ConstraintsPruneWithReasons) {
   EXPECT_EQ(*sm90->config_name(ck), "gemm_wgmma_64x128x64_c1_s8_g8_ck4_bf16_rc_bias_gelu_bf16");
   ck.insert_or_assign("persistent", Value::boolean(true));
   EXPECT_FALSE(sm90->check(ck, limits("sm_90a")).ok());
+  // Two blocks per SM: small tiles only (64 accumulators per thread), and both blocks' shared memory must fit.
+  Params two = sm90_params(64, 128, 1, 4, false);
+  two.insert_or_assign("blocks_per_sm", Value::integer(2));
+  EXPECT_TRUE(sm90->check(two, limits("sm_90a")).ok());
+  two.insert_or_assign("stages", Value::integer(6));
+  EXPECT_FALSE(sm90->check(two, limits("sm_90a")).ok());
+  EXPECT_FALSE(sm90->check([&] { Params p = sm90_params(128, 256, 2, 3, false); p.insert_or_assign("blocks_per_sm", Value::integer(2)); return p; }(),
+                           limits("sm_90a")).ok());
 }
 
 TEST(GemmTemplates, ProblemChecksAlignmentAndGeometry) {
