@@ -1,0 +1,102 @@
+// The precompile gate: the one entry point through which every choice's kernels are compiled.
+//
+//   KernelSource + Target (+ Priority) -> Future<Binary>   (a Result<Binary> inside: errors are values)
+//
+// - Single flight: concurrent requests for one KernelKey share one future and one compile.
+// - Cache hooks: a key the cache knows (a binary or a remembered compile failure) never reaches a compiler;
+//   fresh results are handed back to be stored. The cache is not a dependency of the pool: it plugs in here.
+// - Priorities: an on-demand request overtakes queued background work, and raises a queued compile of the
+//   same key that a background request started.
+// - Subgraphs: a future of all of several kernels; choices with nothing to compile get a ready future.
+// - Batches report progress (done/total, failures, rate, ETA).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "kiln/jit/compiler.h"
+#include "kiln/jit/key.h"
+#include "kiln/pool/executor.h"
+#include "kiln/pool/future.h"
+#include "kiln/pool/progress.h"
+
+namespace kiln {
+
+struct GateOptions {
+  /// Where compiles run. Required.
+  std::shared_ptr<Executor> executor;
+  /// Asked before compiling a key nobody is compiling now: a cached binary, or a cached failure (a compile
+  /// error remembered so a broken configuration is not recompiled every run), or nullopt (compile it).
+  /// Called on the requesting thread, outside the gate's lock; must be thread-safe.
+  std::function<std::optional<Result<Binary>>(const KernelKey&)> lookup;
+  /// Called once per successful compile, to store the binary. Runs as a task on `callbacks`, before the
+  /// future completes (so whoever sees the future ready will also find the binary in the cache).
+  std::function<void(const Binary&)> on_compiled;
+  /// Called once per deterministic failure (kCompileError, kInvalidArgument), to remember it. Crashes,
+  /// timeouts, cancellations and shutdown are not reported: they say nothing about the kernel.
+  std::function<void(const KernelKey&, const Status&)> on_failed;
+  /// Applied to every compile (want_ptx, use_pch, pch_dir; `stop` is ignored). Default: CompileSettings{}.
+  CompileSettings settings;
+  /// Where the hooks and the gate's bookkeeping run. Default: default_task_runner().
+  std::shared_ptr<TaskRunner> callbacks;
+};
+
+struct GateCounters {
+  uint64_t requests = 0;
+  uint64_t joined = 0;           // requests that joined a compile already in flight (single flight)
+  uint64_t cache_hits = 0;       // binaries from lookup
+  uint64_t cached_failures = 0;  // failures from lookup
+  uint64_t compiles = 0;         // jobs submitted to the executor
+  uint64_t compiled = 0;         // of those, successes
+  uint64_t failed = 0;           // of those, errors of any kind
+};
+
+/// A batch of compiles with its progress. `futures[i]` belongs to the i-th source given.
+struct Batch {
+  std::vector<Future<Binary>> futures;
+  std::shared_ptr<ProgressTracker> progress;
+  /// Completes when every compile of the batch has; fails with the first failure (see when_all).
+  Future<std::vector<Binary>> all;
+};
+
+class PrecompileGate {
+ public:
+  /// kInvalidArgument without an executor.
+  static Result<std::unique_ptr<PrecompileGate>> create(GateOptions options);
+  ~PrecompileGate();
+  PrecompileGate(const PrecompileGate&) = delete;
+  PrecompileGate& operator=(const PrecompileGate&) = delete;
+
+  /// The binary of `source` for `target`: from a compile already in flight for the same key, from the
+  /// cache hook, or from a new compile at `priority` (default kNormal). Never blocks on a compile.
+  /// Cancelling the returned future withdraws this request; the compile stops once every request sharing it
+  /// has withdrawn. Thread-safe.
+  Future<Binary> precompile(const KernelSource& source, const Target& target, Priority priority = Priority::kNormal);
+
+  /// A subgraph's kernels: completes once all are compiled, with their binaries in order, or with the first
+  /// failure (see when_all). Thread-safe.
+  Future<std::vector<Binary>> precompile_all(const std::vector<KernelSource>& sources, const Target& target,
+                                             Priority priority = Priority::kNormal);
+
+  /// For a choice with nothing to compile (a cuBLAS algorithm): a ready future of no binaries.
+  static Future<std::vector<Binary>> nothing_to_compile();
+
+  /// Many kernels at once (a warm-up, a tuning space), with progress; default priority kBackground.
+  /// `on_progress`, if given, runs after each completion (on a callback thread).
+  Batch precompile_batch(const std::vector<KernelSource>& sources, const Target& target,
+                         Priority priority = Priority::kBackground,
+                         std::function<void(const ProgressSnapshot&)> on_progress = {});
+
+  GateCounters counters() const;
+  Executor& executor() const;
+
+  struct Impl;
+
+ private:
+  explicit PrecompileGate(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,94 @@
+#include "kiln/pool/executor.h"
+
+#include <sched.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "kiln/pool/process_pool.h"
+
+namespace kiln {
+
+std::string_view priority_name(Priority p) {
+  switch (p) {
+    case Priority::kBackground: return "background";
+    case Priority::kNormal: return "normal";
+    case Priority::kOnDemand: return "on-demand";
+  }
+  return "unknown";
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+std::string_view executor_kind_name(ExecutorKind kind) {
+  switch (kind) {
+    case ExecutorKind::kInline: return "inline";
+    case ExecutorKind::kArena: return "arena";
+    case ExecutorKind::kProcess: return "process";
+  }
+  return "unknown";
+}
+
+Result<ExecutorKind> parse_executor_kind(std::string_view name) {
+  if (name == "inline") return ExecutorKind::kInline;
+  if (name == "arena") return ExecutorKind::kArena;
+  if (name == "process") return ExecutorKind::kProcess;
+  return make_error(ErrorCode::kInvalidArgument,
+                    fmt::format("unknown executor '{}' (expected inline, arena or process)", name));
+}
+
+Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options) {
+  ExecutorKind kind = ExecutorKind::kArena;
+  if (options.kind) {
+    kind = *options.kind;
+  } else if (const char* env = std::getenv("KILN_EXECUTOR"); env && *env) {
+    auto parsed = parse_executor_kind(env);
+    if (!parsed.ok()) return std::move(parsed).status().with_context("reading $KILN_EXECUTOR");
+    kind = *parsed;
+  }
+  int workers = options.workers;
+  if (workers <= 0) {
+    if (const char* env = std::getenv("KILN_COMPILE_WORKERS"); env && *env) {
+      char* end = nullptr;
+      long n = std::strtol(env, &end, 10);
+      if (*end != '\0' || n < 1 || n > 4096) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("$KILN_COMPILE_WORKERS='{}' is not a count from 1 to 4096", env));
+      }
+      workers = static_cast<int>(n);
+    }
+  }
+  switch (kind) {
+    case ExecutorKind::kInline:
+      return std::shared_ptr<Executor>(make_inline_executor(options.compile));
+    case ExecutorKind::kArena: {
+      ArenaOptions a;
+      a.threads = workers;
+      a.compile = options.compile;
+      a.callbacks = options.callbacks;
+      return std::shared_ptr<Executor>(make_arena_executor(std::move(a)));
+    }
+    case ExecutorKind::kProcess: {
+      ProcessPoolOptions p = options.process ? *options.process : ProcessPoolOptions{};
+      if (workers > 0) p.workers = workers;
+      if (options.compile && !p.host_compile) p.host_compile = options.compile;
+      if (options.callbacks && !p.callbacks) p.callbacks = options.callbacks;
+      KILN_ASSIGN_OR_RETURN(auto pool, ProcessPool::start(std::move(p)));
+      return std::shared_ptr<Executor>(std::move(pool));
+    }
+  }
+  return make_error(ErrorCode::kInvalidArgument, "unknown executor kind");
+}
+
+}  // namespace kiln

@@ -1,0 +1,245 @@
+#include "kiln/pool/gate.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+namespace kiln {
+namespace {
+
+// One compile that one or more requests share.
+struct Flight {
+  explicit Flight(std::shared_ptr<TaskRunner> runner) : promise(std::move(runner)) {}
+  Promise<Binary> promise;
+  Future<Binary> future = promise.future();
+  Future<Binary> exec;  // the executor's future, once submitted
+  JobId job = 0;
+  Priority priority = Priority::kNormal;
+  int interest = 0;        // requests that have not withdrawn
+  bool withdrawn = false;  // every request withdrew: the compile is being cancelled
+  bool done = false;
+};
+
+bool deterministic_failure(const Status& s) {
+  return s.code() == ErrorCode::kCompileError || s.code() == ErrorCode::kInvalidArgument;
+}
+
+}  // namespace
+
+struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl> {
+  GateOptions opt;
+  std::shared_ptr<TaskRunner> runner;
+
+  std::mutex mu;
+  std::condition_variable idle;
+  std::unordered_map<KernelKey, std::shared_ptr<Flight>> flights;
+  size_t active = 0;  // flights not yet completed (their hooks included)
+  bool closed = false;
+  GateCounters counters;
+
+  std::optional<Result<Binary>> lookup(const KernelKey& key) {
+    if (!opt.lookup) return std::nullopt;
+    // The hook is someone else's code (the cache); a throw there is a miss, not a dead pool thread.
+    try {
+      return opt.lookup(key);
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+
+  // Stores (through the hooks) and publishes a flight's result. Runs once per flight.
+  void complete(const std::shared_ptr<Flight>& f, const KernelKey& key, Result<Binary> r, bool from_executor) {
+    if (from_executor) {
+      try {
+        if (r.ok() && opt.on_compiled) opt.on_compiled(*r);
+        if (!r.ok() && opt.on_failed && deterministic_failure(r.status())) opt.on_failed(key, r.status());
+      } catch (...) {
+        // A failing store loses a cache entry, never the compile's result.
+      }
+    }
+    {
+      std::lock_guard lock(mu);
+      if (auto it = flights.find(key); it != flights.end() && it->second == f) flights.erase(it);
+      f->done = true;
+      if (from_executor) {
+        if (r.ok()) {
+          ++counters.compiled;
+        } else {
+          ++counters.failed;
+        }
+      }
+    }
+    f->promise.set(std::move(r));
+    std::lock_guard lock(mu);
+    if (--active == 0) idle.notify_all();
+  }
+
+  void withdraw(const std::shared_ptr<Flight>& f) {
+    Future<Binary> exec;
+    {
+      std::lock_guard lock(mu);
+      if (f->done || --f->interest > 0) return;
+      f->withdrawn = true;
+      exec = f->exec;
+    }
+    // Not yet submitted: the requester that is looking it up sees `withdrawn` before submitting.
+    if (exec.valid()) exec.cancel();
+  }
+
+  Future<Binary> precompile(const KernelSource& source, const Target& target, Priority priority) {
+    const KernelKey key = make_key(source, target);
+    std::shared_ptr<Flight> f;
+    bool leader = false;
+    JobId raise_job = 0;
+    {
+      std::lock_guard lock(mu);
+      ++counters.requests;
+      if (closed) {
+        return make_ready_future<Binary>(
+            make_error(ErrorCode::kShutdown, fmt::format("pool shut down before compiling '{}'", source.name)));
+      }
+      auto it = flights.find(key);
+      if (it != flights.end() && !it->second->withdrawn) {
+        f = it->second;
+        ++f->interest;
+        ++counters.joined;
+        if (priority > f->priority) {
+          f->priority = priority;
+          raise_job = f->job;  // 0 while the leader is still looking it up; it reads f->priority before submitting
+        }
+      } else {
+        f = std::make_shared<Flight>(runner);
+        f->priority = priority;
+        f->interest = 1;
+        flights[key] = f;
+        ++active;
+        leader = true;
+      }
+    }
+    std::weak_ptr<Impl> weak = weak_from_this();
+    Future<Binary> mine = f->future.with_canceller([weak, f] {
+      if (auto self = weak.lock()) self->withdraw(f);
+    });
+    if (!leader) {
+      if (raise_job != 0) opt.executor->raise_priority(raise_job, priority);
+      return mine;
+    }
+
+    if (auto hit = lookup(key)) {
+      {
+        std::lock_guard lock(mu);
+        ++(hit->ok() ? counters.cache_hits : counters.cached_failures);
+      }
+      complete(f, key, std::move(*hit), false);
+      return mine;
+    }
+
+    CompileJob job;
+    job.source = source;
+    job.target = target;
+    job.settings = opt.settings;
+    job.settings.stop = {};
+    bool withdrawn_early;
+    {
+      std::lock_guard lock(mu);
+      withdrawn_early = f->withdrawn;
+      job.priority = f->priority;
+    }
+    if (withdrawn_early) {
+      complete(f, key, make_error(ErrorCode::kCancelled, fmt::format("compile of '{}' cancelled before it started", source.name)),
+               false);
+      return mine;
+    }
+    Submission sub = opt.executor->submit(std::move(job));
+    bool withdrawn;
+    Priority now;
+    {
+      std::lock_guard lock(mu);
+      f->exec = sub.future;
+      f->job = sub.id;
+      ++counters.compiles;
+      withdrawn = f->withdrawn;
+      now = f->priority;
+    }
+    // Withdrawals and raises that raced with the submit above.
+    if (withdrawn) sub.future.cancel();
+    if (now > job.priority) opt.executor->raise_priority(sub.id, now);
+
+    // The hooks may be slow (a database write): run them as a task, not on the executor's thread.
+    auto self = shared_from_this();
+    Future<Binary> exec = sub.future;
+    exec.notify([self, f, key, exec] {
+      self->runner->post([self, f, key, exec] { self->complete(f, key, exec.get(), true); });
+    });
+    return mine;
+  }
+
+  void close() {
+    std::vector<Future<Binary>> running;
+    {
+      std::lock_guard lock(mu);
+      closed = true;
+      for (auto& [key, f] : flights) {
+        f->withdrawn = true;
+        if (f->exec.valid()) running.push_back(f->exec);
+      }
+    }
+    for (auto& e : running) e.cancel();
+    std::unique_lock lock(mu);
+    idle.wait(lock, [&] { return active == 0; });
+  }
+};
+
+PrecompileGate::PrecompileGate(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PrecompileGate::~PrecompileGate() { impl_->close(); }
+
+Result<std::unique_ptr<PrecompileGate>> PrecompileGate::create(GateOptions options) {
+  if (!options.executor) return make_error(ErrorCode::kInvalidArgument, "GateOptions::executor is required");
+  auto impl = std::make_shared<Impl>();
+  impl->runner = options.callbacks ? options.callbacks : default_task_runner();
+  impl->opt = std::move(options);
+  return std::unique_ptr<PrecompileGate>(new PrecompileGate(std::move(impl)));
+}
+
+Future<Binary> PrecompileGate::precompile(const KernelSource& source, const Target& target, Priority priority) {
+  return impl_->precompile(source, target, priority);
+}
+
+Future<std::vector<Binary>> PrecompileGate::precompile_all(const std::vector<KernelSource>& sources,
+                                                           const Target& target, Priority priority) {
+  std::vector<Future<Binary>> futures;
+  futures.reserve(sources.size());
+  for (const auto& s : sources) futures.push_back(precompile(s, target, priority));
+  return when_all(std::move(futures));
+}
+
+Future<std::vector<Binary>> PrecompileGate::nothing_to_compile() {
+  return make_ready_future<std::vector<Binary>>(std::vector<Binary>{});
+}
+
+Batch PrecompileGate::precompile_batch(const std::vector<KernelSource>& sources, const Target& target,
+                                       Priority priority, std::function<void(const ProgressSnapshot&)> on_progress) {
+  Batch batch;
+  batch.progress = std::make_shared<ProgressTracker>(sources.size());
+  if (on_progress) batch.progress->listen(std::move(on_progress));
+  batch.futures.reserve(sources.size());
+  for (const auto& s : sources) {
+    Future<Binary> f = precompile(s, target, priority);
+    f.notify([tracker = batch.progress, f] { tracker->record(f.get().ok()); });
+    batch.futures.push_back(std::move(f));
+  }
+  batch.all = when_all(batch.futures);
+  return batch;
+}
+
+GateCounters PrecompileGate::counters() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->counters;
+}
+
+Executor& PrecompileGate::executor() const { return *impl_->opt.executor; }
+
+}  // namespace kiln

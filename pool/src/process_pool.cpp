@@ -1,0 +1,846 @@
+// The process pool. One I/O thread owns the workers: it spawns them (so PR_SET_PDEATHSIG, which follows the
+// spawning thread, fires only when the pool itself is gone), writes requests, reads replies and stderr,
+// enforces timeouts and reaps. Other threads only touch the queue and counters under `mu` and wake it
+// through an eventfd.
+#include "kiln/pool/process_pool.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "job_queue.h"
+#include "kiln/pool/wire.h"
+
+extern char** environ;
+
+#ifndef KILN_INSTALL_BINDIR
+#define KILN_INSTALL_BINDIR "/usr/local/bin"
+#endif
+
+namespace kiln {
+
+using pool_detail::Job;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kWorkerName = "kiln-compile-worker";
+
+// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// posix_spawn's attribute and file-action objects, destroyed on every path.
+struct SpawnAttr {
+  posix_spawnattr_t a;
+  SpawnAttr() { posix_spawnattr_init(&a); }
+  ~SpawnAttr() { posix_spawnattr_destroy(&a); }
+};
+struct SpawnActions {
+  posix_spawn_file_actions_t a;
+  SpawnActions() { posix_spawn_file_actions_init(&a); }
+  ~SpawnActions() { posix_spawn_file_actions_destroy(&a); }
+};
+
+void set_nonblocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = strsignal(sig);
+    return fmt::format("killed by signal {} ({})", sig, name ? name : "unknown");
+  }
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  return fmt::format("ended with wait status {:#x}", status);
+}
+
+// The last few lines of a worker's stderr, for a one-line error message (the whole tail goes in detail()).
+std::string tail_lines(const std::string& tail, size_t max_lines = 3, size_t max_chars = 400) {
+  std::string_view t(tail);
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.remove_suffix(1);
+  if (t.empty()) return "(empty)";
+  size_t pos = t.size();
+  for (size_t lines = 0; lines < max_lines && pos > 0; ++lines) {
+    size_t nl = t.rfind('\n', pos - 1);
+    pos = nl == std::string_view::npos ? 0 : nl;
+    if (nl == std::string_view::npos) break;
+  }
+  std::string_view out = t.substr(pos);
+  if (!out.empty() && out.front() == '\n') out.remove_prefix(1);
+  if (out.size() > max_chars) out = out.substr(out.size() - max_chars);
+  std::string s(out);
+  std::replace(s.begin(), s.end(), '\n', '|');
+  return s;
+}
+
+}  // namespace
+
+Result<std::string> find_worker_executable(const std::string& explicit_path) {
+  auto usable = [](const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; };
+  if (!explicit_path.empty()) {
+    if (usable(explicit_path)) return explicit_path;
+    return make_error(ErrorCode::kNotFound, fmt::format("compile worker '{}' is not an executable file", explicit_path));
+  }
+  std::vector<std::string> tried;
+  if (const char* env = std::getenv("KILN_COMPILE_WORKER"); env && *env) {
+    if (usable(env)) return std::string(env);
+    tried.push_back(fmt::format("$KILN_COMPILE_WORKER={}", env));
+  }
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    std::string next_to = (self.parent_path() / kWorkerName).string();
+    if (usable(next_to)) return next_to;
+    tried.push_back(next_to);
+  }
+  std::string installed = std::string(KILN_INSTALL_BINDIR) + "/" + kWorkerName;
+  if (usable(installed)) return installed;
+  tried.push_back(installed);
+  std::string list;
+  for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
+  return make_error(ErrorCode::kNotFound,
+                    fmt::format("no {} executable found (tried {}); build or install it, or set "
+                                "$KILN_COMPILE_WORKER or ProcessPoolOptions::worker_path",
+                                kWorkerName, list));
+}
+
+struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
+  enum class WorkerState { kStarting, kIdle, kBusy, kRetiring };
+  enum class KillReason { kNone, kTimeout, kCancel, kShutdown, kStartup, kProtocol };
+
+  struct Worker {
+    int pid = -1;
+    Fd sock;  // host end of the socket pair; closed early when retiring
+    Fd err;   // read end of the worker's stderr (and stdout)
+    WorkerState state = WorkerState::kStarting;
+    std::string in;   // bytes read, not yet a whole frame
+    std::string out;  // bytes to write
+    std::unique_ptr<Job> job;
+    Clock::time_point spawned_at;
+    Clock::time_point deadline = Clock::time_point::max();
+    int jobs_done = 0;
+    std::string tail;
+    KillReason kill_reason = KillReason::kNone;
+    std::string protocol_error;
+    bool dead = false;  // its stderr reached EOF or its socket broke: reap it
+  };
+
+  ProcessPoolOptions opt;
+  std::string worker_path;
+  int target = 1;
+  std::unique_ptr<Executor> host;  // the host arena, used until ready and when the pool cannot start workers
+  std::shared_ptr<TaskRunner> callbacks;
+  Fd wake_fd;
+
+  mutable std::mutex mu;
+  mutable std::condition_variable ready_cv;
+  pool_detail::JobQueue queue;
+  std::vector<JobId> cancels;                                // cancel requests for running jobs
+  std::unordered_map<JobId, Future<Binary>> forwarded;       // queued jobs handed to the host arena
+  std::vector<int> pids;                                     // live workers
+  bool ready = false;
+  bool shutting_down = false;
+  std::string broken;  // why the pool gave up starting workers; jobs go to the host arena
+  ExecutorCounters counters;
+  size_t busy = 0;  // workers with a job
+  ProcessPoolStats stats;
+  std::atomic<bool> ready_flag{false};
+
+  // Owned by the I/O thread.
+  std::vector<std::unique_ptr<Worker>> workers;
+  uint64_t hellos = 0;
+  int consecutive_start_failures = 0;
+  bool shutdown_begun = false;
+  Clock::time_point shutdown_deadline = Clock::time_point::max();
+  std::thread io;
+  std::once_flag join_once;
+
+  void emit(PoolEvent::Kind kind, int pid, JobId job = 0, std::string kernel = {}, std::string detail = {}) {
+    if (opt.observer) opt.observer(PoolEvent{kind, pid, job, std::move(kernel), std::move(detail)});
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    ssize_t n = ::write(wake_fd.get(), &one, sizeof one);
+    (void)n;  // a full eventfd counter already means "awake"
+  }
+
+  // Completes a job's future (never under `mu`: callbacks run on this thread).
+  void finish(Job& job, Result<Binary> r) {
+    {
+      std::lock_guard lock(mu);
+      ++counters.completed;
+      if (!r.ok()) ++counters.failed;
+      if (!r.ok() && r.status().code() == ErrorCode::kCancelled) ++counters.cancelled;
+    }
+    job.promise.set(std::move(r));
+  }
+
+  void cancel(JobId id) {
+    std::unique_ptr<Job> job;
+    {
+      std::lock_guard lock(mu);
+      job = queue.remove(id);
+      if (!job) {
+        if (auto it = forwarded.find(id); it != forwarded.end()) {
+          it->second.cancel();
+          return;
+        }
+        cancels.push_back(id);
+      }
+    }
+    if (job) {
+      finish(*job, pool_detail::cancelled_in_queue_error(job->name()));
+    } else {
+      wake();
+    }
+  }
+
+  Submission submit(CompileJob cj) {
+    if (!ready_flag.load(std::memory_order_acquire)) {
+      Submission s = host->submit(std::move(cj));
+      std::lock_guard lock(mu);
+      ++stats.jobs_in_host;
+      return s;
+    }
+    auto owned = std::make_unique<Job>(pool_detail::next_job_id(), std::move(cj), callbacks);
+    Job& j = *owned;
+    Submission out{j.promise.future(), j.id};
+    std::weak_ptr<Impl> weak = weak_from_this();
+    j.promise.on_cancel([weak, id = j.id] {
+      if (auto self = weak.lock()) self->cancel(id);
+    });
+    {
+      std::unique_lock lock(mu);
+      ++counters.submitted;
+      if (shutting_down) {
+        lock.unlock();
+        finish(j, pool_detail::shutdown_error(j.name()));
+        return out;
+      }
+      queue.push(std::move(owned));
+    }
+    wake();
+    return out;
+  }
+
+  // ---- the I/O thread ----
+
+  void spawn_worker() {
+    auto w = std::make_unique<Worker>();
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      start_failed(fmt::format("socketpair failed: {}", std::strerror(errno)));
+      return;
+    }
+    Fd host_sock(sv[0]), child_sock(sv[1]);
+    int ep[2];
+    if (::pipe2(ep, O_CLOEXEC) != 0) {
+      start_failed(fmt::format("pipe2 failed: {}", std::strerror(errno)));
+      return;
+    }
+    Fd err_read(ep[0]), err_write(ep[1]);
+    // Move the child's ends above the descriptors the file actions write (0-3), so that no dup2 below
+    // overwrites another end before it is used.
+    Fd child_sock_hi(fcntl(child_sock.get(), F_DUPFD_CLOEXEC, 10));
+    Fd err_write_hi(fcntl(err_write.get(), F_DUPFD_CLOEXEC, 10));
+    if (!child_sock_hi || !err_write_hi) {
+      start_failed(fmt::format("fcntl(F_DUPFD_CLOEXEC) failed: {}", std::strerror(errno)));
+      return;
+    }
+
+    SpawnActions actions;
+    posix_spawn_file_actions_addopen(&actions.a, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions.a, err_write_hi.get(), 1);
+    posix_spawn_file_actions_adddup2(&actions.a, err_write_hi.get(), 2);
+    posix_spawn_file_actions_adddup2(&actions.a, child_sock_hi.get(), 3);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    // Descriptors the application opened without O_CLOEXEC must not leak into workers either.
+    posix_spawn_file_actions_addclosefrom_np(&actions.a, 4);
+#endif
+    SpawnAttr attr;
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGTERM);
+    posix_spawnattr_setsigmask(&attr.a, &none);
+    posix_spawnattr_setsigdefault(&attr.a, &defaults);
+    // Its own process group: a terminal's Ctrl-C goes to the host, which decides; PDEATHSIG covers its death.
+    posix_spawnattr_setpgroup(&attr.a, 0);
+    posix_spawnattr_setflags(&attr.a, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+
+    std::string parent = std::to_string(::getpid());
+    std::vector<std::string> args = {worker_path, "--parent-pid", parent, "--fd", "3"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> extra = opt.worker_env;
+    extra.push_back(opt.enable_test_faults ? "KILN_WORKER_TEST_FAULTS=1" : "KILN_WORKER_TEST_FAULTS=0");
+    std::vector<char*> envp;
+    for (char** e = environ; e && *e; ++e) {
+      std::string_view entry(*e);
+      bool overridden = false;
+      for (const auto& x : extra) {
+        size_t eq = x.find('=');
+        if (eq != std::string::npos && entry.substr(0, eq + 1) == std::string_view(x).substr(0, eq + 1)) {
+          overridden = true;
+        }
+      }
+      if (!overridden) envp.push_back(*e);
+    }
+    for (auto& x : extra) envp.push_back(x.data());
+    envp.push_back(nullptr);
+
+    pid_t pid = -1;
+    int rc = ::posix_spawn(&pid, worker_path.c_str(), &actions.a, &attr.a, argv.data(), envp.data());
+    if (rc != 0) {
+      start_failed(fmt::format("posix_spawn({}) failed: {}", worker_path, std::strerror(rc)));
+      return;
+    }
+    w->pid = pid;
+    w->sock = std::move(host_sock);
+    w->err = std::move(err_read);
+    set_nonblocking(w->sock.get(), true);
+    set_nonblocking(w->err.get(), true);
+    w->spawned_at = Clock::now();
+    w->deadline = w->spawned_at + opt.startup_timeout;
+    {
+      std::lock_guard lock(mu);
+      ++stats.workers_spawned;
+      pids.push_back(pid);
+      stats.workers_alive = static_cast<int>(pids.size());
+    }
+    emit(PoolEvent::Kind::kWorkerSpawned, pid);
+    workers.push_back(std::move(w));
+  }
+
+  // A worker could not be started, or died before saying hello. After three in a row the pool stops trying
+  // and sends every job to the host arena, so a missing or broken worker executable costs speed, not work.
+  void start_failed(std::string why) {
+    if (++consecutive_start_failures < 3) return;
+    std::vector<std::unique_ptr<Job>> queued;
+    {
+      std::lock_guard lock(mu);
+      if (!broken.empty()) return;
+      broken = fmt::format("compile workers could not start ({}); compiling in the host instead", why);
+      ready = false;
+      ready_flag.store(false, std::memory_order_release);
+      queued = queue.take_all();
+    }
+    for (auto& job : queued) forward_to_host(std::move(job));
+  }
+
+  void forward_to_host(std::unique_ptr<Job> job) {
+    std::shared_ptr<Job> shared(std::move(job));
+    Submission s = host->submit(shared->job);
+    {
+      std::lock_guard lock(mu);
+      ++stats.jobs_in_host;
+      --counters.submitted;  // the host arena counts it from now on
+      forwarded.emplace(shared->id, s.future);
+    }
+    std::weak_ptr<Impl> weak = weak_from_this();
+    Future<Binary> f = s.future;
+    f.notify([weak, shared, f] {
+      if (auto self = weak.lock()) {
+        std::lock_guard lock(self->mu);
+        self->forwarded.erase(shared->id);
+      }
+      shared->promise.set(f.get());
+    });
+  }
+
+  void send(Worker& w, std::unique_ptr<Job> job) {
+    wire::Request req;
+    req.job_id = job->id;
+    req.source = job->job.source;
+    req.target = job->job.target;
+    req.want_ptx = job->job.settings.want_ptx;
+    req.use_pch = job->job.settings.use_pch;
+    req.pch_dir = job->job.settings.pch_dir;
+    w.out += wire::encode(req);
+    w.state = WorkerState::kBusy;
+    w.deadline = Clock::now() + opt.job_timeout;
+    emit(PoolEvent::Kind::kJobSent, w.pid, job->id, job->name());
+    w.job = std::move(job);
+    {
+      std::lock_guard lock(mu);
+      ++stats.jobs_in_workers;
+      ++busy;
+    }
+    flush(w);
+  }
+
+  void flush(Worker& w) {
+    while (!w.out.empty() && w.sock) {
+      ssize_t n = ::send(w.sock.get(), w.out.data(), w.out.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        w.out.erase(0, static_cast<size_t>(n));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return;
+      } else {
+        // EPIPE/ECONNRESET: the worker is gone; its stderr EOF (or the kill below) leads to the reap.
+        w.out.clear();
+        w.dead = true;
+        return;
+      }
+    }
+  }
+
+  void read_stderr(Worker& w) {
+    char buf[4096];
+    while (w.err) {
+      ssize_t n = ::read(w.err.get(), buf, sizeof buf);
+      if (n > 0) {
+        w.tail.append(buf, static_cast<size_t>(n));
+        if (w.tail.size() > opt.stderr_tail_bytes) w.tail.erase(0, w.tail.size() - opt.stderr_tail_bytes);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return;
+      } else {
+        // EOF: every copy of the write end is closed, which for our worker means it has exited.
+        w.err.reset();
+        w.dead = true;
+        return;
+      }
+    }
+  }
+
+  void read_socket(Worker& w) {
+    char buf[65536];
+    while (w.sock) {
+      ssize_t n = ::recv(w.sock.get(), buf, sizeof buf, 0);
+      if (n > 0) {
+        w.in.append(buf, static_cast<size_t>(n));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        w.dead = true;
+        break;
+      }
+    }
+    while (w.in.size() >= wire::kHeaderSize && !w.dead) {
+      auto h = wire::decode_header(w.in);
+      if (!h.ok()) {
+        protocol_failure(w, h.status().to_string());
+        return;
+      }
+      if (w.in.size() < wire::kHeaderSize + h->length) break;
+      std::string_view payload(w.in.data() + wire::kHeaderSize, h->length);
+      if (h->type == wire::MessageType::kHello) {
+        auto hello = wire::decode_hello(payload);
+        if (!hello.ok() || w.state != WorkerState::kStarting) {
+          protocol_failure(w, hello.ok() ? "a second hello" : hello.status().to_string());
+          return;
+        }
+        on_hello(w);
+      } else if (h->type == wire::MessageType::kReply) {
+        auto reply = wire::decode_reply(payload);
+        if (!reply.ok() || w.state != WorkerState::kBusy || !w.job || reply->job_id != w.job->id) {
+          protocol_failure(w, reply.ok() ? "a reply for a job it was not given" : reply.status().to_string());
+          return;
+        }
+        on_reply(w, std::move(reply->result));
+      } else {
+        protocol_failure(w, "a request frame");
+        return;
+      }
+      w.in.erase(0, wire::kHeaderSize + h->length);
+    }
+  }
+
+  void protocol_failure(Worker& w, std::string what) {
+    w.protocol_error = fmt::format("sent a malformed message ({})", what);
+    kill_worker(w, KillReason::kProtocol);
+  }
+
+  void on_hello(Worker& w) {
+    w.state = WorkerState::kIdle;
+    w.deadline = Clock::time_point::max();
+    consecutive_start_failures = 0;
+    double seconds = std::chrono::duration<double>(Clock::now() - w.spawned_at).count();
+    bool now_ready = false;
+    {
+      std::lock_guard lock(mu);
+      ++stats.workers_ready;
+      stats.startup_seconds.push_back(seconds);
+      if (stats.startup_seconds.size() > 1024) stats.startup_seconds.erase(stats.startup_seconds.begin());
+      ++hellos;
+      if (!ready && broken.empty() && hellos >= static_cast<uint64_t>(target)) {
+        ready = true;
+        now_ready = true;
+        ready_flag.store(true, std::memory_order_release);
+      }
+    }
+    emit(PoolEvent::Kind::kWorkerReady, w.pid, 0, {}, fmt::format("{:.1f} ms", seconds * 1e3));
+    if (now_ready) {
+      ready_cv.notify_all();
+      emit(PoolEvent::Kind::kPoolReady, w.pid);
+    }
+  }
+
+  void on_reply(Worker& w, Result<Binary> result) {
+    std::unique_ptr<Job> job = std::move(w.job);
+    {
+      std::lock_guard lock(mu);
+      --busy;
+    }
+    ++w.jobs_done;
+    w.deadline = Clock::time_point::max();
+    if (opt.max_jobs_per_worker > 0 && w.jobs_done >= opt.max_jobs_per_worker) {
+      // Closing our end is the worker's signal to exit; its stderr EOF then leads to the reap.
+      w.state = WorkerState::kRetiring;
+      w.sock.reset();
+      std::lock_guard lock(mu);
+      ++stats.recycled;
+    } else {
+      w.state = WorkerState::kIdle;
+    }
+    emit(result.ok() ? PoolEvent::Kind::kJobDone : PoolEvent::Kind::kJobFailed, w.pid, job->id, job->name(),
+         result.ok() ? std::string() : result.status().to_string());
+    finish(*job, std::move(result));
+  }
+
+  void kill_worker(Worker& w, KillReason why) {
+    if (w.kill_reason == KillReason::kNone) w.kill_reason = why;
+    // Safe from pid reuse: the worker is not reaped until reap() below.
+    ::kill(w.pid, SIGKILL);
+  }
+
+  // Waits for a dead (or killed) worker, fails its job if it had one, and forgets it.
+  void reap(Worker& w) {
+    // A reply it wrote before exiting (a recycled worker, say) is still in the socket: take it first.
+    if (w.sock) read_socket(w);
+    // Its stderr may still hold the last lines; once the process is gone the pipe ends, so reading until
+    // EOF cannot block for long. A worker whose socket broke but which is still alive is killed first.
+    if (w.err) {
+      ::kill(w.pid, SIGKILL);
+      set_nonblocking(w.err.get(), false);
+      read_stderr(w);
+    }
+    int status = 0;
+    while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    std::string how = describe_wait_status(status);
+    const bool started = w.state != WorkerState::kStarting;
+    {
+      std::lock_guard lock(mu);
+      pids.erase(std::remove(pids.begin(), pids.end(), w.pid), pids.end());
+      stats.workers_alive = static_cast<int>(pids.size());
+      if (started) --stats.workers_ready;
+      if (w.kill_reason == KillReason::kNone && w.state != WorkerState::kRetiring && !shutdown_begun) ++stats.crashes;
+      if (w.kill_reason == KillReason::kTimeout) ++stats.timeouts;
+    }
+    emit(PoolEvent::Kind::kWorkerExited, w.pid, 0, {}, how);
+    if (w.job) {
+      std::unique_ptr<Job> job = std::move(w.job);
+      {
+        std::lock_guard lock(mu);
+        --busy;
+      }
+      Status s = job_error(w, *job, how);
+      emit(PoolEvent::Kind::kJobFailed, w.pid, job->id, job->name(), s.to_string());
+      finish(*job, std::move(s));
+    }
+    if (!started && w.kill_reason != KillReason::kShutdown) {
+      start_failed(fmt::format("worker pid {} {} before it was ready; stderr: {}", w.pid, how, tail_lines(w.tail)));
+    }
+  }
+
+  Status job_error(const Worker& w, const Job& job, const std::string& how) {
+    const std::string& name = job.name();
+    switch (w.kill_reason) {
+      case KillReason::kTimeout:
+        return make_error(ErrorCode::kTimeout,
+                          fmt::format("compile of '{}' timed out after {:.3g} s; its worker (pid {}) was killed; "
+                                      "stderr: {}",
+                                      name, std::chrono::duration<double>(opt.job_timeout).count(), w.pid,
+                                      tail_lines(w.tail)),
+                          w.tail);
+      case KillReason::kCancel:
+        return make_error(ErrorCode::kCancelled,
+                          fmt::format("compile of '{}' cancelled; its worker (pid {}) was killed", name, w.pid));
+      case KillReason::kShutdown:
+        return make_error(ErrorCode::kShutdown, fmt::format("pool shut down while compiling '{}'", name));
+      case KillReason::kProtocol:
+        return make_error(ErrorCode::kWorkerCrashed,
+                          fmt::format("compile worker (pid {}) {} while compiling '{}' and was killed; stderr: {}",
+                                      w.pid, w.protocol_error, name, tail_lines(w.tail)),
+                          w.tail);
+      case KillReason::kStartup:
+      case KillReason::kNone:
+        break;
+    }
+    return make_error(ErrorCode::kWorkerCrashed,
+                      fmt::format("compile worker (pid {}) {} while compiling '{}'; stderr: {}", w.pid, how, name,
+                                  tail_lines(w.tail)),
+                      w.tail);
+  }
+
+  void begin_shutdown() {
+    shutdown_begun = true;
+    shutdown_deadline = Clock::now() + std::chrono::seconds(5);
+    for (auto& w : workers) {
+      if (w->state == WorkerState::kBusy || w->state == WorkerState::kStarting) {
+        kill_worker(*w, KillReason::kShutdown);
+      } else if (w->state == WorkerState::kIdle) {
+        w->state = WorkerState::kRetiring;
+        w->sock.reset();  // EOF: the worker exits by itself
+      }
+    }
+  }
+
+  void io_loop() {
+    for (int i = 0; i < target; ++i) spawn_worker();
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, bool>> who;  // (worker, is_socket) for each fd after the first
+    while (true) {
+      // Requests from other threads.
+      std::vector<JobId> to_cancel;
+      bool stopping;
+      {
+        std::lock_guard lock(mu);
+        to_cancel.swap(cancels);
+        stopping = shutting_down;
+      }
+      for (JobId id : to_cancel) {
+        for (auto& w : workers) {
+          if (w->job && w->job->id == id) kill_worker(*w, KillReason::kCancel);
+        }
+      }
+      if (stopping && !shutdown_begun) begin_shutdown();
+
+      // Reap the dead.
+      for (size_t i = 0; i < workers.size();) {
+        if (workers[i]->dead) {
+          reap(*workers[i]);
+          workers.erase(workers.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      if (shutdown_begun && workers.empty()) break;
+
+      // Keep the pool at strength, then hand out work.
+      bool gave_up;
+      {
+        std::lock_guard lock(mu);
+        gave_up = !broken.empty();
+      }
+      if (!shutdown_begun && !gave_up) {
+        int live = 0;
+        for (auto& w : workers) live += w->state != WorkerState::kRetiring;
+        for (; live < target; ++live) spawn_worker();
+      }
+      if (!shutdown_begun) {
+        for (auto& w : workers) {
+          if (w->state != WorkerState::kIdle) continue;
+          std::unique_ptr<Job> job;
+          {
+            std::lock_guard lock(mu);
+            job = queue.pop();
+          }
+          if (!job) break;
+          send(*w, std::move(job));
+        }
+      }
+
+      // Timeouts.
+      Clock::time_point now = Clock::now();
+      Clock::time_point next = Clock::time_point::max();
+      for (auto& w : workers) {
+        if (w->kill_reason != KillReason::kNone) continue;
+        if (now >= w->deadline) {
+          kill_worker(*w, w->state == WorkerState::kBusy ? KillReason::kTimeout : KillReason::kStartup);
+        } else {
+          next = std::min(next, w->deadline);
+        }
+      }
+      if (shutdown_begun) {
+        if (now >= shutdown_deadline) {
+          for (auto& w : workers) kill_worker(*w, KillReason::kShutdown);
+        } else {
+          next = std::min(next, shutdown_deadline);
+        }
+      }
+      int timeout_ms = -1;
+      if (next != Clock::time_point::max()) {
+        auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
+        timeout_ms = static_cast<int>(std::clamp<long long>(ms, 0, 60'000));
+      }
+
+      fds.clear();
+      who.clear();
+      fds.push_back({wake_fd.get(), POLLIN, 0});
+      for (auto& w : workers) {
+        if (w->err) {
+          fds.push_back({w->err.get(), POLLIN, 0});
+          who.emplace_back(w.get(), false);
+        }
+        if (w->sock) {
+          short events = POLLIN;
+          if (!w->out.empty()) events |= POLLOUT;
+          fds.push_back({w->sock.get(), events, 0});
+          who.emplace_back(w.get(), true);
+        }
+      }
+      int n = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (n < 0 && errno != EINTR) {
+        // Cannot happen with valid descriptors; avoid spinning if it does.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (n <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        uint64_t v;
+        ssize_t r = ::read(wake_fd.get(), &v, sizeof v);
+        (void)r;
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        auto [w, is_sock] = who[i - 1];
+        if (is_sock) {
+          if (fds[i].revents & POLLOUT) flush(*w);
+          if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_socket(*w);
+        } else {
+          read_stderr(*w);
+        }
+      }
+    }
+  }
+};
+
+ProcessPool::ProcessPool(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ProcessPool::~ProcessPool() { shutdown(); }
+
+Result<std::unique_ptr<ProcessPool>> ProcessPool::start(ProcessPoolOptions options) {
+  if (options.workers < 0) return make_error(ErrorCode::kInvalidArgument, "ProcessPoolOptions::workers < 0");
+  if (options.job_timeout <= std::chrono::milliseconds(0)) {
+    return make_error(ErrorCode::kInvalidArgument, "ProcessPoolOptions::job_timeout must be positive");
+  }
+  KILN_ASSIGN_OR_RETURN(std::string path, find_worker_executable(options.worker_path));
+  auto impl = std::make_shared<Impl>();
+  impl->worker_path = std::move(path);
+  impl->target = options.workers > 0 ? options.workers : available_cores();
+  impl->callbacks = options.callbacks ? options.callbacks : default_task_runner();
+  if (options.stderr_tail_bytes == 0) options.stderr_tail_bytes = 1;
+  ArenaOptions host;
+  host.threads = options.host_threads > 0 ? options.host_threads : impl->target;
+  host.compile = options.host_compile;
+  host.callbacks = impl->callbacks;
+  impl->host = make_arena_executor(std::move(host));
+  impl->opt = std::move(options);
+  impl->wake_fd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!impl->wake_fd) return make_error(ErrorCode::kIoError, fmt::format("eventfd failed: {}", std::strerror(errno)));
+  impl->io = std::thread([raw = impl.get()] { raw->io_loop(); });
+  return std::unique_ptr<ProcessPool>(new ProcessPool(std::move(impl)));
+}
+
+bool ProcessPool::ready() const { return impl_->ready_flag.load(std::memory_order_acquire); }
+
+bool ProcessPool::wait_ready(std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(impl_->mu);
+  return impl_->ready_cv.wait_for(lock, timeout, [&] { return impl_->ready; });
+}
+
+std::vector<int> ProcessPool::worker_pids() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->pids;
+}
+
+ProcessPoolStats ProcessPool::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stats;
+}
+
+const std::string& ProcessPool::worker_path() const { return impl_->worker_path; }
+
+Submission ProcessPool::submit(CompileJob job) { return impl_->submit(std::move(job)); }
+
+void ProcessPool::raise_priority(JobId id, Priority priority) {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->queue.raise(id, priority)) return;
+  }
+  impl_->host->raise_priority(id, priority);
+}
+
+void ProcessPool::shutdown() {
+  std::vector<std::unique_ptr<Job>> queued;
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->shutting_down = true;
+    queued = impl_->queue.take_all();
+  }
+  for (auto& job : queued) impl_->finish(*job, pool_detail::shutdown_error(job->name()));
+  impl_->wake();
+  std::call_once(impl_->join_once, [&] {
+    if (impl_->io.joinable()) impl_->io.join();
+  });
+  impl_->host->shutdown();
+}
+
+int ProcessPool::concurrency() const { return impl_->target; }
+
+ExecutorCounters ProcessPool::counters() const {
+  ExecutorCounters host = impl_->host->counters();
+  std::lock_guard lock(impl_->mu);
+  ExecutorCounters c = impl_->counters;
+  c.submitted += host.submitted;
+  c.completed += host.completed;
+  c.failed += host.failed;
+  c.cancelled += host.cancelled;
+  c.queued = impl_->queue.size() + host.queued;
+  c.running = host.running + impl_->busy;
+  return c;
+}
+
+}  // namespace kiln

@@ -1,0 +1,306 @@
+// The precompile gate: single flight, cache hooks, priorities, subgraphs, batches, withdrawal.
+#include "kiln/pool/gate.h"
+
+#include <gtest/gtest.h>
+
+#include <latch>
+#include <map>
+#include <thread>
+
+#include "fakes.h"
+#include "kiln_test.h"
+
+namespace kiln {
+namespace {
+
+using pool_test::FakeCompiler;
+using pool_test::named;
+
+const Target kTarget{"sm_90"};
+
+std::unique_ptr<PrecompileGate> gate_over(std::shared_ptr<Executor> exec, GateOptions o = {}) {
+  o.executor = std::move(exec);
+  auto g = PrecompileGate::create(std::move(o));
+  EXPECT_TRUE(g.ok()) << g.status().to_string();
+  return std::move(g).value();
+}
+
+TEST(Gate, NeedsAnExecutor) {
+  EXPECT_EQ(PrecompileGate::create({}).status().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(Gate, SixtyFourThreadsAskingForOneKernelCauseOneCompile) {
+  FakeCompiler fake;
+  fake.block("hot");  // the compile stays in flight until every thread has asked
+  auto gate = gate_over(make_arena_executor({.threads = 4, .compile = fake.fn()}));
+  constexpr int kThreads = 64;
+  std::latch go(kThreads);
+  std::vector<Future<Binary>> fs(kThreads);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kThreads; ++i) {
+    ts.emplace_back([&, i] {
+      go.arrive_and_wait();
+      fs[i] = gate->precompile(named("hot"), kTarget);
+    });
+  }
+  for (auto& t : ts) t.join();
+  fake.release("hot");
+  for (auto& f : fs) {
+    KILN_ASSERT_OK_AND_ASSIGN(Binary b, f.get());
+    EXPECT_EQ(b.cubin, "cubin:hot");
+  }
+  EXPECT_EQ(fake.calls(), 1);
+  GateCounters c = gate->counters();
+  EXPECT_EQ(c.requests, 64u);
+  EXPECT_EQ(c.compiles, 1u);
+  EXPECT_EQ(c.joined, 63u);
+}
+
+TEST(Gate, SingleFlightWithRealNvrtc) {
+  std::atomic<int> nvrtc_calls{0};
+  constexpr int kThreads = 64;
+  std::latch asked(kThreads);
+  // Real kiln::compile, entered only once all 64 requests are made, so they provably overlap it.
+  CompileFn counting = [&](const KernelSource& s, const Target& t, const CompileSettings& c) {
+    ++nvrtc_calls;
+    asked.wait();
+    return compile(s, t, c);
+  };
+  auto gate = gate_over(make_arena_executor({.threads = 4, .compile = counting}));
+  KernelSource src;
+  src.name = "saxpy";
+  src.entry = "saxpy";
+  src.source =
+      "extern \"C\" __global__ void saxpy(int n, float a, const float* x, float* y) {\n"
+      "  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] += a * x[i]; }\n";
+  std::vector<Future<Binary>> fs(kThreads);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kThreads; ++i) {
+    ts.emplace_back([&, i] {
+      fs[i] = gate->precompile(src, kTarget);
+      asked.count_down();
+    });
+  }
+  for (auto& t : ts) t.join();
+  KILN_ASSERT_OK_AND_ASSIGN(Binary first, fs[0].get());
+  EXPECT_FALSE(first.cubin.empty());
+  EXPECT_EQ(first.key, make_key(src, kTarget));
+  for (auto& f : fs) EXPECT_EQ(f.get()->cubin, first.cubin);
+  EXPECT_EQ(nvrtc_calls.load(), 1);
+}
+
+TEST(Gate, DistinctKeysCompileSeparately) {
+  FakeCompiler fake;
+  auto gate = gate_over(make_arena_executor({.threads = 2, .compile = fake.fn()}));
+  auto a = gate->precompile(named("a"), kTarget);
+  auto a_sm80 = gate->precompile(named("a"), Target{"sm_80"});
+  auto b = gate->precompile(named("b"), kTarget);
+  KILN_EXPECT_OK(a.get());
+  KILN_EXPECT_OK(a_sm80.get());
+  KILN_EXPECT_OK(b.get());
+  EXPECT_EQ(fake.calls(), 3);
+}
+
+TEST(Gate, CachedKeysNeverReachTheCompiler) {
+  FakeCompiler fake;
+  std::mutex mu;
+  std::map<KernelKey, Result<Binary>> cache;
+  std::vector<std::string> stored, remembered_failures;
+  GateOptions o;
+  o.lookup = [&](const KernelKey& k) -> std::optional<Result<Binary>> {
+    std::lock_guard lock(mu);
+    auto it = cache.find(k);
+    if (it == cache.end()) return std::nullopt;
+    return it->second;
+  };
+  o.on_compiled = [&](const Binary& b) {
+    std::lock_guard lock(mu);
+    stored.push_back(b.name);
+    cache.emplace(b.key, b);
+  };
+  o.on_failed = [&](const KernelKey& k, const Status& s) {
+    std::lock_guard lock(mu);
+    remembered_failures.push_back(s.message());
+    cache.emplace(k, s);
+  };
+  Binary cached;
+  cached.name = "warm";
+  cached.cubin = "from the cache";
+  cache.emplace(make_key(named("warm"), kTarget), cached);
+  cache.emplace(make_key(named("known_bad"), kTarget), make_error(ErrorCode::kCompileError, "remembered"));
+  fake.fail("bad");
+  auto gate = gate_over(make_arena_executor({.threads = 2, .compile = fake.fn()}), o);
+
+  EXPECT_EQ(gate->precompile(named("warm"), kTarget).get()->cubin, "from the cache");
+  EXPECT_EQ(gate->precompile(named("known_bad"), kTarget).get().status().message(), "remembered");
+  EXPECT_EQ(fake.calls(), 0);
+
+  // A fresh compile is stored before its future completes; the next request is a cache hit.
+  auto cold = gate->precompile(named("cold"), kTarget);
+  KILN_ASSERT_OK(cold.get());
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(stored, std::vector<std::string>{"cold"});
+  }
+  KILN_ASSERT_OK(gate->precompile(named("cold"), kTarget).get());
+  EXPECT_EQ(fake.calls(), 1);
+
+  // A compile error is remembered; a cancellation is not (it says nothing about the kernel).
+  EXPECT_EQ(gate->precompile(named("bad"), kTarget).get().status().code(), ErrorCode::kCompileError);
+  EXPECT_EQ(gate->precompile(named("bad"), kTarget).get().status().code(), ErrorCode::kCompileError);
+  EXPECT_EQ(fake.calls(), 2);
+  fake.block("stopped");
+  auto stopped = gate->precompile(named("stopped"), kTarget);
+  ASSERT_TRUE(fake.wait_started("stopped"));
+  stopped.cancel();
+  EXPECT_EQ(stopped.get().status().code(), ErrorCode::kCancelled);
+  std::lock_guard lock(mu);
+  EXPECT_EQ(remembered_failures, std::vector<std::string>{"fake error in 'bad'"});
+
+  GateCounters c = gate->counters();
+  EXPECT_EQ(c.cache_hits, 2u);       // warm, cold (second time)
+  EXPECT_EQ(c.cached_failures, 2u);  // known_bad, bad (second time)
+  EXPECT_EQ(c.compiles, 3u);         // cold, bad, stopped
+}
+
+TEST(Gate, OnDemandOvertakesABackgroundBatch) {
+  FakeCompiler fake;
+  auto gate = gate_over(make_arena_executor({.threads = 1, .compile = fake.fn()}));
+  fake.block("blocker");
+  auto blocker = gate->precompile(named("blocker"), kTarget);
+  ASSERT_TRUE(fake.wait_started("blocker"));
+  std::vector<KernelSource> warmup;
+  for (int i = 0; i < 6; ++i) warmup.push_back(named("warm" + std::to_string(i)));
+  Batch batch = gate->precompile_batch(warmup, kTarget);  // kBackground
+  auto urgent = gate->precompile(named("urgent"), kTarget, Priority::kOnDemand);
+  fake.release("blocker");
+  KILN_ASSERT_OK(urgent.get());
+  KILN_ASSERT_OK(batch.all.get());
+  std::vector<std::string> order = fake.order();
+  ASSERT_EQ(order.size(), 8u);
+  EXPECT_EQ(order[0], "blocker");
+  EXPECT_EQ(order[1], "urgent");
+  EXPECT_EQ(order[2], "warm0");
+}
+
+TEST(Gate, OnDemandRequestRaisesAQueuedBackgroundCompileOfTheSameKernel) {
+  FakeCompiler fake;
+  auto gate = gate_over(make_arena_executor({.threads = 1, .compile = fake.fn()}));
+  fake.block("blocker");
+  auto blocker = gate->precompile(named("blocker"), kTarget);
+  ASSERT_TRUE(fake.wait_started("blocker"));
+  std::vector<KernelSource> warmup;
+  for (int i = 0; i < 5; ++i) warmup.push_back(named("warm" + std::to_string(i)));
+  Batch batch = gate->precompile_batch(warmup, kTarget);
+  auto urgent = gate->precompile(named("warm3"), kTarget, Priority::kOnDemand);  // joins warm3's flight
+  fake.release("blocker");
+  KILN_ASSERT_OK(batch.all.get());
+  EXPECT_EQ(fake.order(), (std::vector<std::string>{"blocker", "warm3", "warm0", "warm1", "warm2", "warm4"}));
+  EXPECT_EQ(gate->counters().joined, 1u);
+}
+
+TEST(Gate, ACompileStopsOnlyWhenEveryRequesterWithdraws) {
+  FakeCompiler fake;
+  auto gate = gate_over(make_arena_executor({.threads = 1, .compile = fake.fn()}));
+  fake.block("shared");
+  auto first = gate->precompile(named("shared"), kTarget);
+  auto second = gate->precompile(named("shared"), kTarget);
+  ASSERT_TRUE(fake.wait_started("shared"));
+  first.cancel();
+  EXPECT_FALSE(second.ready());  // still wanted: not stopped
+  second.cancel();
+  EXPECT_EQ(second.get().status().code(), ErrorCode::kCancelled);
+  // A new request after the withdrawal starts a new compile rather than joining the cancelled one.
+  fake.release("shared");
+  KILN_EXPECT_OK(gate->precompile(named("shared"), kTarget).get());
+  EXPECT_EQ(fake.calls(), 2);
+}
+
+TEST(Gate, WithdrawnWhileStillQueuedNeverCompiles) {
+  FakeCompiler fake;
+  auto gate = gate_over(make_arena_executor({.threads = 1, .compile = fake.fn()}));
+  fake.block("blocker");
+  auto blocker = gate->precompile(named("blocker"), kTarget);
+  ASSERT_TRUE(fake.wait_started("blocker"));
+  auto queued = gate->precompile(named("queued"), kTarget);
+  queued.cancel();
+  EXPECT_EQ(queued.get().status().code(), ErrorCode::kCancelled);
+  fake.release("blocker");
+  KILN_EXPECT_OK(blocker.get());
+  EXPECT_EQ(fake.calls(), 1);
+}
+
+TEST(Gate, SubgraphCompletesWhenAllOfItsKernelsAre) {
+  FakeCompiler fake;
+  auto gate = gate_over(make_arena_executor({.threads = 2, .compile = fake.fn()}));
+  fake.block("reduce");
+  auto sub = gate->precompile_all({named("partial"), named("reduce")}, kTarget);
+  ASSERT_TRUE(fake.wait_started("reduce"));
+  EXPECT_FALSE(sub.ready());
+  fake.release("reduce");
+  KILN_ASSERT_OK_AND_ASSIGN(std::vector<Binary> bins, sub.get());
+  ASSERT_EQ(bins.size(), 2u);
+  EXPECT_EQ(bins[0].name, "partial");
+  EXPECT_EQ(bins[1].name, "reduce");
+
+  fake.fail("broken");
+  auto bad = gate->precompile_all({named("ok"), named("broken")}, kTarget);
+  EXPECT_EQ(bad.get().status().code(), ErrorCode::kCompileError);
+
+  auto nothing = PrecompileGate::nothing_to_compile();
+  ASSERT_TRUE(nothing.ready());
+  EXPECT_TRUE(nothing.get()->empty());
+}
+
+TEST(Gate, BatchReportsProgressAndFailures) {
+  FakeCompiler fake;
+  fake.fail("k3");
+  fake.fail("k7");
+  auto gate = gate_over(make_arena_executor({.threads = 2, .compile = fake.fn()}));
+  std::vector<KernelSource> srcs;
+  for (int i = 0; i < 10; ++i) srcs.push_back(named("k" + std::to_string(i)));
+  std::atomic<int> updates{0};
+  Batch batch = gate->precompile_batch(srcs, kTarget, Priority::kBackground,
+                                       [&](const ProgressSnapshot&) { ++updates; });
+  EXPECT_EQ(batch.all.get().status().code(), ErrorCode::kCompileError);
+  for (auto& f : batch.futures) f.wait();
+  // Progress is recorded by the futures' completion callbacks; `all` completing implies every one ran.
+  ProgressSnapshot s = batch.progress->snapshot();
+  EXPECT_EQ(s.total, 10u);
+  EXPECT_EQ(s.done, 10u);
+  EXPECT_EQ(s.failed, 2u);
+  EXPECT_TRUE(s.finished());
+  EXPECT_EQ(updates.load(), 10);
+}
+
+TEST(Gate, DestroyingTheGateCancelsWhatIsInFlight) {
+  FakeCompiler fake;
+  auto exec = std::shared_ptr<Executor>(make_arena_executor({.threads = 1, .compile = fake.fn()}));
+  Future<Binary> f;
+  {
+    auto gate = gate_over(exec);
+    fake.block("forever");
+    f = gate->precompile(named("forever"), kTarget);
+    ASSERT_TRUE(fake.wait_started("forever"));
+  }
+  ASSERT_TRUE(f.ready());
+  EXPECT_EQ(f.get().status().code(), ErrorCode::kCancelled);
+  KILN_EXPECT_OK(exec->submit({named("after"), kTarget, {}, Priority::kNormal}).future.get());
+}
+
+TEST(Gate, RealCompileErrorCarriesTheLog) {
+  auto gate = gate_over(make_arena_executor({.threads = 1}));
+  KernelSource bad;
+  bad.name = "typo";
+  bad.entry = "k";
+  bad.source = "extern \"C\" __global__ void k() { this_is_not_declared = 1; }\n";
+  Future<Binary> f = gate->precompile(bad, kTarget);
+  const Result<Binary>& r = f.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCompileError);
+  EXPECT_NE(r.status().detail().find("this_is_not_declared"), std::string::npos);
+  EXPECT_NE(r.status().message().find("typo"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln

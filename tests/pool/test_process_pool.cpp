@@ -1,0 +1,385 @@
+// The process pool with real worker processes (build/bin/kiln-compile-worker) and injected faults: crashes,
+// aborts, hangs past the timeout, cancellation, 1,000 jobs half cancelled, shutdown with jobs pending,
+// recycling, a worker executable that cannot start, and the host killed while its workers are busy.
+#include "kiln/pool/process_pool.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "fakes.h"
+#include "kiln/pool/gate.h"
+#include "kiln_test.h"
+
+extern char** environ;
+
+namespace kiln {
+namespace {
+
+using pool_test::EventLog;
+using pool_test::FakeCompiler;
+using pool_test::named;
+using Kind = PoolEvent::Kind;
+
+const Target kTarget{"sm_90"};
+
+CompileJob echo(const std::string& name, Priority p = Priority::kNormal) {
+  return CompileJob{named(name, {"-DKILN_WORKER_TEST=echo"}), kTarget, {}, p};
+}
+CompileJob fault(const std::string& name, const std::string& what) {
+  return CompileJob{named(name, {"-DKILN_WORKER_TEST=" + what}), kTarget, {}, Priority::kNormal};
+}
+CompileJob real(const std::string& name) { return CompileJob{named(name), kTarget, {}, Priority::kNormal}; }
+
+// A ready pool of `workers` workers with test faults enabled, observed by `log`.
+std::unique_ptr<ProcessPool> ready_pool(EventLog& log, int workers, ProcessPoolOptions o = {}) {
+  o.workers = workers;
+  o.enable_test_faults = true;
+  o.observer = log.observer();
+  o.stderr_tail_bytes = 1 << 16;
+  auto pool = ProcessPool::start(std::move(o));
+  EXPECT_TRUE(pool.ok()) << pool.status().to_string();
+  if (!pool.ok()) return nullptr;
+  EXPECT_TRUE((*pool)->wait_ready(std::chrono::seconds(60)));
+  return std::move(pool).value();
+}
+
+bool process_gone(int pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+TEST(ProcessPool, CompilesARealKernelInAWorker) {
+  EventLog log;
+  auto pool = ready_pool(log, 2);
+  ASSERT_TRUE(pool);
+  EXPECT_EQ(pool->kind(), "process");
+  EXPECT_EQ(pool->worker_pids().size(), 2u);
+  Submission s = pool->submit(real("in_worker"));
+  KILN_ASSERT_OK_AND_ASSIGN(Binary b, s.future.get());
+  EXPECT_FALSE(b.cubin.empty());
+  EXPECT_EQ(b.key, make_key(named("in_worker"), kTarget));
+  EXPECT_EQ(b.name, "in_worker");
+  ProcessPoolStats st = pool->stats();
+  EXPECT_EQ(st.jobs_in_workers, 1u);
+  EXPECT_EQ(st.jobs_in_host, 0u);
+  EXPECT_EQ(st.startup_seconds.size(), 2u);
+  // The same kernel compiled in this process gives the same cubin.
+  KILN_ASSERT_OK_AND_ASSIGN(Binary local, compile(named("in_worker"), kTarget));
+  EXPECT_EQ(local.cubin, b.cubin);
+}
+
+TEST(ProcessPool, CompileErrorsComeBackAsValues) {
+  EventLog log;
+  auto pool = ready_pool(log, 1);
+  ASSERT_TRUE(pool);
+  KernelSource bad = named("broken");
+  bad.source = "extern \"C\" __global__ void k() { undeclared_thing(); }\n";
+  Future<Binary> f = pool->submit(CompileJob{bad, kTarget, {}, Priority::kNormal}).future;
+  const Result<Binary>& r = f.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCompileError);
+  EXPECT_NE(r.status().detail().find("undeclared_thing"), std::string::npos);
+  EXPECT_EQ(pool->stats().crashes, 0u);
+  KILN_EXPECT_OK(pool->submit(echo("after")).future.get());
+}
+
+TEST(ProcessPool, RunsInTheHostUntilTheWorkersAreReady) {
+  // The workers hold their hello until this test writes to a FIFO: "not ready" is a state, not a race.
+  std::string fifo = ::testing::TempDir() + "kiln_hello_gate_" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  FakeCompiler host;
+  EventLog log;
+  ProcessPoolOptions o;
+  o.workers = 2;
+  o.enable_test_faults = true;
+  o.observer = log.observer();
+  o.host_compile = host.fn();
+  o.worker_env = {"KILN_WORKER_TEST_HELLO_GATE=" + fifo};
+  KILN_ASSERT_OK_AND_ASSIGN(auto pool, ProcessPool::start(o));
+  EXPECT_FALSE(pool->ready());
+  auto early = pool->submit(echo("early"));
+  KILN_ASSERT_OK_AND_ASSIGN(Binary b, early.future.get());
+  EXPECT_EQ(b.cubin, "cubin:early");  // the host's (fake) compiler, not a worker
+  EXPECT_EQ(host.calls(), 1);
+  int gate = ::open(fifo.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(gate, 0);
+  ASSERT_EQ(::write(gate, "xx", 2), 2);
+  ASSERT_TRUE(pool->wait_ready(std::chrono::seconds(60)));
+  KILN_ASSERT_OK_AND_ASSIGN(Binary late, pool->submit(echo("late")).future.get());
+  EXPECT_TRUE(late.cubin.empty());  // the worker's echo
+  EXPECT_NE(late.log.find("received_ns="), std::string::npos);
+  EXPECT_EQ(host.calls(), 1);
+  EXPECT_EQ(pool->stats().jobs_in_host, 1u);
+  pool.reset();
+  ::close(gate);
+  ::unlink(fifo.c_str());
+}
+
+// A crash of one worker fails its job only, with the kernel, the signal and the stderr tail in the error.
+void expect_crash_isolated(const std::string& what, const std::string& expected_in_message) {
+  EventLog log;
+  auto pool = ready_pool(log, 2);
+  ASSERT_TRUE(pool);
+  std::vector<Future<Binary>> ok;
+  for (int i = 0; i < 6; ++i) ok.push_back(pool->submit(echo("fine" + std::to_string(i))).future);
+  auto crashing = pool->submit(fault("doomed_" + what, what)).future;
+  for (int i = 6; i < 12; ++i) ok.push_back(pool->submit(echo("fine" + std::to_string(i))).future);
+  const Result<Binary>& r = crashing.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kWorkerCrashed);
+  const Status status = r.status();
+  const std::string& msg = status.message();
+  EXPECT_NE(msg.find("'doomed_" + what + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(expected_in_message), std::string::npos) << msg;
+  EXPECT_NE(msg.find("injected fault '" + what + "'"), std::string::npos) << msg;  // stderr tail
+  for (size_t i = 0; i < ok.size(); ++i) {
+    KILN_ASSERT_OK_AND_ASSIGN(Binary b, ok[i].get());
+    EXPECT_EQ(b.name, "fine" + std::to_string(i));
+  }
+  // Replaced, and serving: a real compile after the crash.
+  ASSERT_TRUE(log.wait_count(Kind::kWorkerReady, 3));
+  KILN_EXPECT_OK(pool->submit(real("after_" + what)).future.get());
+  EXPECT_EQ(pool->stats().crashes, 1u);
+  EXPECT_EQ(pool->worker_pids().size(), 2u);
+}
+
+TEST(ProcessPool, SegfaultingWorkerFailsOnlyItsJob) { expect_crash_isolated("segv", "killed by signal 11"); }
+TEST(ProcessPool, AbortingWorkerFailsOnlyItsJob) { expect_crash_isolated("abort", "killed by signal 6"); }
+TEST(ProcessPool, ExitingWorkerFailsOnlyItsJob) { expect_crash_isolated("exit3", "exited with status 3"); }
+
+TEST(ProcessPool, HangPastTheTimeoutIsKilledAndReported) {
+  EventLog log;
+  ProcessPoolOptions o;
+  o.job_timeout = std::chrono::milliseconds(300);
+  auto pool = ready_pool(log, 2, o);
+  ASSERT_TRUE(pool);
+  auto hung = pool->submit(fault("stuck", "hang")).future;
+  std::vector<Future<Binary>> ok;
+  for (int i = 0; i < 20; ++i) ok.push_back(pool->submit(echo("e" + std::to_string(i))).future);
+  const Result<Binary>& r = hung.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kTimeout);
+  EXPECT_NE(r.status().message().find("'stuck' timed out"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("injected fault 'hang'"), std::string::npos) << r.status().message();
+  for (auto& f : ok) KILN_EXPECT_OK(f.get());
+  EXPECT_EQ(pool->stats().timeouts, 1u);
+  EXPECT_EQ(pool->stats().crashes, 0u);
+  KILN_EXPECT_OK(pool->submit(echo("after")).future.get());
+}
+
+TEST(ProcessPool, CancellingARunningJobKillsItsWorker) {
+  EventLog log;
+  auto pool = ready_pool(log, 1);
+  ASSERT_TRUE(pool);
+  Submission hung = pool->submit(fault("cancel_me", "hang"));
+  int pid = log.wait_sent(hung.id);
+  ASSERT_NE(pid, 0);
+  hung.future.cancel();
+  const Result<Binary>& r = hung.future.get();
+  EXPECT_EQ(r.status().code(), ErrorCode::kCancelled);
+  EXPECT_NE(r.status().message().find("'cancel_me'"), std::string::npos);
+  EXPECT_TRUE(process_gone(pid));  // reaped before the future was failed
+  KILN_EXPECT_OK(pool->submit(echo("after")).future.get());
+  EXPECT_EQ(pool->stats().crashes, 0u);
+}
+
+TEST(ProcessPool, ThousandQueuedJobsHalfCancelled) {
+  EventLog log;
+  auto pool = ready_pool(log, 2);
+  ASSERT_TRUE(pool);
+  // Both workers hang, so everything below stays queued until they are cancelled.
+  Submission h0 = pool->submit(fault("hold0", "hang"));
+  Submission h1 = pool->submit(fault("hold1", "hang"));
+  ASSERT_NE(log.wait_sent(h0.id), 0);
+  ASSERT_NE(log.wait_sent(h1.id), 0);
+  std::vector<Future<Binary>> fs;
+  for (int i = 0; i < 1000; ++i) fs.push_back(pool->submit(echo("j" + std::to_string(i))).future);
+  for (int i = 1; i < 1000; i += 2) {
+    fs[i].cancel();
+    ASSERT_TRUE(fs[i].ready());  // queued: failed at once
+  }
+  h0.future.cancel();
+  h1.future.cancel();
+  for (int i = 0; i < 1000; ++i) {
+    const Result<Binary>& r = fs[i].get();
+    if (i % 2) {
+      EXPECT_EQ(r.status().code(), ErrorCode::kCancelled);
+    } else {
+      ASSERT_TRUE(r.ok()) << i << ": " << r.status().to_string();
+      EXPECT_EQ(r->name, "j" + std::to_string(i));
+    }
+  }
+  EXPECT_EQ(h0.future.get().status().code(), ErrorCode::kCancelled);
+  EXPECT_EQ(pool->stats().jobs_in_workers, 2u + 500u);
+  KILN_EXPECT_OK(pool->submit(real("after")).future.get());
+}
+
+TEST(ProcessPool, ShutdownWithJobsPendingFailsThemAndLeavesNoProcess) {
+  EventLog log;
+  auto pool = ready_pool(log, 2);
+  ASSERT_TRUE(pool);
+  Submission h0 = pool->submit(fault("busy0", "hang"));
+  Submission h1 = pool->submit(fault("busy1", "hang"));
+  ASSERT_NE(log.wait_sent(h0.id), 0);
+  ASSERT_NE(log.wait_sent(h1.id), 0);
+  std::vector<Future<Binary>> fs = {h0.future, h1.future};
+  for (int i = 0; i < 10; ++i) fs.push_back(pool->submit(echo("q" + std::to_string(i))).future);
+  std::vector<int> pids = pool->worker_pids();
+  ASSERT_EQ(pids.size(), 2u);
+  pool->shutdown();
+  for (auto& f : fs) {
+    ASSERT_TRUE(f.ready());
+    EXPECT_EQ(f.get().status().code(), ErrorCode::kShutdown);
+    EXPECT_NE(f.get().status().message().find("pool shut down"), std::string::npos) << f.get().status().message();
+  }
+  for (int pid : pids) EXPECT_TRUE(process_gone(pid)) << pid;
+  EXPECT_TRUE(pool->worker_pids().empty());
+  EXPECT_EQ(pool->submit(echo("late")).future.get().status().code(), ErrorCode::kShutdown);
+}
+
+TEST(ProcessPool, WorkersAreRecycledAfterTheirJobLimit) {
+  EventLog log;
+  ProcessPoolOptions o;
+  o.max_jobs_per_worker = 3;
+  auto pool = ready_pool(log, 1, o);
+  ASSERT_TRUE(pool);
+  std::set<int> pids;
+  for (int i = 0; i < 10; ++i) {
+    Submission s = pool->submit(echo("r" + std::to_string(i)));
+    KILN_ASSERT_OK(s.future.get());
+    pids.insert(log.wait_sent(s.id));
+  }
+  EXPECT_EQ(pids.size(), 4u);  // 3 + 3 + 3 + 1
+  EXPECT_EQ(pool->stats().recycled, 3u);
+  EXPECT_EQ(pool->stats().crashes, 0u);
+}
+
+TEST(ProcessPool, MissingWorkerExecutableIsAnError) {
+  ProcessPoolOptions o;
+  o.worker_path = "/nonexistent/kiln-compile-worker";
+  auto pool = ProcessPool::start(o);
+  EXPECT_EQ(pool.status().code(), ErrorCode::kNotFound);
+  EXPECT_NE(pool.status().message().find("/nonexistent/kiln-compile-worker"), std::string::npos);
+}
+
+TEST(ProcessPool, AWorkerThatCannotStartCostsSpeedNotWork) {
+  // /bin/false exits at once: after three failed starts the pool stops trying and compiles in the host.
+  FakeCompiler host;
+  EventLog log;
+  ProcessPoolOptions o;
+  o.workers = 1;
+  o.worker_path = "/bin/false";
+  o.observer = log.observer();
+  o.host_compile = host.fn();
+  KILN_ASSERT_OK_AND_ASSIGN(auto pool, ProcessPool::start(o));
+  ASSERT_TRUE(log.wait_count(Kind::kWorkerExited, 3));
+  for (int i = 0; i < 5; ++i) KILN_EXPECT_OK(pool->submit(echo("h" + std::to_string(i))).future.get());
+  EXPECT_FALSE(pool->ready());
+  EXPECT_EQ(host.calls(), 5);
+  EXPECT_EQ(pool->stats().workers_spawned, 3u);
+}
+
+TEST(ProcessPool, ChosenThroughMakeExecutor) {
+  auto opts = std::make_shared<ProcessPoolOptions>();
+  opts->enable_test_faults = true;
+  KILN_ASSERT_OK_AND_ASSIGN(auto exec, make_executor({.kind = ExecutorKind::kProcess, .workers = 2, .process = opts}));
+  EXPECT_EQ(exec->kind(), "process");
+  EXPECT_EQ(exec->concurrency(), 2);
+  auto* pool = dynamic_cast<ProcessPool*>(exec.get());
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(pool->wait_ready(std::chrono::seconds(60)));
+  KILN_EXPECT_OK(exec->submit(echo("via_make_executor")).future.get());
+}
+
+TEST(ProcessPool, GateOverTheProcessPool) {
+  EventLog log;
+  std::shared_ptr<Executor> pool = ready_pool(log, 2);
+  ASSERT_TRUE(pool);
+  auto gate = PrecompileGate::create({.executor = pool});
+  ASSERT_TRUE(gate.ok());
+  // Both workers busy, so the gate's requests provably overlap the one compile they share.
+  Submission h0 = pool->submit(fault("hold0", "hang"));
+  Submission h1 = pool->submit(fault("hold1", "hang"));
+  ASSERT_NE(log.wait_sent(h0.id), 0);
+  ASSERT_NE(log.wait_sent(h1.id), 0);
+  std::vector<Future<Binary>> fs;
+  for (int i = 0; i < 8; ++i) fs.push_back((*gate)->precompile(named("same"), kTarget));
+  h0.future.cancel();
+  h1.future.cancel();
+  for (auto& f : fs) {
+    KILN_ASSERT_OK_AND_ASSIGN(Binary b, f.get());
+    EXPECT_FALSE(b.cubin.empty());
+  }
+  EXPECT_EQ((*gate)->counters().compiles, 1u);
+  EXPECT_EQ((*gate)->counters().joined, 7u);
+}
+
+// The test process adopts orphans (PR_SET_CHILD_SUBREAPER), so the workers of a killed host become its
+// children and can be waited for: no sleeps, no reliance on the container's init reaping them.
+TEST(ProcessPool, KillingTheHostLeavesNoWorkerBehind) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  std::string helper = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "pool_orphan_helper").string();
+  ASSERT_EQ(::access(helper.c_str(), X_OK), 0) << helper;
+  int report[2];
+  ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, report[1], 3);
+  std::vector<char*> argv = {helper.data(), nullptr};
+  pid_t host = -1;
+  ASSERT_EQ(::posix_spawn(&host, helper.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(report[1]);
+
+  // The helper writes "pid pid\n" once both of its workers are busy with hanging jobs.
+  std::string line;
+  char c;
+  while (::read(report[0], &c, 1) == 1 && c != '\n') line += c;
+  ::close(report[0]);
+  int w0 = 0, w1 = 0;
+  ASSERT_EQ(std::sscanf(line.c_str(), "%d %d", &w0, &w1), 2) << "helper said: " << line;
+  // pidfds taken while the workers are certainly alive (busy), so they name these processes and no others.
+  int fd0 = static_cast<int>(::syscall(SYS_pidfd_open, w0, 0));
+  int fd1 = static_cast<int>(::syscall(SYS_pidfd_open, w1, 0));
+  ASSERT_GE(fd0, 0);
+  ASSERT_GE(fd1, 0);
+
+  ASSERT_EQ(::kill(host, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(host, &status, 0), host);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  // A pidfd is readable once its process has exited. Bounded: 20 s, far above the milliseconds it takes.
+  pollfd fds[2] = {{fd0, POLLIN, 0}, {fd1, POLLIN, 0}};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  int exited = 0;
+  while (exited < 2 && std::chrono::steady_clock::now() < deadline) {
+    int n = ::poll(fds, 2, 1000);
+    if (n < 0 && errno != EINTR) break;
+    exited = (fds[0].revents != 0) + (fds[1].revents != 0);
+  }
+  EXPECT_EQ(exited, 2) << "workers " << w0 << " and " << w1 << " outlived their host";
+  for (int pid : {w0, w1}) {
+    // Now our children: reap them (or, if the test is failing, kill them so nothing is left behind).
+    if (::waitpid(pid, &status, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+    EXPECT_TRUE(process_gone(pid)) << pid;
+  }
+  ::close(fd0);
+  ::close(fd1);
+}
+
+}  // namespace
+}  // namespace kiln
