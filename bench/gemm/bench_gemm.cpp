@@ -78,6 +78,24 @@ extern "C" __global__ void bench_fill(__nv_bfloat16* p, long long n, unsigned se
     p[i] = __float2bfloat16((x >> 8) * (2.0f / 16777216.0f) - 1.0f);
   }
 }
+// The mma.sync ceiling: 8 independent m16n8k16 bf16 MMAs per step from registers, no memory traffic.
+extern "C" __global__ void bench_mma_peak(float* out, int iters) {
+  unsigned a[4], b[2];
+  for (int i = 0; i < 4; ++i) a[i] = 0x3f803f80u ^ (threadIdx.x * 0x00010001u * (i + 1));
+  b[0] = 0x3c003c00u ^ threadIdx.x;
+  b[1] = 0x3e003e00u ^ blockIdx.x;
+  float acc[8][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                   : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  float s = 0;
+  for (int j = 0; j < 8; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
+  if (s == 1234.5f) out[threadIdx.x] = s;  // keeps the MMAs alive
+}
 // The separate epilogue of the cuBLAS baseline: d = gelu_tanh(d + bias[col]) in place, 8 bf16 per thread.
 extern "C" __global__ void bench_bias_gelu(__nv_bfloat16* d, const __nv_bfloat16* bias, int m, int n) {
   long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 8;
@@ -102,7 +120,7 @@ struct Ctx {
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   DeviceBuffer lt_workspace;
-  std::unique_ptr<Kernel> fill, bias_gelu;
+  std::unique_ptr<Kernel> fill, bias_gelu, mma_peak;
   DeviceInfo info;
   const DriverApi* api = nullptr;
 };
@@ -518,6 +536,26 @@ int main(int argc, char** argv) {
     Module m = must(Module::load(b));
     c.fill = std::make_unique<Kernel>(must(m.kernel("bench_fill")));
     c.bias_gelu = std::make_unique<Kernel>(must(m.kernel("bench_bias_gelu")));
+    c.mma_peak = std::make_unique<Kernel>(must(m.kernel("bench_mma_peak")));
+  }
+  // What mma.sync itself can do on this GPU (the gemm_mma_sm80 family's ceiling), from registers only.
+  double mma_peak_tflops = 0;
+  {
+    DeviceBuffer sink = must(DeviceBuffer::allocate(4096));
+    const int iters = 4096, blocks = c.info.sm_count * 4, threads = 256;
+    LaunchConfig cfg{{static_cast<unsigned>(blocks), 1, 1}, {threads, 1, 1}, 0, c.stream, {1, 1, 1}};
+    Event e0 = must(Event::create()), e1 = must(Event::create());
+    std::vector<double> tf;
+    for (int rep = 0; rep < 6; ++rep) {
+      CHECK_OK(e0.record(c.stream));
+      CHECK_OK((*c.mma_peak)(cfg, sink.as<float>(), iters));
+      CHECK_OK(e1.record(c.stream));
+      CHECK_OK(e1.synchronize());
+      const double flops = 2.0 * 16 * 8 * 16 * 8 * double(iters) * (threads / 32) * blocks;
+      tf.push_back(flops / (must(e1.elapsed_ms_since(e0)) * 1e-3) / 1e12);
+    }
+    mma_peak_tflops = bench::stats(tf).median;
+    fmt::print(stderr, "mma.sync m16n8k16 bf16 peak from registers: {:.0f} TFLOP/s\n", mma_peak_tflops);
   }
 
   std::vector<Problem> problems;
@@ -665,8 +703,10 @@ int main(int argc, char** argv) {
     rows.push_back(jrow);
   }
   out["rows"] = rows;
+  out["mma_sync_peak_tflops"] = mma_peak_tflops;
   fmt::print("{}\n", table.str());
   fmt::print("kiln/ref = reference time / kiln time (>1: kiln faster); for 4096^3 it is kiln's fraction of cuBLAS.\n");
+  fmt::print("mma.sync m16n8k16 bf16 ceiling on this GPU (register-only loop): {:.0f} TFLOP/s\n", mma_peak_tflops);
   if (!json_path.empty() && !bench::write_json(json_path, out)) return 1;
   return 0;
 }

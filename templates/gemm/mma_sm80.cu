@@ -191,32 +191,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) kiln_gemm_mma_sm80(const K
     asm volatile("cp.async.commit_group;\n" ::);
   }
 
-  // The next tile's first fragments are loaded before the current tile's last MMAs (after the barrier that
-  // makes that tile visible), so the tensor cores see no gap between tiles.
   unsigned af[2][MI][4];
   unsigned bf[2][NI][2];
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-  __syncthreads();
-  if (k_tiles > 0) load_fragments(smem_base, smem_base + TileA::kBytes, 0, wm0, wn0, lane, af[0], bf[0]);
   for (int kt = 0; kt < k_tiles; ++kt) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+    __syncthreads();  // tile kt is in shared memory for everyone; stage (kt - 1) % STAGES is free again
     {
-      // Refill the stage tile kt - 1 used: every warp finished reading it before the last barrier.
       const int next = kt + STAGES - 1;
       if (next < k_tiles) load_stage(next % STAGES, next);
       asm volatile("cp.async.commit_group;\n" ::);
     }
     const unsigned sa = smem_base + (kt % STAGES) * STAGE_BYTES, sb = sa + TileA::kBytes;
+    load_fragments(sa, sb, 0, wm0, wn0, lane, af[0], bf[0]);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
-      const int nb = (kk + 1) & 1;
-      if (kk + 1 < BK / 16) {
-        load_fragments(sa, sb, kk + 1, wm0, wn0, lane, af[nb], bf[nb]);
-      } else if (kt + 1 < k_tiles) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-        __syncthreads();  // tile kt + 1 is visible to everyone
-        const unsigned na = smem_base + ((kt + 1) % STAGES) * STAGE_BYTES;
-        load_fragments(na, na + TileA::kBytes, 0, wm0, wn0, lane, af[nb], bf[nb]);
-      }
+      if (kk + 1 < BK / 16) load_fragments(sa, sb, kk + 1, wm0, wn0, lane, af[(kk + 1) & 1], bf[(kk + 1) & 1]);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll

@@ -89,7 +89,9 @@ Status constraints(const Params& p, const DeviceLimits& l) {
   }
   if (c.blocks_per_sm != 1 && c.blocks_per_sm != 2) return fail(ErrorCode::kOutOfRange, "blocks_per_sm must be 1 or 2");
   if (c.blocks_per_sm == 2) {
-    // Two blocks share the SM's registers (128 per thread, no setmaxnreg) and shared memory.
+    // Two blocks share the SM's registers (128 per thread, no setmaxnreg) and shared memory; two blocks of
+    // three warpgroups would leave 85 registers per thread, too few for ptxas.
+    if (c.consumers != 1) return fail(ErrorCode::kOutOfRange, "blocks_per_sm 2 needs consumers 1");
     if (c.acc_regs() > 64) {
       return fail(ErrorCode::kOutOfRange, fmt::format("blocks_per_sm 2 allows 64 accumulators per thread, the tile "
                                                       "needs {}", c.acc_regs()));

@@ -226,7 +226,7 @@ TEST(GemmGpu, ClusterSplitKDecode) {
              {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
              {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(1)},
              {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(c.cluster_k)},
-             {"blocks_per_sm", Value::integer(c.bm * c.bn / c.consumers <= 64 * 128 && c.cluster_k <= 4 ? 2 : 1)}})
+             {"blocks_per_sm", Value::integer(c.consumers == 1 && c.bm * c.bn <= 64 * 128 && c.cluster_k <= 4 ? 2 : 1)}})
       p.insert_or_assign(k, v);
     cfgs.emplace_back(t, std::move(p));
   }

@@ -140,6 +140,8 @@ TEST(GemmTemplates, ConstraintsPruneWithReasons) {
   EXPECT_FALSE(sm90->check(two, limits("sm_90a")).ok());
   EXPECT_FALSE(sm90->check([&] { Params p = sm90_params(128, 256, 2, 3, false); p.insert_or_assign("blocks_per_sm", Value::integer(2)); return p; }(),
                            limits("sm_90a")).ok());
+  EXPECT_FALSE(sm90->check([&] { Params p = sm90_params(128, 64, 2, 3, false); p.insert_or_assign("blocks_per_sm", Value::integer(2)); return p; }(),
+                           limits("sm_90a")).ok());  // 64 accumulators, but two consumer warpgroups
 }
 
 TEST(GemmTemplates, ProblemChecksAlignmentAndGeometry) {
