@@ -14,6 +14,7 @@ struct WarmupArgs {
   std::string problems_file;
   int device = 0;
   int threads = 0;
+  bool no_load = false;
 };
 
 int run_warmup(const WarmupArgs& a) {
@@ -30,6 +31,7 @@ int run_warmup(const WarmupArgs& a) {
   cache::PreloadOptions po;
   po.device = a.device;
   po.threads = a.threads;
+  po.load_modules = !a.no_load;
   if (!a.problems_file.empty()) {
     std::ifstream in(a.problems_file);
     if (!in) {
@@ -49,6 +51,7 @@ int run_warmup(const WarmupArgs& a) {
   fmt::print("cache       {} ({} in {:.1f} ms)\n", (*store)->dir(), (*store)->is_writer() ? "writer" : "reader", open_s * 1e3);
   fmt::print("decisions   {} selected{}\n", r.decisions, a.problems_file.empty() ? " for this device" : " from " + a.problems_file);
   fmt::print("ready       {} kernels loaded and resolved in {:.1f} ms ({} threads)\n", r.loaded, r.load_seconds * 1e3, r.threads);
+  if (r.verified) fmt::print("verified    {} binaries read and verified into memory, modules left to first use\n", r.verified);
   if (r.without_kernel) fmt::print("library     {} decisions name no compiled kernel\n", r.without_kernel);
   if (r.missing) fmt::print("missing     {} binaries not in the cache (compiled on first use)\n", r.missing);
   if (r.failed) fmt::print("failed      {} binaries the driver refused\n", r.failed);
@@ -66,6 +69,7 @@ void add_warmup_command(CLI::App& app) {
                                                      "decision for the device)");
   cmd->add_option("--device", args->device, "Device ordinal (default 0)");
   cmd->add_option("--threads", args->threads, "Loader threads (default: chosen from measurements)");
+  cmd->add_flag("--no-load", args->no_load, "Only read and verify the binaries into memory; load modules at first use");
   cmd->callback([args] {
     int rc = run_warmup(*args);
     if (rc != 0) throw ExitCode(rc);

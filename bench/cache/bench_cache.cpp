@@ -16,6 +16,7 @@
 // cubin is a different image that the driver must load; none is a byte-identical copy it could dedup.
 //
 // Usage: bench_cache [--json FILE] [--sizes 100,1000,10000] [--reps 5] [--threads 1,2,4,8] [--quick]
+//                    [--keep-dir D]   (keeps the 1,000-kernel cache in D, e.g. for `kiln warmup`)
 #include <rocksdb/db.h>
 
 #include <fmt/format.h>
@@ -173,6 +174,7 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1, 2, 4, 8};
   int reps = 5;
   bool quick = false;
+  std::string keep_dir;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -181,8 +183,9 @@ int main(int argc, char** argv) {
     else if (a == "--threads") thread_counts = parse_list(next());
     else if (a == "--reps") reps = std::stoi(next());
     else if (a == "--quick") quick = true;
+    else if (a == "--keep-dir") keep_dir = next();
     else {
-      fmt::print(stderr, "usage: bench_cache [--json FILE] [--sizes 100,1000,10000] [--threads 1,2,4,8] [--reps N] [--quick]\n");
+      fmt::print(stderr, "usage: bench_cache [--json FILE] [--sizes 100,1000,10000] [--threads 1,2,4,8] [--reps N] [--quick] [--keep-dir D]\n");
       return 2;
     }
   }
@@ -275,8 +278,10 @@ int main(int argc, char** argv) {
         th.emplace_back([&, t] {
           ready++;
           while (ready < 8) {}
-          auto s = ns_per_call(11, n, [&](int i) { hits += store->decision(problems[order[(i + t * 97) % n]]) != nullptr; });
+          size_t mine = 0;  // per thread: a shared counter would measure its own cache-line traffic
+          auto s = ns_per_call(11, n, [&](int i) { mine += store->decision(problems[order[(i + t * 97) % n]]) != nullptr; });
           per_thread[t] = s.median;
+          if (mine == 0) per_thread[t] = -1;
         });
       }
       th.clear();
@@ -547,6 +552,10 @@ int main(int argc, char** argv) {
             fmt::format("{:.1f} ms", read_best)});
     pre.push_back(entry);
     store.reset();
+    if (n == 1000 && !keep_dir.empty()) {
+      fs::remove_all(keep_dir);
+      fs::copy(dir, keep_dir, fs::copy_options::recursive);
+    }
     fs::remove_all(dir);
   }
   fmt::print("\n{}", pt.str());

@@ -32,12 +32,14 @@ std::shared_ptr<const Decision> Preloaded::decision(std::string_view problem) co
   return it == kernels_.end() ? nullptr : it->second.decision;
 }
 
-int default_preload_threads(size_t kernels) {
-  // Reading and verifying a cubin runs in parallel; cuModuleLoadData mostly serialises inside the driver
-  // (bench/cache measured it), so a few threads overlap the two and more only contend.
+int default_preload_threads(size_t kernels, bool load_modules) {
   unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  if (kernels < 64) return 1;
-  return static_cast<int>(std::min<unsigned>(4, hw));
+  // Reading and verifying scale with threads (H200 machine, 1,000 cubins: 19.8 ms on 1 thread, 3.5 ms on 8).
+  if (!load_modules) return kernels < 64 ? 1 : static_cast<int>(std::min<unsigned>(8, hw));
+  // cuModuleLoadData serialises inside the driver (raw loads took as long on 8 threads as on 1), so a second
+  // thread only overlaps reading with loading; more contend (1,000 kernels: 164 ms on 1 thread, 143 on 2,
+  // 158 on 4, 188 on 8). bench/results/cache-nvidia-h200-*.md.
+  return kernels < 64 ? 1 : static_cast<int>(std::min<unsigned>(2, hw));
 }
 
 Result<Preloaded> preload(Store& store, const PreloadOptions& options) {
@@ -69,13 +71,14 @@ Result<Preloaded> preload(Store& store, const PreloadOptions& options) {
       r.without_kernel++;
     }
   }
-  r.threads = options.threads > 0 ? options.threads : default_preload_threads(work.size());
+  r.threads = options.threads > 0 ? options.threads : default_preload_threads(work.size(), options.load_modules);
   r.threads = std::max(1, std::min<int>(r.threads, static_cast<int>(std::max<size_t>(1, work.size()))));
 
   struct Slot {
     std::optional<Kernel> kernel;
     Status error;
     bool missing = false;
+    bool verified = false;  // read and verified, not loaded (load_modules false)
   };
   std::vector<Slot> slots(work.size());
   std::atomic<size_t> next{0};
@@ -89,6 +92,12 @@ Result<Preloaded> preload(Store& store, const PreloadOptions& options) {
       if (!bin.ok()) {
         slots[i].missing = true;
         slots[i].error = bin.status();
+        continue;
+      }
+      if (!options.load_modules) {
+        // Keep the verified binary where the runtime's first use will find it without reading the database.
+        (void)store.get_binary(*dec.kernel, {}, /*remember=*/true);
+        slots[i].verified = true;
         continue;
       }
       auto target = Target::parse((*bin)->arch);
@@ -121,6 +130,11 @@ Result<Preloaded> preload(Store& store, const PreloadOptions& options) {
   std::vector<KernelKey> used;
   for (size_t i = 0; i < work.size(); ++i) {
     Slot& s = slots[i];
+    if (s.verified) {
+      r.verified++;
+      used.push_back(*work[i]->kernel);
+      continue;
+    }
     if (s.kernel) {
       r.loaded++;
       used.push_back(*work[i]->kernel);

@@ -117,6 +117,15 @@ TEST(Preload, LoadsLaunchesAndCountsWhatIsMissing) {
       for (int i = 0; i < 256; ++i) ASSERT_EQ(host[i], 1000 + i);
     }
   }
+  // Read and verify only: nothing loaded, every binary verified and remembered.
+  {
+    PreloadOptions po;
+    po.load_modules = false;
+    KILN_ASSERT_OK_AND_ASSIGN(Preloaded p, preload(*store, po));
+    EXPECT_EQ(p.size(), 0u);
+    EXPECT_EQ(p.report().verified, 6u);
+    EXPECT_EQ(p.report().missing, 2u);
+  }
   // A workload: exactly the listed problems.
   PreloadOptions po;
   po.problems = {loaded_problems[0], loaded_problems[3]};

@@ -4,8 +4,9 @@
 // "Ready" means: the cubin was read from the cache and verified, cuModuleLoadData loaded it into the
 // context, and cuModuleGetFunction resolved the entry point, so the kernel can be launched with no further
 // cache, file or compiler work. Under CUDA's lazy module loading (CUDA_MODULE_LOADING=LAZY, the driver's
-// default since CUDA 12.2) the driver may still copy a function's code to the device on its first launch;
-// bench/cache measures what that first launch costs (docs/cache.md).
+// default) the driver could still defer work to the first launch; measured on the H200 machine, the first
+// launch of a preloaded kernel cost the same as the second (10.8 us with the sync), so nothing visible is
+// left for it. With load_modules false, "ready" is weaker: verified bytes in memory, loaded at first use.
 #pragma once
 
 #include <cstddef>
@@ -34,11 +35,17 @@ struct PreloadOptions {
   int threads = 0;
   /// Record the loaded binaries as used (for least-recently-used pruning). Default true.
   bool touch = true;
+  /// Load each module and resolve its kernel (the default). False: only read and verify the binaries and
+  /// keep them in the store's memory layer (get_binary then costs ~100 ns), leaving cuModuleLoadData to the
+  /// kernel's first use: much faster for many kernels, because the driver's load serialises and slows as a
+  /// context holds more modules (docs/cache.md), but the first launch of each kernel pays its load.
+  bool load_modules = true;
 };
 
 struct PreloadReport {
   size_t decisions = 0;       // decisions selected
   size_t loaded = 0;          // kernels loaded and resolved
+  size_t verified = 0;        // binaries read and verified but not loaded (load_modules false)
   size_t without_kernel = 0;  // decisions for library choices (no compiled kernel to load)
   size_t missing = 0;         // decisions whose binary is absent, invalid or for another arch (compiled later)
   size_t failed = 0;          // binaries the driver refused (reason in errors)
@@ -78,7 +85,8 @@ class Preloaded {
 /// no GPU, kInvalidArgument for a problem key that does not parse.
 Result<Preloaded> preload(Store& store, const PreloadOptions& options = {});
 
-/// The thread count preload() uses for `kernels` kernels when PreloadOptions::threads is 0.
-int default_preload_threads(size_t kernels);
+/// The thread count preload() uses for `kernels` kernels when PreloadOptions::threads is 0 (chosen from
+/// bench/cache's measurements on the H200 machine).
+int default_preload_threads(size_t kernels, bool load_modules = true);
 
 }  // namespace kiln::cache
