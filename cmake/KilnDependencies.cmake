@@ -10,6 +10,12 @@ if(CUDAToolkit_VERSION VERSION_LESS 12.8)
   message(FATAL_ERROR "kiln needs CUDA 12.8 or newer (NVRTC precompiled headers); found ${CUDAToolkit_VERSION}")
 endif()
 
+# kiln dlopens the driver (libcuda.so.1) itself and must never link it: CMake's CUDA::nvrtc drags in
+# CUDA::cuda_driver (the toolkit's stub libcuda), which sanitizer links would record as needed, so binaries
+# would not start on machines without a driver. Drop that edge.
+set_property(TARGET CUDA::nvrtc PROPERTY INTERFACE_LINK_LIBRARIES "")
+add_link_options(LINKER:--as-needed)
+
 find_package(Threads REQUIRED)
 find_package(TBB REQUIRED)
 find_package(RocksDB REQUIRED)

@@ -1,6 +1,7 @@
 // The built-in ops: gemm (template configurations of every GEMM family, split-K and unfused subgraphs,
 // cuBLAS and cuBLASLt), rmsnorm, layernorm and softmax (template configurations and a plain reference).
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -298,6 +299,69 @@ Result<std::vector<ChoicePtr>> row_choices(const Problem& problem, const ChoiceC
 
 double tolerance(DType t) { return t == DType::kF32 ? 1e-3 : 1e-2; }
 
+// A template configuration from the parameters a decision stored (short texts; code parameters are the
+// problem's epilogue, which the decision does not store).
+Result<ChoicePtr> rebuild_template(const Problem& problem, const std::string& name,
+                                   const std::vector<std::pair<std::string, std::string>>& stored,
+                                   const ChoiceContext& ctx) {
+  std::map<std::string, std::string> by_name(stored.begin(), stored.end());
+  auto it = by_name.find("template");
+  if (it == by_name.end()) return make_error(ErrorCode::kNotFound, "no template named in the decision");
+  KILN_ASSIGN_OR_RETURN(TemplatePtr t, templates::find_template(it->second));
+  auto where = target_for(*t, ctx);
+  if (!where) return make_error(ErrorCode::kNotFound, fmt::format("{} cannot run here", t->name()));
+  Params params;
+  for (const auto& spec : t->params()) {
+    if (spec.role == templates::ParamRole::kDerived) continue;
+    if (spec.kind == templates::ParamKind::kCode) {
+      const auto* g = std::get_if<GemmProblem>(&problem.desc);
+      if (!g) return make_error(ErrorCode::kNotFound, "a code parameter outside a GEMM");
+      params.emplace(spec.name, templates::epilogue_value(g->epilogue));
+      continue;
+    }
+    auto v = by_name.find(spec.name);
+    if (v == by_name.end()) return make_error(ErrorCode::kNotFound, fmt::format("the decision lacks '{}'", spec.name));
+    const std::string& text = v->second;
+    switch (spec.kind) {
+      case templates::ParamKind::kInt: params.emplace(spec.name, Value::integer(std::stoll(text))); break;
+      case templates::ParamKind::kBool: params.emplace(spec.name, Value::boolean(text == "true")); break;
+      case templates::ParamKind::kDType: {
+        KILN_ASSIGN_OR_RETURN(DType d, templates::parse_dtype(text));
+        params.emplace(spec.name, Value::dtype(d));
+        break;
+      }
+      case templates::ParamKind::kLayout:
+        params.emplace(spec.name, Value::layout(text == "col" ? Layout::kColMajor : Layout::kRowMajor));
+        break;
+      case templates::ParamKind::kEnum: params.emplace(spec.name, Value::enumeration(text)); break;
+      case templates::ParamKind::kCode: break;
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(templates::Rendered r, t->render(params));
+  if (r.config_name != name) {
+    return make_error(ErrorCode::kNotFound, fmt::format("the decision's parameters render '{}', not '{}'", r.config_name, name));
+  }
+  return make_template_choice(t, std::move(r), where->first, problem.shape());
+}
+
+Result<ChoicePtr> rebuild_gemm(const Problem& problem, const std::string& name,
+                               const std::vector<std::pair<std::string, std::string>>& stored, const ChoiceContext& ctx) {
+  const auto& p = std::get<GemmProblem>(problem.desc);
+  if (name == "cublas_default" && p.epilogue.ops.empty()) return make_cublas_default_choice(p);
+  if (name.rfind("cublaslt_", 0) == 0) {
+    const bool fuse = p.epilogue.ops.empty() || lt_epilogue(p).fusable;
+    if (!fuse) return make_error(ErrorCode::kNotFound, "a plain cuBLASLt choice for an epilogue problem");
+    return make_cublaslt_choice(p, true, p.epilogue.out, name);
+  }
+  return rebuild_template(problem, name, stored, ctx);
+}
+
+Result<ChoicePtr> rebuild_row(const Problem& problem, const std::string& name,
+                              const std::vector<std::pair<std::string, std::string>>& stored, const ChoiceContext& ctx) {
+  if (name == "reference") return ChoicePtr(std::make_shared<ReferenceRowChoice>(problem));
+  return rebuild_template(problem, name, stored, ctx);
+}
+
 }  // namespace
 
 ChoicePtr make_cublas_default_choice_f32(const GemmProblem& p) {
@@ -309,11 +373,13 @@ ChoicePtr make_cublas_default_choice_f32(const GemmProblem& p) {
 
 std::vector<OpDef> builtin_ops() {
   std::vector<OpDef> ops;
-  ops.push_back({"gemm", gemm_choices, gemm_reference, gemm_buffers, tolerance});
+  ops.push_back({"gemm", gemm_choices, gemm_reference, gemm_buffers, tolerance, rebuild_gemm});
   for (const char* name : {"rmsnorm", "layernorm"}) {
-    ops.push_back({name, row_choices, [](const Problem&) { return std::string("reference"); }, norm_buffers, tolerance});
+    ops.push_back({name, row_choices, [](const Problem&) { return std::string("reference"); }, norm_buffers, tolerance,
+                   rebuild_row});
   }
-  ops.push_back({"softmax", row_choices, [](const Problem&) { return std::string("reference"); }, softmax_buffers, tolerance});
+  ops.push_back({"softmax", row_choices, [](const Problem&) { return std::string("reference"); }, softmax_buffers,
+                 tolerance, rebuild_row});
   return ops;
 }
 

@@ -206,6 +206,10 @@ struct LtGemm::State {
   mutable std::mutex mu;
   mutable Call call;            // built for `built` sizes; rebuilt when a call's differ
   mutable KilnGemmArgs built{};
+  // Whether the last algorithm run is valid for `built` (an algorithm picked for one shape may not be for
+  // another: cuBLASLt is asked again, and its heuristic runs the shapes it refuses).
+  mutable std::string checked_algo;
+  mutable bool algo_valid = true;
 };
 
 namespace {
@@ -301,7 +305,16 @@ Status LtGemm::run(const LtAlgo* algo, const KilnGemmArgs& args, CUstream stream
     std::swap(s.call.c.l, rebuilt.c.l);
     std::swap(s.call.d.l, rebuilt.d.l);
     s.built = args;
+    s.checked_algo.clear();
   }
+  if (algo != nullptr && s.checked_algo != algo->name) {
+    cublasLtMatmulHeuristicResult_t check{};
+    cublasStatus_t rc = cublasLtMatmulAlgoCheck(s.lt->handle, s.call.desc.d, s.call.a.l, s.call.b.l, s.call.c.l,
+                                                s.call.d.l, &algo->algo, &check);
+    s.algo_valid = rc == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= s.lt->workspace_bytes;
+    s.checked_algo = algo->name;
+  }
+  if (!s.algo_valid) algo = nullptr;
   if (s.call.fuse && s.problem.epilogue.has(templates::EpilogueOp::kBias)) {
     const void* bias = args.ep.bias;
     KILN_CHECK(cublasLtMatmulDescSetAttribute(s.call.desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));

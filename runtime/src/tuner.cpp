@@ -130,23 +130,40 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
     if (auto it = s.selections.find(key); it != s.selections.end()) return it->second;
   }
   KILN_ASSIGN_OR_RETURN(auto def, OpRegistry::global().find(problem.op));
-  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, OpRegistry::global().choices(problem, s.ctx));
   TuneReport report;
   report.problem = problem.describe();
   report.key = key;
   report.reference = def->reference(problem);
-  report.candidates = static_cast<int>(choices.size());
+
+  // A cached decision: rebuild (or find) the chosen choice, compile it (normally a binary-cache hit) and
+  // prepare it; measure nothing.
+  KILN_ASSIGN_OR_RETURN(auto decision, s.cache->lookup_decision(key));
+  std::vector<ChoicePtr> choices;
+  bool generated = false;
+  auto generate = [&]() -> Status {
+    if (generated) return Status();
+    KILN_ASSIGN_OR_RETURN(choices, OpRegistry::global().choices(problem, s.ctx));
+    report.candidates = static_cast<int>(choices.size());
+    generated = true;
+    return Status();
+  };
   auto by_name = [&](const std::string& name) -> ChoicePtr {
     for (const auto& c : choices) {
       if (c->name() == name) return c;
     }
     return nullptr;
   };
-
-  // A cached decision: compile (normally a binary-cache hit) and prepare the chosen choice, measure nothing.
-  KILN_ASSIGN_OR_RETURN(auto decision, s.cache->lookup_decision(key));
   if (decision) {
-    if (ChoicePtr c = by_name(decision->choice)) {
+    ChoicePtr c;
+    if (def->rebuild) {
+      auto rebuilt = def->rebuild(problem, decision->choice, decision->params, s.ctx);
+      if (rebuilt.ok()) c = std::move(rebuilt).value();
+    }
+    if (!c) {
+      KILN_RETURN_IF_ERROR(generate());
+      c = by_name(decision->choice);
+    }
+    if (c) {
       auto binaries = s.compile(*c, Priority::kOnDemand);
       Status ready = binaries.ok() ? c->prepare(*binaries) : binaries.status();
       if (ready.ok()) {
@@ -166,6 +183,7 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
                         fmt::format("strict mode: the cached decision for {} cannot be used", report.problem));
     }
   }
+  KILN_RETURN_IF_ERROR(generate());
   if (s.cache->mode() == cache::TuneMode::kUse || s.cache->mode() == cache::TuneMode::kStrict) {
     ChoicePtr ref = by_name(report.reference);
     if (!ref) return make_error(ErrorCode::kInternal, fmt::format("{} has no reference choice", report.problem));

@@ -92,7 +92,7 @@ class TuneGpu : public ::testing::Test {
           return exp == 31 ? std::nan("") : (sign ? -m : m);
         };
         double x = val(a), y = val(b);
-        ASSERT_TRUE(std::isfinite(x)) << o.name << "[" << j << "] not written";
+        ASSERT_TRUE(std::isfinite(x)) << sel.choice_name() << ": " << o.name << "[" << j << "] not written";
         diff += (x - y) * (x - y);
         norm += y * y;
       }

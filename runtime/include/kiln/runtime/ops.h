@@ -58,6 +58,13 @@ struct OpDef {
   std::function<Result<OpBuffers>(const Problem&, uint32_t seed)> buffers;
   /// Relative-norm error a choice may have against the reference for each output dtype.
   std::function<double(DType)> tolerance;
+  /// Optional: rebuilds the choice `name` from the parameters a cached decision stored for it, without
+  /// generating every choice (the fast path of a warm start). kNotFound when it cannot; the tuner then
+  /// generates the choices and looks the name up.
+  std::function<Result<ChoicePtr>(const Problem&, const std::string& name,
+                                  const std::vector<std::pair<std::string, std::string>>& params,
+                                  const ChoiceContext&)>
+      rebuild;
 };
 
 /// Thread-safe. The global registry starts with the built-in ops.
