@@ -329,14 +329,16 @@ Status LtGemm::run(const LtAlgo* algo, const KilnGemmArgs& args, CUstream stream
   return Status();
 }
 
-Status cublas_default_gemm(const GemmProblem& p, DType out, const KilnGemmArgs& args, CUstream stream) {
+namespace {
+// cuBLAS handles per context, created once and kept for the life of the process, as cuBLAS advises.
+Result<cublasHandle_t> cublas_handle(std::unique_lock<std::mutex>& lock) {
   KILN_ASSIGN_OR_RETURN(CUcontext ctx, current_context());
   if (ctx == nullptr) {
     return make_error(ErrorCode::kFailedPrecondition, "cuBLAS needs a current CUDA context (kiln::ensure_context)");
   }
   static std::mutex mu;
-  static auto* handles = new std::map<CUcontext, cublasHandle_t>();  // process lifetime, as cuBLAS advises
-  std::lock_guard lock(mu);
+  static auto* handles = new std::map<CUcontext, cublasHandle_t>();
+  lock = std::unique_lock<std::mutex>(mu);
   cublasHandle_t& h = (*handles)[ctx];
   if (h == nullptr) {
     KILN_CHECK(cublasCreate(&h));
@@ -345,6 +347,18 @@ Status cublas_default_gemm(const GemmProblem& p, DType out, const KilnGemmArgs& 
       KILN_CHECK(cublasSetWorkspace(h, reinterpret_cast<void*>(lt->workspace), lt->workspace_bytes));
     }
   }
+  return h;
+}
+}  // namespace
+
+Status cublas_ready() {
+  std::unique_lock<std::mutex> lock;
+  return cublas_handle(lock).status();
+}
+
+Status cublas_default_gemm(const GemmProblem& p, DType out, const KilnGemmArgs& args, CUstream stream) {
+  std::unique_lock<std::mutex> lock;  // cuBLAS handles are not safe to share between threads unlocked
+  KILN_ASSIGN_OR_RETURN(cublasHandle_t h, cublas_handle(lock));
   KILN_CHECK(cublasSetStream(h, reinterpret_cast<cudaStream_t>(stream)));
   const float alpha = 1.0f, beta = 0.0f;
   cublasOperation_t op_a = p.b_layout == Layout::kRowMajor ? CUBLAS_OP_N : CUBLAS_OP_T;

@@ -75,6 +75,9 @@ class LtGemm {
   bool fused_;
 };
 
+/// Makes sure cuBLAS's handle for the current context exists (creating one costs milliseconds).
+Status cublas_ready();
+
 /// cuBLAS's default GEMM (cublasGemmEx, CUBLAS_GEMM_DEFAULT: what torch.mm calls), plain D = AB into `out`.
 Status cublas_default_gemm(const GemmProblem& p, DType out, const KilnGemmArgs& args, CUstream stream);
 

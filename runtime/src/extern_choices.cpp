@@ -12,7 +12,7 @@ class CublasDefaultChoice final : public Choice {
   explicit CublasDefaultChoice(const GemmProblem& p, DType out) : p_(p), out_(out) {}
   const std::string& name() const override { return name_; }
   ChoiceKind kind() const override { return ChoiceKind::kExtern; }
-  Status prepare(const Binaries&) override { return Status(); }
+  Status prepare(const Binaries&) override { return cublas_ready(); }
   Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
     const auto* a = std::get_if<KilnGemmArgs>(&args);
     if (a == nullptr) return make_error(ErrorCode::kInvalidArgument, "cublas_default runs GEMMs only");
