@@ -29,3 +29,5 @@ awk '{print $2, $3, $4, $5}' "$OUT/sass.txt" | sort | uniq -c | head -20
 grep -E "gemm_wgmma_128x256x64_c2_s4_g8_p_bf16_rc" "$OUT/sass.txt" | head -2
 tail -3 "$OUT/bench.err"
 cat "$OUT/bench.txt"
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,power.limit,clocks_throttle_reasons.active --format=csv > "$OUT/gpu_after.txt" 2>&1
+cat "$OUT/gpu_after.txt"

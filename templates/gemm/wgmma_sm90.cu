@@ -104,9 +104,13 @@ ${wgmma}
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ float4 ld_cluster_f4(unsigned local_addr, unsigned rank) {
+// The address of `local_addr` in the shared memory of cluster block `rank` (a block's window is contiguous).
+__device__ __forceinline__ unsigned cluster_addr(unsigned local_addr, unsigned rank) {
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(unsigned remote) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
@@ -270,11 +274,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         if (rank == 0) {
 #pragma unroll 1  // (left to its own heuristics ptxas partially unrolls this and spills a register)
           for (unsigned r = 1; r < CLUSTER_K; ++r) {
+            // One mapa per block; the loads take constant offsets from it (few live address registers next to
+            // the accumulators).
+            const unsigned remote = cluster_addr(park + tid * 16, r);
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
               for (int j = 0; j < BN / 8; ++j) {
-                const float4 v = ld_cluster_f4(park + ((mi * (BN / 8) + j) * 128 + tid) * 16, r);
+                const float4 v = ld_cluster_f4(remote + (mi * (BN / 8) + j) * 128 * 16);
                 acc[mi][4 * j] += v.x;
                 acc[mi][4 * j + 1] += v.y;
                 acc[mi][4 * j + 2] += v.z;

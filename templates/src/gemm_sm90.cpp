@@ -106,6 +106,12 @@ Status constraints(const Params& p, const DeviceLimits& l) {
     if (get_bool(p, "persistent") || get_bool(p, "partials")) {
       return fail(ErrorCode::kInvalidArgument, "cluster_k > 1 excludes persistent and partials");
     }
+    // Measured: with 128 accumulators per thread the cluster reduction spills a register (ptxas); decode tiles
+    // are small anyway.
+    if (c.acc_regs() > 64) {
+      return fail(ErrorCode::kOutOfRange, fmt::format("cluster_k > 1 allows 64 accumulators per thread, the tile "
+                                                      "needs {}", c.acc_regs()));
+    }
     if (c.bm * c.bn * 4 > c.stages * c.stage_bytes()) {
       return fail(ErrorCode::kOutOfRange, "cluster_k > 1 parks a bm x bn fp32 tile in the pipeline's shared memory: "
                                           "not enough stages");

@@ -216,9 +216,9 @@ TEST(GemmGpu, ClusterSplitKDecode) {
     Layout lb;
   };
   const std::vector<Case> cases = {{1, 4096, 4096, 64, 128, 1, 8, 4, Layout::kColMajor},
-                                   {16, 4096, 4096, 64, 256, 1, 4, 2, Layout::kColMajor},
+                                   {16, 4096, 4096, 64, 128, 1, 4, 2, Layout::kColMajor},
                                    {17, 520, 1000, 64, 64, 1, 8, 8, Layout::kRowMajor},   // K tail, 16 K blocks over 8
-                                   {64, 1024, 136, 128, 128, 2, 4, 4, Layout::kColMajor}};  // a block with 1 K block
+                                   {64, 1024, 136, 128, 64, 2, 4, 4, Layout::kColMajor}};  // a block with no K block
   std::vector<std::pair<TemplatePtr, Params>> cfgs;
   for (const Case& c : cases) {
     Params p = templates::gemm_problem_params(DType::kBF16, Layout::kRowMajor, c.lb, ep, false);

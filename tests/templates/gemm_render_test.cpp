@@ -132,6 +132,9 @@ TEST(GemmTemplates, ConstraintsPruneWithReasons) {
   EXPECT_EQ(*sm90->config_name(ck), "gemm_wgmma_64x128x64_c1_s8_g8_ck4_bf16_rc_bias_gelu_bf16");
   ck.insert_or_assign("persistent", Value::boolean(true));
   EXPECT_FALSE(sm90->check(ck, limits("sm_90a")).ok());
+  ck.insert_or_assign("persistent", Value::boolean(false));
+  ck.insert_or_assign("bn", Value::integer(256));  // 128 accumulators: the cluster reduction would spill
+  EXPECT_FALSE(sm90->check(ck, limits("sm_90a")).ok());
   // Two blocks per SM: small tiles only (64 accumulators per thread), and both blocks' shared memory must fit.
   Params two = sm90_params(64, 128, 1, 4, false);
   two.insert_or_assign("blocks_per_sm", Value::integer(2));
@@ -217,7 +220,7 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
         "mbarrier.try_wait.parity"}},
       {sm90, sm90_params(64, 128, 1, 6, false, DType::kF16, C, R, true, "", DType::kF32), "sm_90a",
        {"wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "cp.async.bulk.tensor.2d"}},
-      {sm90, [&] { Params p = sm90_params(64, 256, 1, 4, false); p.insert_or_assign("cluster_k", Value::integer(4)); return p; }(),
+      {sm90, [&] { Params p = sm90_params(64, 128, 1, 4, false); p.insert_or_assign("cluster_k", Value::integer(4)); return p; }(),
        "sm_90a", {"barrier.cluster.arrive", "mapa.shared::cluster", "ld.shared::cluster.v4.f32"}},
   };
   std::vector<Result<Binary>> out(jobs.size(), make_error(ErrorCode::kCancelled, "not run"));
