@@ -4,8 +4,8 @@
 // One embedded RocksDB database (column families binaries, timings, decisions, meta) with an in-memory
 // layer in front. Any number of processes may open one folder at once: the first to open holds the writer
 // role (an flock'ed lock file) and writes directly; the others read as RocksDB secondaries and stage what
-// they write as SST files that the writer ingests. When the writer closes or dies, the next process that
-// writes takes the role over. Every value is checksummed and stamped; when two processes write the same
+// they write as SST files that the writer applies (small batches) or ingests (large ones). When the writer
+// closes or dies, the next process that writes takes the role over. Every value is checksummed and stamped; when two processes write the same
 // entry the newer stamp wins, in every order, so all processes converge on the same content. Design and
 // trade-offs: docs/cache.md.
 #pragma once
