@@ -13,7 +13,9 @@
 //   problem:  dtype (bf16 | f16), layout_a, layout_b (row | col), epilogue (code), partials (bool);
 //             gemm_mma_sm80 also `align`.
 //   gemm_mma_sm80 tunables:   bm, bn, bk, warps_m, warps_n, stages, group_m (block rasterisation).
-//   gemm_wgmma_sm90 tunables: bm, bn, consumers (warpgroups), stages, group_m, persistent.
+//   gemm_wgmma_sm90 tunables: bm, bn, consumers (warpgroups), stages, group_m, persistent, cluster_k (split K
+//             over a thread-block cluster, reduced in distributed shared memory: split-K in one kernel with the
+//             epilogue fused, for decode shapes), blocks_per_sm (2 for small tiles).
 // Layouts: A row-major is [M, K] with K contiguous (lda >= K), col-major is M contiguous (lda >= M);
 // B row-major is [K, N] with N contiguous (ldb >= N), col-major is K contiguous (ldb >= K). D is row-major.
 // Pointers a, b, d (and workspace) must be 16-byte aligned.
