@@ -129,6 +129,8 @@ int run_tune(const TuneArgs& a) {
   // Every problem's choices start compiling now, in the background: while one problem is benchmarked the
   // next ones' kernels are being built (tune() raises what it waits for to normal priority).
   for (const auto& p : w->problems) {
+    auto decided = (*cache)->lookup_decision((*tuner)->key(p));
+    if (decided.ok() && *decided) continue;  // a warm start loads only the decided kernel
     auto choices = runtime::OpRegistry::global().choices(p, (*tuner)->context());
     if (!choices.ok()) continue;
     for (const auto& c : *choices) (void)c->precompile((*tuner)->gate(), Priority::kBackground);

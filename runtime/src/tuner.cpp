@@ -9,6 +9,7 @@
 
 #include "bench_runner.h"
 #include "cublas_gemm.h"
+#include "isolation.h"
 #include "kiln/cache/store.h"
 #include "kiln/pool/gate.h"
 #include "kiln/version.h"
@@ -50,6 +51,8 @@ struct Tuner::Impl {
 
   std::mutex bench_mu;  // one benchmark at a time on the device
   std::unique_ptr<detail::BenchRunner> bench;
+  // Isolation::kIsolated: the bench worker process for this tuner's device (isolation.h), started on first use.
+  std::unique_ptr<detail::IsolationHost> bench_worker;
 
   mutable std::mutex mu;
   std::map<std::string, std::shared_ptr<Selection>> selections;  // by cache key
@@ -100,6 +103,7 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options) {
 }
 
 const ChoiceContext& Tuner::context() const { return impl_->ctx; }
+std::string Tuner::key(const Problem& problem) const { return impl_->key_of(problem); }
 cache::TuningCache& Tuner::cache() const { return *impl_->cache; }
 PrecompileGate& Tuner::gate() const { return *impl_->gate; }
 const TuneOptions& Tuner::options() const { return impl_->options; }
@@ -221,6 +225,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   if (!bench) {
     KILN_ASSIGN_OR_RETURN(bench, detail::BenchRunner::create(options.bench, ctx.device));
   }
+  // Isolation: the worker starts now, so its start-up overlaps the compiles and the reference run below.
+  if (options.isolation == Isolation::kIsolated && !bench_worker) {
+    KILN_ASSIGN_OR_RETURN(bench_worker, detail::IsolationHost::create(options.isolation_options, options.device));
+  }
   const Clock::time_point bench_start = Clock::now();
   double compile_wait = 0;
   KILN_ASSIGN_OR_RETURN(OpBuffers buffers, def->buffers(problem, options.seed));
@@ -242,6 +250,15 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
                                               ? std::get<GemmProblem>(problem.desc).epilogue.out
                                               : buffers.outputs.front().dtype);
 
+  // Isolation: the choices the bench worker can rebuild are checked and measured there, so that a fault or a
+  // hang costs a worker, not this context; the rest are measured in this process as below.
+  std::optional<detail::IsolatedSession> isolated;
+  if (options.isolation == Isolation::kIsolated) {
+    KILN_ASSIGN_OR_RETURN(Binaries reference_binaries, compile(*reference, Priority::kOnDemand));
+    KILN_ASSIGN_OR_RETURN(isolated, detail::IsolatedSession::begin(bench_worker, options, problem, *reference,
+                                                                   reference_binaries, to_measure));
+  }
+
   TuneProgress progress_state{report.problem, 0, 0, 0, static_cast<int>(to_measure.size())};
   double best_us = 0;
   for (const auto& r : results) {
@@ -262,14 +279,20 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     ++progress_state.compiled;
     const Result<Binaries>& binaries = futures[*next].get();
     Status status = binaries.status();
-    if (status.ok() && c.get() != reference.get()) status = c->prepare(*binaries);
-    if (status.ok()) {
-      auto error = bench->check(*c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
-      if (error.ok()) r.error = *error;
-      status = error.status();
+    const bool in_worker = status.ok() && isolated && isolated->covers(*c);  // Isolation
+    Result<detail::Samples> samples = make_error(ErrorCode::kInternal, "not measured");
+    if (in_worker) {
+      KILN_ASSIGN_OR_RETURN(samples, isolated->check_and_measure(*c, *binaries, best_us, &r.error));
+    } else {
+      if (status.ok() && c.get() != reference.get()) status = c->prepare(*binaries);
+      if (status.ok()) {
+        auto error = bench->check(*c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
+        if (error.ok()) r.error = *error;
+        status = error.status();
+      }
+      samples = status.ok() ? bench->measure(*c, buffers.args, workspace.ptr(), best_us)
+                            : Result<detail::Samples>(status);
     }
-    Result<detail::Samples> samples = status.ok() ? bench->measure(*c, buffers.args, workspace.ptr(), best_us)
-                                                  : Result<detail::Samples>(status);
     if (samples.ok()) {
       detail::Summary sum = detail::summarize(samples->us);
       r.median_us = sum.median;
@@ -296,8 +319,9 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       r.status = samples.status().with_context(fmt::format("choice {}", r.name));
       if (Status st = cache->record_failure(key, r.name, r.status); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
       ++progress_state.failed;
-      if (r.status.message().find("context is now unusable") != std::string::npos ||
-          r.status.code() == ErrorCode::kTimeout) {
+      // (A choice that failed in the bench worker cost that worker only: this context is fine.)
+      if (!in_worker && (r.status.message().find("context is now unusable") != std::string::npos ||
+                         r.status.code() == ErrorCode::kTimeout)) {
         // Nothing more can run in this context: stop here, with what was measured.
         results.push_back(std::move(r));
         report.note = "stopped early: a choice left the CUDA context unusable";
@@ -331,7 +355,12 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       const int per_round = std::max(3, options.bench.min_reps);
       for (int round = 0; round < options.bench.tie_rounds; ++round) {
         for (auto& [c, r] : tied) {
-          auto samples = bench->time_runs(*c, buffers.args, workspace.ptr(), per_round, r->graph);
+          Result<detail::Samples> samples = make_error(ErrorCode::kInternal, "not measured");
+          if (isolated && isolated->covers(*c)) {  // Isolation: re-measured where it was measured
+            KILN_ASSIGN_OR_RETURN(samples, isolated->time_runs(*c, per_round, r->graph));
+          } else {
+            samples = bench->time_runs(*c, buffers.args, workspace.ptr(), per_round, r->graph);
+          }
           if (samples.ok()) again[r->name].insert(again[r->name].end(), samples->us.begin(), samples->us.end());
         }
       }
@@ -376,8 +405,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     report.note = report.note.empty() ? "every choice failed: using the reference choice" : report.note;
   }
   // A winner known only from a cached timing was not prepared in this process yet.
-  if (std::find(measured_choices.begin(), measured_choices.end(), winner) == measured_choices.end() &&
-      winner != reference) {
+  // (Isolation: a winner measured in the bench worker is not prepared here either.)
+  const bool prepared_here = std::find(measured_choices.begin(), measured_choices.end(), winner) !=
+                                 measured_choices.end() && !(isolated && isolated->covers(*winner));
+  if (!prepared_here && winner != reference) {
     KILN_ASSIGN_OR_RETURN(Binaries b, compile(*winner, Priority::kOnDemand));
     KILN_RETURN_IF_ERROR(winner->prepare(b));
   }

@@ -30,6 +30,7 @@
 #include "kiln/cache/tuning.h"
 #include "kiln/pool/executor.h"
 #include "kiln/runtime/choice.h"
+#include "kiln/runtime/isolation.h"
 #include "kiln/runtime/ops.h"
 #include "kiln/runtime/problem.h"
 #include "kiln/status.h"
@@ -84,6 +85,8 @@ struct TuneOptions {
   int device = 0;
   BenchmarkOptions bench;
   Isolation isolation = Isolation::kInProcess;
+  /// kIsolated: the bench worker, its timeouts and an observer (kiln/runtime/isolation.h).
+  IsolationOptions isolation_options;
   int max_template_configs = 24;  // per template, a deterministic sample covering every parameter value
   int max_cublas_algos = 8;
   bool split_k = true;
@@ -205,6 +208,9 @@ class Tuner {
   Result<std::shared_ptr<Selection>> tune(const Problem& problem);
   /// Deferred selection. The choices of the problem's own size start compiling now in the background.
   Result<std::shared_ptr<DeferredSelection>> defer(const Problem& problem);
+
+  /// The problem's canonical cache key on this tuner's device, with its versions.
+  std::string key(const Problem& problem) const;
 
   /// The reports of every tune of this tuner, in order.
   std::vector<TuneReport> reports() const;
