@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -16,7 +15,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -24,13 +22,8 @@
 #include <fmt/format.h>
 
 #include "job_queue.h"
+#include "kiln/pool/subprocess.h"
 #include "kiln/pool/wire.h"
-
-extern char** environ;
-
-#ifndef KILN_INSTALL_BINDIR
-#define KILN_INSTALL_BINDIR "/usr/local/bin"
-#endif
 
 namespace kiln {
 
@@ -41,108 +34,16 @@ namespace {
 
 constexpr const char* kWorkerName = "kiln-compile-worker";
 
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// posix_spawn's attribute and file-action objects, destroyed on every path.
-struct SpawnAttr {
-  posix_spawnattr_t a;
-  SpawnAttr() { posix_spawnattr_init(&a); }
-  ~SpawnAttr() { posix_spawnattr_destroy(&a); }
-};
-struct SpawnActions {
-  posix_spawn_file_actions_t a;
-  SpawnActions() { posix_spawn_file_actions_init(&a); }
-  ~SpawnActions() { posix_spawn_file_actions_destroy(&a); }
-};
-
 void set_nonblocking(int fd, bool on) {
   int flags = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
 }
 
-std::string describe_wait_status(int status) {
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    const char* name = strsignal(sig);
-    return fmt::format("killed by signal {} ({})", sig, name ? name : "unknown");
-  }
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  return fmt::format("ended with wait status {:#x}", status);
-}
-
-// The last few lines of a worker's stderr, for a one-line error message (the whole tail goes in detail()).
-std::string tail_lines(const std::string& tail, size_t max_lines = 3, size_t max_chars = 400) {
-  std::string_view t(tail);
-  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.remove_suffix(1);
-  if (t.empty()) return "(empty)";
-  size_t pos = t.size();
-  for (size_t lines = 0; lines < max_lines && pos > 0; ++lines) {
-    size_t nl = t.rfind('\n', pos - 1);
-    pos = nl == std::string_view::npos ? 0 : nl;
-    if (nl == std::string_view::npos) break;
-  }
-  std::string_view out = t.substr(pos);
-  if (!out.empty() && out.front() == '\n') out.remove_prefix(1);
-  if (out.size() > max_chars) out = out.substr(out.size() - max_chars);
-  std::string s(out);
-  std::replace(s.begin(), s.end(), '\n', '|');
-  return s;
-}
-
 }  // namespace
 
 Result<std::string> find_worker_executable(const std::string& explicit_path) {
-  auto usable = [](const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; };
-  if (!explicit_path.empty()) {
-    if (usable(explicit_path)) return explicit_path;
-    return make_error(ErrorCode::kNotFound, fmt::format("compile worker '{}' is not an executable file", explicit_path));
-  }
-  std::vector<std::string> tried;
-  if (const char* env = std::getenv("KILN_COMPILE_WORKER"); env && *env) {
-    if (usable(env)) return std::string(env);
-    tried.push_back(fmt::format("$KILN_COMPILE_WORKER={}", env));
-  }
-  std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    std::string next_to = (self.parent_path() / kWorkerName).string();
-    if (usable(next_to)) return next_to;
-    tried.push_back(next_to);
-  }
-  std::string installed = std::string(KILN_INSTALL_BINDIR) + "/" + kWorkerName;
-  if (usable(installed)) return installed;
-  tried.push_back(installed);
-  std::string list;
-  for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
-  return make_error(ErrorCode::kNotFound,
-                    fmt::format("no {} executable found (tried {}); build or install it, or set "
-                                "$KILN_COMPILE_WORKER or ProcessPoolOptions::worker_path",
-                                kWorkerName, list));
+  return find_helper_executable(kWorkerName, "KILN_COMPILE_WORKER", explicit_path,
+                                "build or install it, or set $KILN_COMPILE_WORKER or ProcessPoolOptions::worker_path");
 }
 
 struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
@@ -269,82 +170,17 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
 
   void spawn_worker() {
     auto w = std::make_unique<Worker>();
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-      start_failed(fmt::format("socketpair failed: {}", std::strerror(errno)));
+    std::vector<std::string> env = opt.worker_env;
+    env.push_back(opt.enable_test_faults ? "KILN_WORKER_TEST_FAULTS=1" : "KILN_WORKER_TEST_FAULTS=0");
+    auto started = spawn_worker_process(worker_path, env);
+    if (!started.ok()) {
+      start_failed(started.status().message());
       return;
     }
-    Fd host_sock(sv[0]), child_sock(sv[1]);
-    int ep[2];
-    if (::pipe2(ep, O_CLOEXEC) != 0) {
-      start_failed(fmt::format("pipe2 failed: {}", std::strerror(errno)));
-      return;
-    }
-    Fd err_read(ep[0]), err_write(ep[1]);
-    // Move the child's ends above the descriptors the file actions write (0-3), so that no dup2 below
-    // overwrites another end before it is used.
-    Fd child_sock_hi(fcntl(child_sock.get(), F_DUPFD_CLOEXEC, 10));
-    Fd err_write_hi(fcntl(err_write.get(), F_DUPFD_CLOEXEC, 10));
-    if (!child_sock_hi || !err_write_hi) {
-      start_failed(fmt::format("fcntl(F_DUPFD_CLOEXEC) failed: {}", std::strerror(errno)));
-      return;
-    }
-
-    SpawnActions actions;
-    posix_spawn_file_actions_addopen(&actions.a, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions.a, err_write_hi.get(), 1);
-    posix_spawn_file_actions_adddup2(&actions.a, err_write_hi.get(), 2);
-    posix_spawn_file_actions_adddup2(&actions.a, child_sock_hi.get(), 3);
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-    // Descriptors the application opened without O_CLOEXEC must not leak into workers either.
-    posix_spawn_file_actions_addclosefrom_np(&actions.a, 4);
-#endif
-    SpawnAttr attr;
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGINT);
-    sigaddset(&defaults, SIGTERM);
-    posix_spawnattr_setsigmask(&attr.a, &none);
-    posix_spawnattr_setsigdefault(&attr.a, &defaults);
-    // Its own process group: a terminal's Ctrl-C goes to the host, which decides; PDEATHSIG covers its death.
-    posix_spawnattr_setpgroup(&attr.a, 0);
-    posix_spawnattr_setflags(&attr.a, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
-
-    std::string parent = std::to_string(::getpid());
-    std::vector<std::string> args = {worker_path, "--parent-pid", parent, "--fd", "3"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> extra = opt.worker_env;
-    extra.push_back(opt.enable_test_faults ? "KILN_WORKER_TEST_FAULTS=1" : "KILN_WORKER_TEST_FAULTS=0");
-    std::vector<char*> envp;
-    for (char** e = environ; e && *e; ++e) {
-      std::string_view entry(*e);
-      bool overridden = false;
-      for (const auto& x : extra) {
-        size_t eq = x.find('=');
-        if (eq != std::string::npos && entry.substr(0, eq + 1) == std::string_view(x).substr(0, eq + 1)) {
-          overridden = true;
-        }
-      }
-      if (!overridden) envp.push_back(*e);
-    }
-    for (auto& x : extra) envp.push_back(x.data());
-    envp.push_back(nullptr);
-
-    pid_t pid = -1;
-    int rc = ::posix_spawn(&pid, worker_path.c_str(), &actions.a, &attr.a, argv.data(), envp.data());
-    if (rc != 0) {
-      start_failed(fmt::format("posix_spawn({}) failed: {}", worker_path, std::strerror(rc)));
-      return;
-    }
+    const int pid = started->pid;
     w->pid = pid;
-    w->sock = std::move(host_sock);
-    w->err = std::move(err_read);
-    set_nonblocking(w->sock.get(), true);
-    set_nonblocking(w->err.get(), true);
+    w->sock = std::move(started->sock);
+    w->err = std::move(started->err);
     w->spawned_at = Clock::now();
     w->deadline = w->spawned_at + opt.startup_timeout;
     {
@@ -591,7 +427,8 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       finish(*job, std::move(s));
     }
     if (!started && w.kill_reason != KillReason::kShutdown) {
-      start_failed(fmt::format("worker pid {} {} before it was ready; stderr: {}", w.pid, how, tail_lines(w.tail)));
+      start_failed(
+          fmt::format("worker pid {} {} before it was ready; stderr: {}", w.pid, how, stderr_tail_lines(w.tail)));
     }
   }
 
@@ -603,7 +440,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
                           fmt::format("compile of '{}' timed out after {:.3g} s; its worker (pid {}) was killed; "
                                       "stderr: {}",
                                       name, std::chrono::duration<double>(opt.job_timeout).count(), w.pid,
-                                      tail_lines(w.tail)),
+                                      stderr_tail_lines(w.tail)),
                           w.tail);
       case KillReason::kCancel:
         return make_error(ErrorCode::kCancelled,
@@ -613,7 +450,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       case KillReason::kProtocol:
         return make_error(ErrorCode::kWorkerCrashed,
                           fmt::format("compile worker (pid {}) {} while compiling '{}' and was killed; stderr: {}",
-                                      w.pid, w.protocol_error, name, tail_lines(w.tail)),
+                                      w.pid, w.protocol_error, name, stderr_tail_lines(w.tail)),
                           w.tail);
       case KillReason::kStartup:
       case KillReason::kNone:
@@ -621,7 +458,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     }
     return make_error(ErrorCode::kWorkerCrashed,
                       fmt::format("compile worker (pid {}) {} while compiling '{}'; stderr: {}", w.pid, how, name,
-                                  tail_lines(w.tail)),
+                                  stderr_tail_lines(w.tail)),
                       w.tail);
   }
 

@@ -4,124 +4,18 @@
 
 #include <fmt/format.h>
 
+#include "kiln/pool/wire_codec.h"
+
 namespace kiln::wire {
-namespace {
 
-// Appends little-endian fields to a frame under construction.
-class Writer {
- public:
-  explicit Writer(MessageType type) : type_(type) { buf_.resize(kHeaderSize); }
-
-  void u8(uint8_t v) { buf_.push_back(static_cast<char>(v)); }
-  void u16(uint16_t v) { le(v, 2); }
-  void u32(uint32_t v) { le(v, 4); }
-  void u64(uint64_t v) { le(v, 8); }
-  void i32(int32_t v) { le(static_cast<uint32_t>(v), 4); }
-  void f64(double v) {
-    uint64_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    le(bits, 8);
+Status Reader::finish(std::string_view what) const {
+  if (!ok_) return make_error(ErrorCode::kCorrupt, fmt::format("truncated {} frame", what));
+  if (pos_ != data_.size()) {
+    return make_error(ErrorCode::kCorrupt,
+                      fmt::format("{} frame has {} unexpected trailing bytes", what, data_.size() - pos_));
   }
-  void str(std::string_view s) {
-    u32(static_cast<uint32_t>(s.size()));
-    buf_.append(s.data(), s.size());
-  }
-  void strs(const std::vector<std::string>& v) {
-    u32(static_cast<uint32_t>(v.size()));
-    for (const auto& s : v) str(s);
-  }
-
-  std::string finish() && {
-    const uint32_t length = static_cast<uint32_t>(buf_.size() - kHeaderSize);
-    std::string header;
-    put(header, kMagic, 4);
-    put(header, kVersion, 2);
-    put(header, static_cast<uint16_t>(type_), 2);
-    put(header, length, 4);
-    std::memcpy(buf_.data(), header.data(), kHeaderSize);
-    return std::move(buf_);
-  }
-
- private:
-  static void put(std::string& out, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  void le(uint64_t v, int bytes) { put(buf_, v, bytes); }
-
-  MessageType type_;
-  std::string buf_;
-};
-
-// Reads fields back, bounds-checked: the first short read latches an error and every later read yields zero.
-class Reader {
- public:
-  explicit Reader(std::string_view data) : data_(data) {}
-
-  uint8_t u8() { return static_cast<uint8_t>(le(1)); }
-  uint16_t u16() { return static_cast<uint16_t>(le(2)); }
-  uint32_t u32() { return static_cast<uint32_t>(le(4)); }
-  uint64_t u64() { return le(8); }
-  int32_t i32() { return static_cast<int32_t>(static_cast<uint32_t>(le(4))); }
-  double f64() {
-    uint64_t bits = le(8);
-    double v;
-    std::memcpy(&v, &bits, sizeof v);
-    return v;
-  }
-  std::string str() {
-    uint32_t n = u32();
-    if (!take(n)) return {};
-    std::string s(data_.substr(pos_ - n, n));
-    return s;
-  }
-  std::vector<std::string> strs() {
-    uint32_t n = u32();
-    std::vector<std::string> v;
-    // Each string needs at least its 4-byte length: a count larger than that is corrupt, not a huge alloc.
-    if (n > remaining() / 4) {
-      fail();
-      return v;
-    }
-    v.reserve(n);
-    for (uint32_t i = 0; i < n && ok_; ++i) v.push_back(str());
-    return v;
-  }
-  size_t remaining() const { return data_.size() - pos_; }
-  bool ok() const { return ok_; }
-  void fail() { ok_ = false; }
-
-  // The error for a payload that did not parse, or that has bytes left over.
-  Status finish(std::string_view what) const {
-    if (!ok_) return make_error(ErrorCode::kCorrupt, fmt::format("truncated {} frame", what));
-    if (pos_ != data_.size()) {
-      return make_error(ErrorCode::kCorrupt, fmt::format("{} frame has {} unexpected trailing bytes", what,
-                                                         data_.size() - pos_));
-    }
-    return Status();
-  }
-
- private:
-  bool take(size_t n) {
-    if (!ok_ || n > remaining()) {
-      ok_ = false;
-      return false;
-    }
-    pos_ += n;
-    return true;
-  }
-  uint64_t le(int bytes) {
-    if (!take(bytes)) return 0;
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) {
-      v |= static_cast<uint64_t>(static_cast<uint8_t>(data_[pos_ - bytes + i])) << (8 * i);
-    }
-    return v;
-  }
-
-  std::string_view data_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
+  return Status();
+}
 
 void put_source(Writer& w, const KernelSource& s) {
   w.str(s.name);
@@ -225,8 +119,6 @@ Binary get_binary(Reader& r) {
   b.nvrtc_minor = r.i32();
   return b;
 }
-
-}  // namespace
 
 std::string encode(const Hello& m) {
   Writer w(MessageType::kHello);
