@@ -225,8 +225,9 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   if (!bench) {
     KILN_ASSIGN_OR_RETURN(bench, detail::BenchRunner::create(options.bench, ctx.device));
   }
-  // Isolation: the worker starts now, so its start-up overlaps the compiles and the reference run below.
-  if (options.isolation == Isolation::kIsolated && !bench_worker) {
+  // Isolation: the worker starts now, so its start-up overlaps the compiles and the reference run below
+  // (never for a tune with nothing to measure).
+  if (options.isolation == Isolation::kIsolated && !bench_worker && !to_measure.empty()) {
     KILN_ASSIGN_OR_RETURN(bench_worker, detail::IsolationHost::create(options.isolation_options, options.device));
   }
   const Clock::time_point bench_start = Clock::now();
@@ -253,7 +254,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   // Isolation: the choices the bench worker can rebuild are checked and measured there, so that a fault or a
   // hang costs a worker, not this context; the rest are measured in this process as below.
   std::optional<detail::IsolatedSession> isolated;
-  if (options.isolation == Isolation::kIsolated) {
+  if (options.isolation == Isolation::kIsolated && !to_measure.empty()) {
     KILN_ASSIGN_OR_RETURN(Binaries reference_binaries, compile(*reference, Priority::kOnDemand));
     KILN_ASSIGN_OR_RETURN(isolated, detail::IsolatedSession::begin(bench_worker, options, problem, *reference,
                                                                    reference_binaries, to_measure));
