@@ -80,8 +80,9 @@ def plot(data, png, title):
         eff_ax.grid(True, which="both", alpha=0.3)
         eff_ax.legend(fontsize=8)
     env = data["environment"]
-    fig.suptitle(title or f"kiln compile pool on {env.get('machine', env.get('device', '?'))}: {cores} cores, "
-                 f"NVRTC {env.get('nvrtc', '?')}, commit {env.get('commit', '?')}, {env.get('date', '?')}")
+    fig.suptitle(title or f"kiln compile pool on {env.get('machine', env.get('device', '?'))}: {cores} cores\n"
+                 f"NVRTC {env.get('nvrtc', '?')}, commit {env.get('commit', '?')}, {env.get('date', '?')}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 

@@ -309,7 +309,7 @@ Overhead measure_in_process(const std::string& kind, int workers, int samples) {
   return {kind, workers, bench::stats(s2s), bench::stats(done)};
 }
 
-Overhead measure_process(int workers, int samples) {
+Overhead measure_process(int workers, int samples, std::vector<double>& startups) {
   Overhead o{"process", workers, {}, {}};
   ProcessPoolOptions opt;
   opt.workers = workers;
@@ -335,6 +335,8 @@ Overhead measure_process(int workers, int samples) {
   }
   o.submit_to_start_us = bench::stats(s2s);
   o.completion_us = bench::stats(done);
+  auto st = (*pool)->stats().startup_seconds;
+  startups.insert(startups.end(), st.begin(), st.end());
   return o;
 }
 
@@ -473,8 +475,8 @@ int run(const Options& o) {
     overhead.push_back(measure_in_process("inline", 1, o.overhead_samples));
     overhead.push_back(measure_in_process("arena", 1, o.overhead_samples));
     overhead.push_back(measure_in_process("arena", available_cores(), o.overhead_samples));
-    overhead.push_back(measure_process(1, o.overhead_samples));
-    overhead.push_back(measure_process(std::min(4, available_cores()), o.overhead_samples));
+    overhead.push_back(measure_process(1, o.overhead_samples, startups));
+    overhead.push_back(measure_process(std::min(4, available_cores()), o.overhead_samples, startups));
   }
   auto row_for = [&](const std::string& e, int w, bool pch) -> Row& {
     for (auto& r : rows) {
@@ -492,12 +494,19 @@ int run(const Options& o) {
     for (bool pch : pch_modes) {
       CompileSettings settings;
       settings.use_pch = pch;
-      for (size_t wi = 0; wi < order.size(); ++wi) {
-        const int w = order[wi];
+      for (const int w : order) {
         const int n = o.kernels > 0 ? o.kernels : std::max(8, o.per_worker * w);
+        if (o.cpu_reference && pch == pch_modes.front() && round == 0 && !out_of_time()) {
+          // Cheap, so measured before the compiles: the machine's own ceiling at this many threads.
+          BatchResult b = run_cpu(w, std::max(8, o.per_worker * w));
+          Row& r = row_for("cpu-reference", w, false);
+          r.kernels = b.kernels;
+          r.seconds.push_back(b.seconds);
+          r.steady.push_back(b.steady_kps);
+        }
         std::vector<std::string> execs = o.executors;
-        std::rotate(execs.begin(), execs.begin() + static_cast<std::ptrdiff_t>((round + wi) % execs.size()),
-                    execs.end());
+        // Executors alternate at each worker count; later rounds rotate their order.
+        std::rotate(execs.begin(), execs.begin() + static_cast<std::ptrdiff_t>(round % execs.size()), execs.end());
         for (const auto& e : execs) {
           if (e == "inline" && w != 1) continue;
           if (out_of_time()) break;
@@ -519,13 +528,6 @@ int run(const Options& o) {
                      b.failures ? fmt::format("  {} FAILED: {}", b.failures, b.first_error) : "");
           std::fflush(stdout);
           save();
-        }
-        if (o.cpu_reference && pch == pch_modes.front() && round == 0 && !out_of_time()) {
-          BatchResult b = run_cpu(w, std::max(8, o.per_worker * w));
-          Row& r = row_for("cpu-reference", w, false);
-          r.kernels = b.kernels;
-          r.seconds.push_back(b.seconds);
-          r.steady.push_back(b.steady_kps);
         }
       }
     }

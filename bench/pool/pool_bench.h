@@ -16,7 +16,8 @@ namespace kiln::pool_bench {
 
 struct Options {
   /// inline, arena, process; "threads" (a plain std::thread pool calling kiln::compile) is the reference.
-  std::vector<std::string> executors = {"inline", "threads", "arena", "process"};
+  /// Measured in this order at each worker count (the ones that matter most first).
+  std::vector<std::string> executors = {"process", "arena", "threads", "inline"};
   std::vector<int> workers = {1, 2, 4, 8, 16};
   /// Kernels per batch; 0 (the default): per_worker x workers, at least 8.
   int kernels = 0;
