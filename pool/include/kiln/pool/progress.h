@@ -67,7 +67,7 @@ class ProgressPrinter {
     double tty_interval = 0.1;
     double log_interval = 10.0;
     /// Unset: isatty(fileno(out)).
-    std::optional<bool> tty;
+    std::optional<bool> tty = std::nullopt;
     ProgressClock clock = steady_seconds;
   };
   ProgressPrinter(std::FILE* out, Options options);
