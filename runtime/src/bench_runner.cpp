@@ -137,7 +137,10 @@ Result<double> BenchRunner::check(const Choice& choice, const OpArgs& args, CUde
   }
   KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
   if (Status s = synchronize(); !s.ok()) {
-    if (sticky(s)) s.with_context("the CUDA context is now unusable; later choices cannot run in this process");
+    if (sticky(s) || s.code() == ErrorCode::kTimeout) {
+      context_lost_ = true;
+      s.with_context("the CUDA context is now unusable; later choices cannot run in this process");
+    }
     return s;
   }
   double worst = 0;
@@ -177,7 +180,10 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const OpArgs& args,
     else KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
     KILN_RETURN_IF_ERROR(events_[2 * i + 1].record(stream_.get()));
   }
-  KILN_RETURN_IF_ERROR(synchronize());
+  if (Status s = synchronize(); !s.ok()) {
+    if (sticky(s) || s.code() == ErrorCode::kTimeout) context_lost_ = true;
+    return s;
+  }
   for (int i = 0; i < n; ++i) {
     KILN_ASSIGN_OR_RETURN(float ms, events_[2 * i + 1].elapsed_ms_since(events_[2 * i]));
     out.us.push_back(ms * 1e3);

@@ -44,6 +44,8 @@ class BenchRunner {
   /// Times `choice`: a short estimate first; if it is over drop_factor x `best_us` (> 0) the estimate is
   /// returned as partial; otherwise repetitions from the budget (or fixed_reps), as graph replays when short.
   Result<Samples> measure(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, double best_us);
+  /// True once a run hit a sticky error or a timeout: nothing may run in this context any more.
+  bool context_lost() const { return context_lost_; }
   /// `n` timed runs of `choice` as measure() does them, with no estimate (near-tie re-measurement).
   Result<Samples> time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, int n, bool graph);
 
@@ -57,6 +59,7 @@ class BenchRunner {
   DeviceBuffer flush_buffer_;
   std::vector<Event> events_;
   std::vector<DeviceBuffer> reference_;
+  bool context_lost_ = false;
 };
 
 }  // namespace kiln::runtime::detail

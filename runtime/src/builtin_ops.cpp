@@ -2,6 +2,7 @@
 // cuBLAS and cuBLASLt), rmsnorm, layernorm and softmax (template configurations and a plain reference).
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -27,8 +28,36 @@ std::optional<std::pair<Target, templates::DeviceLimits>> target_for(const templ
   return std::make_pair(target, specific ? ctx.arch_limits : ctx.limits);
 }
 
+// Configurations that won on the H200 in the GEMM sweep (bench/results/gemm-nvidia-h200-2026-11-21.md): the
+// 4096^3 winners of each family and the decode winners (small M). They are tried first, before the
+// deterministic sample, so a small sample cannot miss them; a seed the device or problem rules out is skipped.
+std::vector<Params> seed_configurations(const std::string& tmpl) {
+  auto ints = [](std::initializer_list<std::pair<const char*, int64_t>> kv) {
+    Params p;
+    for (const auto& [k, v] : kv) p.emplace(k, Value::integer(v));
+    return p;
+  };
+  std::vector<Params> out;
+  if (tmpl == "gemm_wgmma_sm90") {
+    auto w = [&](int64_t bm, int64_t bn, int64_t consumers, int64_t stages, int64_t group, bool persistent,
+                 int64_t cluster_k, int64_t blocks) {
+      Params p = ints({{"bm", bm}, {"bn", bn}, {"consumers", consumers}, {"stages", stages}, {"group_m", group},
+                       {"cluster_k", cluster_k}, {"blocks_per_sm", blocks}});
+      p.emplace("persistent", Value::boolean(persistent));
+      return p;
+    };
+    out.push_back(w(128, 256, 2, 4, 16, true, 1, 1));  // 4096^3: 0.90-0.92 of cuBLAS
+    out.push_back(w(64, 64, 1, 8, 1, false, 2, 1));     // decode, cluster split-K
+    out.push_back(w(64, 64, 1, 6, 1, false, 1, 2));     // decode, two blocks per SM
+  } else if (tmpl == "gemm_mma_sm80") {
+    out.push_back(ints({{"bm", 128}, {"bn", 128}, {"bk", 32}, {"warps_m", 2}, {"warps_n", 2}, {"stages", 4}, {"group_m", 8}}));
+    out.push_back(ints({{"bm", 16}, {"bn", 64}, {"bk", 64}, {"warps_m", 1}, {"warps_n", 4}, {"stages", 6}, {"group_m", 1}}));
+  }
+  return out;
+}
+
 // Up to `n` configurations of `t` with `fixed` problem parameters that fit the device and the problem's sizes,
-// rendered. Deterministic.
+// rendered, seeds first. Deterministic.
 std::vector<std::pair<templates::Rendered, Target>> configurations(const TemplatePtr& t, const Params& fixed,
                                                                    const templates::Shape& shape,
                                                                    const ChoiceContext& ctx, size_t n) {
@@ -41,10 +70,17 @@ std::vector<std::pair<templates::Rendered, Target>> configurations(const Templat
   }
   auto grid = templates::Grid::create(t, given);
   if (!grid.ok()) return out;
-  for (const Params& p : templates::sample(*grid, where->second, n)) {
-    if (!t->check_problem(p, shape).ok()) continue;
+  std::vector<Params> candidates;
+  for (Params seed : seed_configurations(t->name())) {
+    for (const auto& [k, v] : given) seed.insert_or_assign(k, v);
+    candidates.push_back(std::move(seed));
+  }
+  for (Params& p : templates::sample(*grid, where->second, n)) candidates.push_back(std::move(p));
+  std::set<std::string> names;
+  for (const Params& p : candidates) {
+    if (!t->check(p, where->second).ok() || !t->check_problem(p, shape).ok()) continue;
     auto r = t->render(p);
-    if (r.ok()) out.emplace_back(std::move(r).value(), where->first);
+    if (r.ok() && names.insert(r->config_name).second) out.emplace_back(std::move(r).value(), where->first);
   }
   return out;
 }
@@ -83,6 +119,11 @@ Result<std::vector<ChoicePtr>> gemm_choices(const Problem& problem, const Choice
       });
       small.resize(std::min<size_t>(small.size(), 2));
       for (const auto& [r, target] : small) {
+        // The partials variant of the configuration must itself be valid (cluster split-K, for one, is not).
+        templates::Params partials = r.params;
+        partials.insert_or_assign("partials", Value::boolean(true));
+        auto limits = target_for(*t, ctx);
+        if (!limits || !t->check(partials, limits->second).ok()) continue;
         for (int s : slice_counts) {
           auto graph = templates::make_splitk_gemm(t, r.params, reduce_params, p.epilogue, shape, s);
           if (graph.ok()) out.push_back(make_subgraph_choice(std::move(graph).value(), target, shape));

@@ -11,6 +11,7 @@
 #include "cublas_gemm.h"
 #include "isolation.h"
 #include "kiln/cache/store.h"
+#include "kiln/jit/driver.h"
 #include "kiln/pool/gate.h"
 #include "kiln/version.h"
 
@@ -233,6 +234,12 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   const Clock::time_point bench_start = Clock::now();
   double compile_wait = 0;
   KILN_ASSIGN_OR_RETURN(OpBuffers buffers, def->buffers(problem, options.seed));
+  {
+    // An op fills its buffers on any stream (the built-ins use the legacy one); the benchmark stream is
+    // non-blocking, so the inputs must be complete before anything runs on it.
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_CHECK(d->cuCtxSynchronize());
+  }
   size_t workspace_bytes = 0;
   for (const auto& c : choices) workspace_bytes = std::max(workspace_bytes, c->workspace_bytes());
   KILN_ASSIGN_OR_RETURN(DeviceBuffer workspace, DeviceBuffer::allocate(workspace_bytes));
@@ -321,8 +328,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       if (Status st = cache->record_failure(key, r.name, r.status); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
       ++progress_state.failed;
       // (A choice that failed in the bench worker cost that worker only: this context is fine.)
-      if (!in_worker && (r.status.message().find("context is now unusable") != std::string::npos ||
-                         r.status.code() == ErrorCode::kTimeout)) {
+      if (!in_worker && bench->context_lost()) {
         // Nothing more can run in this context: stop here, with what was measured.
         results.push_back(std::move(r));
         report.note = "stopped early: a choice left the CUDA context unusable";

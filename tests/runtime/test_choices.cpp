@@ -69,11 +69,18 @@ TEST(Choices, EpilogueProblemsOfferUnfusedPairs) {
   EXPECT_GT(unfused, 0);
 }
 
-TEST(Choices, LargeProblemsSkipSplitK) {
+TEST(Choices, LargeProblemsSkipSplitKAndIncludeTheSeededWinners) {
   GemmProblem g;
   g.m = g.n = g.k = 4096;
+  g.b_layout = Layout::kColMajor;
   KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(Problem::gemm(g), hopper()));
-  for (const auto& c : choices) EXPECT_NE(c->kind(), ChoiceKind::kSubgraph) << c->name();
+  bool wgmma_seed = false, mma_seed = false;
+  for (const auto& c : choices) {
+    EXPECT_NE(c->kind(), ChoiceKind::kSubgraph) << c->name();
+    wgmma_seed |= c->name().rfind("gemm_wgmma_128x256x64_c2_s4_g16_p", 0) == 0;
+    mma_seed |= c->name().rfind("gemm_mma_128x128x32_w2x2_s4_g8", 0) == 0;
+  }
+  EXPECT_TRUE(wgmma_seed && mma_seed) << "the H200 sweep's 4096^3 winners are always tried";
 }
 
 TEST(Choices, AmpereGetsNoHopperTemplates) {

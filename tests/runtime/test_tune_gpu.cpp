@@ -47,12 +47,17 @@ class TuneGpu : public ::testing::Test {
   }
 
   // Runs `sel` on fresh buffers of its problem and checks the output against the op's reference choice.
-  void expect_correct(const Selection& sel, const OpArgs* args_override = nullptr) {
+  // `given`: buffers made by the op with seed 77 for the selection's problem, to check in place.
+  void expect_correct(const Selection& sel, OpBuffers* given = nullptr) {
     auto def = OpRegistry::global().find(sel.problem().op);
     ASSERT_TRUE(def.ok());
-    KILN_ASSERT_OK_AND_ASSIGN(OpBuffers mine, (*def)->buffers(sel.problem(), 77));
+    OpBuffers own;
+    if (!given) {
+      KILN_ASSERT_OK_AND_ASSIGN(own, (*def)->buffers(sel.problem(), 77));
+    }
+    OpBuffers& mine = given ? *given : own;
     KILN_ASSERT_OK_AND_ASSIGN(OpBuffers ref, (*def)->buffers(sel.problem(), 77));
-    KILN_ASSERT_OK(sel.run(args_override ? *args_override : mine.args, nullptr));
+    KILN_ASSERT_OK(sel.run(mine.args, nullptr));
     KILN_ASSERT_OK_AND_ASSIGN(auto ctx, choice_context(0));
     KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(sel.problem(), ctx));
     ChoicePtr reference;
@@ -264,7 +269,7 @@ TEST_F(TuneGpu, DeferredSelectionBecomesADispatcherThatWorksInAGraph) {
   expect_correct(at20);
   // The dispatcher inside CUDA-graph capture, replayed.
   auto def = OpRegistry::global().find("gemm");
-  KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(gemm(40, 1024, 1024), 5));
+  KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(gemm(40, 1024, 1024), 77));
   KILN_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::create());
   KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
   CUgraph graph = nullptr;
@@ -280,7 +285,7 @@ TEST_F(TuneGpu, DeferredSelectionBecomesADispatcherThatWorksInAGraph) {
   d->cuGraphDestroy(graph);
   Selection at40(gemm(40, 1024, 1024), s64.choice(), s64.report());
   KILN_ASSERT_OK(at40.reserve_workspace(s64.choice()->workspace_bytes()));
-  expect_correct(at40, &bufs.args);
+  expect_correct(at40, &bufs);
 }
 
 }  // namespace

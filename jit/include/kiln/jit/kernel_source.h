@@ -10,6 +10,8 @@ namespace kiln {
 struct Header {
   std::string name;     // the include name, e.g. "kiln/epilogue.cuh"
   std::string content;
+
+  bool operator==(const Header&) const = default;
 };
 
 /// One CUDA C++ program to compile. A value: copyable, comparable, serializable.
