@@ -339,6 +339,8 @@ TEST(Store, ManyThreadsReadAndWrite) {
 }
 
 TEST(Store, DefaultDirFollowsTheEnvironment) {
+  const char* home = std::getenv("HOME");
+  std::string saved_home = home ? home : "";
   ::setenv("KILN_CACHE_DIR", "/tmp/kiln-x", 1);
   EXPECT_EQ(default_cache_dir(), "/tmp/kiln-x");
   ::unsetenv("KILN_CACHE_DIR");
@@ -347,6 +349,7 @@ TEST(Store, DefaultDirFollowsTheEnvironment) {
   ::unsetenv("XDG_CACHE_HOME");
   ::setenv("HOME", "/home/someone", 1);
   EXPECT_EQ(default_cache_dir(), "/home/someone/.cache/kiln");
+  if (home) ::setenv("HOME", saved_home.c_str(), 1);
 }
 
 }  // namespace
