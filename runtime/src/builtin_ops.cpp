@@ -340,19 +340,12 @@ Result<std::vector<ChoicePtr>> row_choices(const Problem& problem, const ChoiceC
 
 double tolerance(DType t) { return t == DType::kF32 ? 1e-3 : 1e-2; }
 
-// A template configuration from the parameters a decision stored (short texts; code parameters are the
-// problem's epilogue, which the decision does not store).
-Result<ChoicePtr> rebuild_template(const Problem& problem, const std::string& name,
-                                   const std::vector<std::pair<std::string, std::string>>& stored,
-                                   const ChoiceContext& ctx) {
-  std::map<std::string, std::string> by_name(stored.begin(), stored.end());
-  auto it = by_name.find("template");
-  if (it == by_name.end()) return make_error(ErrorCode::kNotFound, "no template named in the decision");
-  KILN_ASSIGN_OR_RETURN(TemplatePtr t, templates::find_template(it->second));
-  auto where = target_for(*t, ctx);
-  if (!where) return make_error(ErrorCode::kNotFound, fmt::format("{} cannot run here", t->name()));
+// The parameters of `t` from the short texts a decision stored under `prefix` (code parameters are the
+// problem's epilogue, which decisions do not store). kNotFound when one is missing.
+Result<Params> stored_params(const templates::Template& t, const std::map<std::string, std::string>& by_name,
+                             const std::string& prefix, const Problem& problem) {
   Params params;
-  for (const auto& spec : t->params()) {
+  for (const auto& spec : t.params()) {
     if (spec.role == templates::ParamRole::kDerived) continue;
     if (spec.kind == templates::ParamKind::kCode) {
       const auto* g = std::get_if<GemmProblem>(&problem.desc);
@@ -360,8 +353,8 @@ Result<ChoicePtr> rebuild_template(const Problem& problem, const std::string& na
       params.emplace(spec.name, templates::epilogue_value(g->epilogue));
       continue;
     }
-    auto v = by_name.find(spec.name);
-    if (v == by_name.end()) return make_error(ErrorCode::kNotFound, fmt::format("the decision lacks '{}'", spec.name));
+    auto v = by_name.find(prefix + spec.name);
+    if (v == by_name.end()) return make_error(ErrorCode::kNotFound, fmt::format("the decision lacks '{}{}'", prefix, spec.name));
     const std::string& text = v->second;
     switch (spec.kind) {
       case templates::ParamKind::kInt: params.emplace(spec.name, Value::integer(std::stoll(text))); break;
@@ -378,6 +371,20 @@ Result<ChoicePtr> rebuild_template(const Problem& problem, const std::string& na
       case templates::ParamKind::kCode: break;
     }
   }
+  return params;
+}
+
+// A template configuration from the parameters a decision stored.
+Result<ChoicePtr> rebuild_template(const Problem& problem, const std::string& name,
+                                   const std::vector<std::pair<std::string, std::string>>& stored,
+                                   const ChoiceContext& ctx) {
+  std::map<std::string, std::string> by_name(stored.begin(), stored.end());
+  auto it = by_name.find("template");
+  if (it == by_name.end()) return make_error(ErrorCode::kNotFound, "no template named in the decision");
+  KILN_ASSIGN_OR_RETURN(TemplatePtr t, templates::find_template(it->second));
+  auto where = target_for(*t, ctx);
+  if (!where) return make_error(ErrorCode::kNotFound, fmt::format("{} cannot run here", t->name()));
+  KILN_ASSIGN_OR_RETURN(Params params, stored_params(*t, by_name, "", problem));
   KILN_ASSIGN_OR_RETURN(templates::Rendered r, t->render(params));
   if (r.config_name != name) {
     return make_error(ErrorCode::kNotFound, fmt::format("the decision's parameters render '{}', not '{}'", r.config_name, name));
@@ -385,10 +392,40 @@ Result<ChoicePtr> rebuild_template(const Problem& problem, const std::string& na
   return make_template_choice(t, std::move(r), where->first, problem.shape());
 }
 
+// A split-K subgraph (partial GEMM + reduction) from the parameters a decision stored.
+Result<ChoicePtr> rebuild_splitk(const Problem& problem, const std::string& name,
+                                 const std::vector<std::pair<std::string, std::string>>& stored, const ChoiceContext& ctx) {
+  const auto& p = std::get<GemmProblem>(problem.desc);
+  std::map<std::string, std::string> by_name(stored.begin(), stored.end());
+  if (!by_name.count("step0.template") || !by_name.count("slices")) {
+    return make_error(ErrorCode::kNotFound, "the decision does not describe a split-K subgraph");
+  }
+  KILN_ASSIGN_OR_RETURN(TemplatePtr gemm, templates::find_template(by_name["step0.template"]));
+  KILN_ASSIGN_OR_RETURN(TemplatePtr reduce, templates::find_template("splitk_reduce"));
+  auto where = target_for(*gemm, ctx);
+  if (!where) return make_error(ErrorCode::kNotFound, fmt::format("{} cannot run here", gemm->name()));
+  KILN_ASSIGN_OR_RETURN(Params gemm_params, stored_params(*gemm, by_name, "step0.", problem));
+  gemm_params.insert_or_assign("partials", Value::boolean(false));  // make_splitk_gemm sets it
+  Params reduce_params;
+  for (const auto& spec : reduce->params()) {
+    if (spec.role != templates::ParamRole::kTunable) continue;
+    auto v = by_name.find("step1." + spec.name);
+    if (v == by_name.end()) return make_error(ErrorCode::kNotFound, fmt::format("the decision lacks 'step1.{}'", spec.name));
+    reduce_params.emplace(spec.name, Value::integer(std::stoll(v->second)));
+  }
+  KILN_ASSIGN_OR_RETURN(templates::Subgraph graph, templates::make_splitk_gemm(gemm, gemm_params, reduce_params, p.epilogue,
+                                                                                problem.shape(), std::stoi(by_name["slices"])));
+  if (graph.name != name) {
+    return make_error(ErrorCode::kNotFound, fmt::format("the decision's parameters build '{}', not '{}'", graph.name, name));
+  }
+  return make_subgraph_choice(std::move(graph), where->first, problem.shape());
+}
+
 Result<ChoicePtr> rebuild_gemm(const Problem& problem, const std::string& name,
                                const std::vector<std::pair<std::string, std::string>>& stored, const ChoiceContext& ctx) {
   const auto& p = std::get<GemmProblem>(problem.desc);
   if (name == "cublas_default" && p.epilogue.ops.empty()) return make_cublas_default_choice(p);
+  if (name.rfind("splitk", 0) == 0) return rebuild_splitk(problem, name, stored, ctx);
   if (name.rfind("cublaslt_", 0) == 0) {
     const bool fuse = p.epilogue.ops.empty() || lt_epilogue(p).fusable;
     if (!fuse) return make_error(ErrorCode::kNotFound, "a plain cuBLASLt choice for an epilogue problem");

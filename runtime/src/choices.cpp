@@ -189,10 +189,19 @@ class SubgraphChoice final : public Choice {
     return templates::run(resized, ks, *gemm, workspace, stream);
   }
   size_t workspace_bytes() const override { return graph_.workspace_bytes; }
+  /// Everything needed to rebuild the subgraph from a cached decision: the slice count and, per step, its
+  /// template and parameters as "step<i>.<name>" (code parameters are the problem's epilogue).
   std::map<std::string, std::string> parameters() const override {
-    std::map<std::string, std::string> out{{"arch", target_.arch}};
+    std::map<std::string, std::string> out{{"arch", target_.arch}, {"subgraph", "splitk"}};
     for (size_t i = 0; i < graph_.steps.size(); ++i) {
-      out[fmt::format("step{}", i)] = graph_.steps[i].kernel.config_name;
+      const auto& step = graph_.steps[i];
+      const std::string prefix = fmt::format("step{}.", i);
+      out[prefix + "template"] = step.tmpl->name();
+      out[prefix + "config"] = step.kernel.config_name;
+      for (const auto& [k, v] : step.kernel.params) {
+        if (v.kind() != templates::ParamKind::kCode) out[prefix + k] = v.short_text();
+      }
+      if (step.binding != templates::Binding::kGemm) out["slices"] = std::to_string(step.split_k);
     }
     return out;
   }

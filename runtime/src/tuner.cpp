@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "bench_runner.h"
+#include "selection_rule.h"
 #include "cublas_gemm.h"
 #include "isolation.h"
 #include "kiln/cache/store.h"
@@ -351,7 +352,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     std::vector<std::pair<ChoicePtr, ChoiceResult*>> tied;
     for (auto& r : results) {
       if (!is_ok(r)) continue;
-      double window = std::max(options.bench.tie_fraction * best, best_it->p90_us - best_it->median_us);
+      double window = detail::tie_window(*best_it, options.bench.tie_fraction);
       if (r.median_us > best + window) continue;
       for (const auto& c : measured_choices) {
         if (c->name() == r.name) tied.push_back({c, &r});
@@ -394,17 +395,9 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     return a.median_us < b.median_us;
   });
   ChoicePtr winner;
-  if (!results.empty() && is_ok(results.front())) {
-    const double best = results.front().median_us;
-    const double window = options.bench.tie_fraction * best;
-    const ChoiceResult* pick = &results.front();
-    for (const auto& r : results) {
-      if (!is_ok(r) || r.median_us > best + window) continue;
-      int rank_r = choice_by_name[r.name]->tie_rank(), rank_p = choice_by_name[pick->name]->tie_rank();
-      if (rank_r < rank_p || (rank_r == rank_p && r.name < pick->name)) pick = &r;
-    }
-    winner = choice_by_name[pick->name];
-  }
+  const int pick = detail::pick_winner(
+      results, [&](const std::string& name) { return choice_by_name[name]->tie_rank(); }, options.bench.tie_fraction);
+  if (pick >= 0) winner = choice_by_name[results[pick].name];
   report.failures = static_cast<int>(std::count_if(results.begin(), results.end(), [](const ChoiceResult& r) { return !r.status.ok(); }));
   report.choices = std::move(results);
   if (!winner) {

@@ -119,6 +119,38 @@ TEST(Choices, ATemplateChoiceAndASubgraphCompile) {
   EXPECT_TRUE(did_template && did_subgraph);
 }
 
+TEST(Choices, EveryKernelChoiceRebuildsFromItsStoredParameters) {
+  // A warm start rebuilds the decided choice from what the decision stored, without generating the others:
+  // it must come back as the same choice, compiling the same kernels (and so hitting the same cached binaries).
+  auto gemm_def = OpRegistry::global().find("gemm");
+  ASSERT_TRUE(gemm_def.ok());
+  for (const Problem& p : {decode_gemm("bias+gelu"), decode_gemm(), Problem::norm({.rows = 64, .cols = 4096, .residual = true}),
+                           Problem::softmax({.rows = 8, .cols = 1000})}) {
+    auto def = OpRegistry::global().find(p.op);
+    ASSERT_TRUE(def.ok());
+    KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(p, hopper()));
+    int rebuilt = 0;
+    for (const auto& c : choices) {
+      auto params = c->parameters();
+      std::vector<std::pair<std::string, std::string>> stored(params.begin(), params.end());
+      auto again = (*def)->rebuild(p, c->name(), stored, hopper());
+      KILN_ASSERT_OK(again);
+      EXPECT_EQ((*again)->name(), c->name());
+      auto a = c->kernels(), b = (*again)->kernels();
+      ASSERT_EQ(a.size(), b.size()) << c->name();
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_TRUE(a[i].source == b[i].source) << c->name() << " kernel " << i;
+        EXPECT_EQ(a[i].target.arch, b[i].target.arch);
+      }
+      ++rebuilt;
+    }
+    EXPECT_EQ(rebuilt, static_cast<int>(choices.size())) << p.describe();
+  }
+  // A name the parameters do not reproduce is refused (the tuner then generates the choices).
+  auto bad = (*gemm_def)->rebuild(decode_gemm(), "gemm_mma_nonsense", {{"template", "gemm_mma_sm80"}}, hopper());
+  EXPECT_FALSE(bad.ok());
+}
+
 TEST(Precompile, FillsTheCacheThenFindsEverythingThere) {
   fs::path dir = fs::temp_directory_path() / ("kiln_precompile_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -233,6 +265,57 @@ TEST(Dispatcher, ArbitraryHintsAndRunsTheChosenOne) {
   EXPECT_FALSE(Dispatcher::create({4, 2}, {sels[0], sels[1]}).ok());
   EXPECT_FALSE(Dispatcher::create({4}, {sels[0], sels[1]}).ok());
   EXPECT_FALSE(Dispatcher::create({}, {}).ok());
+}
+
+}  // namespace
+}  // namespace kiln::runtime
+
+// ---- the selection rule (runtime/src/selection_rule.h)
+
+#include "selection_rule.h"
+
+namespace kiln::runtime {
+namespace {
+
+ChoiceResult timed(std::string name, double median, double p90, bool ok = true, bool partial = false) {
+  ChoiceResult r;
+  r.name = std::move(name);
+  r.median_us = median;
+  r.p90_us = p90;
+  r.partial = partial;
+  if (!ok) r.status = make_error(ErrorCode::kWrongResult, "planted");
+  return r;
+}
+
+int rank_by_prefix(const std::string& name) { return name.rfind("cublas", 0) == 0 ? 0 : 1; }
+
+TEST(SelectionRule, FastestWinsOutsideTheNoiseWindow) {
+  std::vector<ChoiceResult> r = {timed("cublas_a", 10.0, 10.1), timed("tmpl_b", 9.0, 9.05), timed("tmpl_c", 9.5, 9.6)};
+  EXPECT_EQ(detail::pick_winner(r, rank_by_prefix, 0.02), 1);
+}
+
+TEST(SelectionRule, NearTiesGoToTheLowerRankThenTheName) {
+  // 1.5% apart: within the 2% window, so the extern (rank 0) wins whichever measured faster.
+  std::vector<ChoiceResult> r = {timed("tmpl_b", 10.0, 10.1), timed("cublas_z", 10.15, 10.2), timed("cublas_a", 10.19, 10.3)};
+  EXPECT_EQ(detail::pick_winner(r, rank_by_prefix, 0.02), 2);
+  // The same set measured in another order, with the noise the other way round, picks the same one.
+  std::vector<ChoiceResult> s = {timed("cublas_a", 10.1, 10.2), timed("tmpl_b", 10.05, 10.1), timed("cublas_z", 10.0, 10.05)};
+  EXPECT_EQ(s[detail::pick_winner(s, rank_by_prefix, 0.02)].name, "cublas_a");
+}
+
+TEST(SelectionRule, AWideSpreadWidensTheWindow) {
+  // The best's p90 is 6% above its median: a choice 4% slower is not told apart from it.
+  std::vector<ChoiceResult> r = {timed("tmpl_b", 10.0, 10.6), timed("cublas_a", 10.4, 10.5)};
+  EXPECT_EQ(detail::tie_window(r[0], 0.02), 10.6 - 10.0);
+  EXPECT_EQ(r[detail::pick_winner(r, rank_by_prefix, 0.02)].name, "cublas_a");
+}
+
+TEST(SelectionRule, FailuresAndPartialsNeverWin) {
+  std::vector<ChoiceResult> r = {timed("fast_but_wrong", 1.0, 1.0, false), timed("dropped", 2.0, 2.0, true, true),
+                                 timed("slow", 50.0, 51.0)};
+  EXPECT_EQ(detail::pick_winner(r, rank_by_prefix, 0.02), 2);
+  std::vector<ChoiceResult> none = {timed("x", 1.0, 1.0, false)};
+  EXPECT_EQ(detail::pick_winner(none, rank_by_prefix, 0.02), -1);
 }
 
 }  // namespace
