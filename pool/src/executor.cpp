@@ -49,13 +49,23 @@ Result<ExecutorKind> parse_executor_kind(std::string_view name) {
 }
 
 Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options) {
-  ExecutorKind kind = ExecutorKind::kArena;
+  // By default the process pool: NVRTC holds a process-wide lock for about half of every compile, so threads
+  // in one process reach 1.8x on 16 cores where worker processes reach 12.5x (bench/results/pool-*). Where no
+  // worker executable can be found, the arena.
+  ExecutorKind kind = ExecutorKind::kProcess;
+  bool chosen = false;
   if (options.kind) {
     kind = *options.kind;
+    chosen = true;
   } else if (const char* env = std::getenv("KILN_EXECUTOR"); env && *env) {
     auto parsed = parse_executor_kind(env);
     if (!parsed.ok()) return std::move(parsed).status().with_context("reading $KILN_EXECUTOR");
     kind = *parsed;
+    chosen = true;
+  }
+  if (!chosen) {
+    const std::string explicit_path = options.process ? options.process->worker_path : std::string();
+    if (!find_worker_executable(explicit_path).ok()) kind = ExecutorKind::kArena;
   }
   int workers = options.workers;
   if (workers <= 0) {

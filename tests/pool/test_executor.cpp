@@ -301,8 +301,21 @@ TEST(Executors, ChosenByOptionsThenEnvironment) {
     EXPECT_EQ(make_executor().status().code(), ErrorCode::kInvalidArgument);
   }
   {
+    // Unset: the process pool when its worker executable is found (it is built next to the tests), since
+    // NVRTC serialises much of a compile inside one process ...
     ::unsetenv("KILN_EXECUTOR");
     KILN_ASSERT_OK_AND_ASSIGN(auto exec, make_executor());
+    EXPECT_EQ(exec->kind(), "process");
+    EXPECT_EQ(exec->concurrency(), available_cores());
+  }
+  {
+    // ... and the arena where there is none.
+    ::unsetenv("KILN_EXECUTOR");
+    ExecutorOptions o;
+    auto p = std::make_shared<ProcessPoolOptions>();
+    p->worker_path = "/nonexistent/kiln-compile-worker";
+    o.process = p;
+    KILN_ASSERT_OK_AND_ASSIGN(auto exec, make_executor(o));
     EXPECT_EQ(exec->kind(), "arena");
     EXPECT_EQ(exec->concurrency(), available_cores());
   }

@@ -112,7 +112,8 @@ Result<ExecutorKind> parse_executor_kind(std::string_view name);
 struct ProcessPoolOptions;  // kiln/pool/process_pool.h
 
 struct ExecutorOptions {
-  /// Unset (the default): $KILN_EXECUTOR, else kArena.
+  /// Unset (the default): $KILN_EXECUTOR, else kProcess when the compile worker executable is found (NVRTC
+  /// serialises much of a compile inside one process), else kArena.
   std::optional<ExecutorKind> kind;
   /// Compiles at once (threads or worker processes); 0 (the default): $KILN_COMPILE_WORKERS, else
   /// available_cores().
