@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stop_token>
@@ -145,21 +146,23 @@ class ManualRunner : public TaskRunner {
   std::deque<std::function<void()>> tasks_;
 };
 
-/// Collects a process pool's events so tests can wait for a state instead of sleeping.
+/// Collects a process pool's events so tests can wait for a state instead of sleeping. The observer shares
+/// the log's state rather than pointing at the log: a pool can outlive the test body (a gate's pending
+/// bookkeeping task may hold the last reference), and its I/O thread may still report events then.
 class EventLog {
  public:
   std::function<void(const PoolEvent&)> observer() {
-    return [this](const PoolEvent& e) {
-      std::lock_guard lock(mu_);
-      events_.push_back(e);
-      cv_.notify_all();
+    return [s = state_](const PoolEvent& e) {
+      std::lock_guard lock(s->mu);
+      s->events.push_back(e);
+      s->cv.notify_all();
     };
   }
   /// Waits until `pred(events)` holds; false after `timeout` (a failure, never a pass).
   bool wait(const std::function<bool(const std::vector<PoolEvent>&)>& pred,
             std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return pred(events_); });
+    std::unique_lock lock(state_->mu);
+    return state_->cv.wait_for(lock, timeout, [&] { return pred(state_->events); });
   }
   bool wait_count(PoolEvent::Kind kind, size_t n, std::chrono::seconds timeout = std::chrono::seconds(60)) {
     return wait([&](const std::vector<PoolEvent>& ev) { return count_in(ev, kind) >= n; }, timeout);
@@ -176,23 +179,26 @@ class EventLog {
     return pid;
   }
   size_t count(PoolEvent::Kind kind) const {
-    std::lock_guard lock(mu_);
-    return count_in(events_, kind);
+    std::lock_guard lock(state_->mu);
+    return count_in(state_->events, kind);
   }
   std::vector<PoolEvent> events() const {
-    std::lock_guard lock(mu_);
-    return events_;
+    std::lock_guard lock(state_->mu);
+    return state_->events;
   }
 
  private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<PoolEvent> events;
+  };
   static size_t count_in(const std::vector<PoolEvent>& ev, PoolEvent::Kind kind) {
     size_t n = 0;
     for (const auto& e : ev) n += e.kind == kind;
     return n;
   }
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<PoolEvent> events_;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 }  // namespace kiln::pool_test
