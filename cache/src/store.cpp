@@ -528,7 +528,24 @@ struct Store::Impl {
     writer = false;
     std::error_code ec;
     if (!fs::exists(fs::path(db_path) / "CURRENT", ec)) {
-      return make_error(ErrorCode::kNotFound, fmt::format("no kiln cache in '{}'", dir));
+      if (options.role == Role::kReader) return make_error(ErrorCode::kNotFound, fmt::format("no kiln cache in '{}'", dir));
+      // Processes started together on an empty folder: the one holding the writer role may be creating the
+      // database right now. Wait for it (bounded), or take the role if its holder goes. Polling is deliberate:
+      // there is nothing to wait on across processes but the file itself.
+      open_lock.value().release();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!fs::exists(fs::path(db_path) / "CURRENT", ec)) {
+        auto lock = FileLock::acquire(dir + "/writer.lock", false, note());
+        if (lock.ok()) return open_role(true, std::move(lock).value());
+        if (std::chrono::steady_clock::now() > deadline) {
+          return make_error(ErrorCode::kNotFound,
+                            fmt::format("no kiln cache in '{}' and its writer did not create one within 30 s", dir));
+        }
+        hook("open:wait_for_writer");
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      open_lock = FileLock::acquire(dir + "/open.lock", true);
+      if (!open_lock.ok()) return open_lock.status();
     }
     fs::create_directories(secondary_dir(), ec);
     KILN_ASSIGN_OR_RETURN(db, open_db(db_path, false, secondary_dir()));

@@ -4,6 +4,10 @@
 
 #include <rocksdb/db.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <condition_variable>
+#include <mutex>
 #include <atomic>
 #include <filesystem>
 #include <thread>
@@ -38,6 +42,39 @@ TimingRecord timing(const std::string& problem, const std::string& choice, doubl
   t.samples = 50;
   t.measured_at_ns = at;
   return t;
+}
+
+// Processes started together on an empty folder: one takes the writer role and is still creating the database
+// when another opens. The second must wait for it (or take over the role), not fail with "no kiln cache".
+TEST(Store, OpeningWhileTheWriterIsStillCreatingTheDatabaseWaits) {
+  TempDir d;
+  // Hold the writer role the way another process would: flock on a separate open of the lock file.
+  int fd = ::open((d.path() + "/writer.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool waiting = false;
+  StoreOptions o = opts(d);
+  o.sync_point = [&](std::string_view point) {
+    if (point != "open:wait_for_writer") return;
+    std::lock_guard lock(mu);
+    waiting = true;
+    cv.notify_all();
+  };
+  Result<std::unique_ptr<Store>> opened = make_error(ErrorCode::kInternal, "not run");
+  std::thread opener([&] { opened = Store::open(o); });
+  bool saw_wait = false;
+  {
+    std::unique_lock lock(mu);
+    saw_wait = cv.wait_for(lock, std::chrono::seconds(20), [&] { return waiting; });
+  }
+  ::close(fd);  // the "writer" goes away before creating anything: the waiting process takes the role
+  opener.join();
+  EXPECT_TRUE(saw_wait) << "the opener should wait for the writer, not fail";
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  EXPECT_TRUE((*opened)->is_writer());
+  KILN_EXPECT_OK((*opened)->put_timing(timing("p", "c", 1.0)));
 }
 
 Decision decision(const std::string& problem, const std::string& choice, int64_t at = 0) {

@@ -47,7 +47,9 @@ struct StoreOptions {
   /// process. Default false.
   bool sync_writes = false;
   /// Test hook, called on the working thread at named points: "write:before", "write:after",
-  /// "stage:before_publish", "stage:after_publish", "ingest:before", "ingest:after", "promote". Default none.
+  /// "stage:before_publish", "stage:after_publish", "ingest:before", "ingest:after", "promote",
+  /// "open:wait_for_writer" (another process holds the writer role and has not created the database yet).
+  /// Default none.
   std::function<void(std::string_view point)> sync_point;
 };
 
