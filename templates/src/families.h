@@ -16,6 +16,7 @@ void add_norm_templates(std::vector<TemplateDef>& out);     // rmsnorm, layernor
 void add_softmax_templates(std::vector<TemplateDef>& out);  // softmax (softmax.cpp)
 void add_splitk_templates(std::vector<TemplateDef>& out);   // splitk_reduce (splitk.cpp)
 void add_gemm_templates(std::vector<TemplateDef>& out);     // the GEMM engineer's (gemm*.cpp)
+void add_allreduce_templates(std::vector<TemplateDef>& out);  // allreduce, allreduce_rmsnorm (allreduce.cpp)
 
 // The row families' shared pieces (norms.cpp): tunables threads/rows_per_block/vec/items after `problem`,
 // their constraints (extra_regs: registers besides the kept values), cols % vec, and the launch geometry.

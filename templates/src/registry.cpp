@@ -49,6 +49,7 @@ const Registry& registry() {
     detail::add_norm_templates(defs);
     detail::add_softmax_templates(defs);
     detail::add_splitk_templates(defs);
+    detail::add_allreduce_templates(defs);
 #ifdef KILN_HAVE_GEMM_TEMPLATES
     detail::add_gemm_templates(defs);
 #endif

@@ -85,4 +85,30 @@ struct KilnSplitKReduceArgs {
   KilnEpilogueArgs ep;
 };
 
+/// All-reduce (sum) across the ranks of a communicator through peer-mapped buffers (kiln/runtime/comm.h
+/// PeerBuffers). Before the launch each rank has copied its input into its own staging buffer data[rank]; the
+/// kernel reads every rank's staging through the peer mappings. signals[r] is rank r's signal area
+/// (KILN_AR_SIGNAL_WORDS words, zeroed once at creation, never reset): per block index an epoch counter, then
+/// per phase, block index and sending rank one flag word. Only `world` (a template parameter) entries are used.
+///   allreduce:          out[i] = sum over ranks of data[r][i], i < count
+///   allreduce_rmsnorm:  h = sum over ranks of data[r][row, :] + residual[row, :] -> residual_out (may alias
+///                       residual); out[row, :] = h / sqrt(mean(h^2) + eps) * weight; count = rows * cols.
+#define KILN_AR_MAX_RANKS 8
+#define KILN_AR_MAX_BLOCKS 256
+#define KILN_AR_PHASES 3
+#define KILN_AR_SIGNAL_WORDS (KILN_AR_MAX_BLOCKS + KILN_AR_PHASES * KILN_AR_MAX_BLOCKS * KILN_AR_MAX_RANKS)
+struct KilnAllReduceArgs {
+  void* data[KILN_AR_MAX_RANKS];
+  unsigned* signals[KILN_AR_MAX_RANKS];
+  void* out;
+  const void* residual;   // allreduce_rmsnorm only
+  void* residual_out;     // allreduce_rmsnorm only
+  const void* weight;     // allreduce_rmsnorm only, [cols]
+  int rank;
+  int count;              // elements
+  int rows, cols;         // allreduce_rmsnorm only
+  float eps;
+  int pad0;
+};
+
 #endif  // KILN_TEMPLATES_KERNEL_ARGS_H_

@@ -1,0 +1,172 @@
+#include "allreduce_bench.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "bench_util.h"
+#include "kiln/cache/tuning.h"
+#include "kiln/runtime/collective.h"
+
+namespace kiln::allreduce_bench {
+namespace {
+
+using runtime::AllReduce;
+using runtime::CollectiveTiming;
+
+nlohmann::json timings_json(const std::vector<CollectiveTiming>& t) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& c : t) j[c.name] = c.ok ? nlohmann::json(c.us) : nlohmann::json(c.error);
+  return j;
+}
+
+// The fastest choice whose name starts with `prefix` in a tune report, or "".
+std::string best_of(const std::vector<CollectiveTiming>& t, const std::string& prefix) {
+  const CollectiveTiming* best = nullptr;
+  for (const auto& c : t) {
+    if (c.ok && c.name.find(prefix) != std::string::npos && (!best || c.us < best->us)) best = &c;
+  }
+  return best ? best->name : "";
+}
+
+// One rank's whole benchmark; rank 0's JSON is what the parent prints.
+Result<std::string> rank_main(const Options& o, int rank, runtime::Communicator* comm) {
+  runtime::AllReduceOptions ao;
+  KILN_ASSIGN_OR_RETURN(ao.dtype, templates::parse_dtype(o.dtype));
+  ao.max_bytes = o.max_bytes;
+  ao.max_configs = o.max_configs;
+  ao.graph = o.graph;
+  if (!o.cache_dir.empty()) {
+    cache::StoreOptions so;
+    so.dir = o.cache_dir;
+    KILN_ASSIGN_OR_RETURN(auto c, cache::TuningCache::open(cache::TuneMode::kTune, so));
+    ao.cache = std::move(c);
+  }
+  nlohmann::json out;
+  if (rank == 0) out["environment"] = bench::environment();
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, ao));
+  const double create_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<size_t> buckets;
+  for (size_t b = o.min_bytes; b <= o.max_bytes; b *= 2) buckets.push_back(b);
+  t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(auto reports, ar->tune(buckets));
+  out["create_seconds"] = create_s;
+  out["tune_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out["world"] = comm->world();
+  out["graph_decisions"] = o.graph;
+  const int eb = templates::dtype_bytes(ao.dtype);
+  out["sizes"] = nlohmann::json::array();
+  for (const auto& r : reports) {
+    const int64_t count = static_cast<int64_t>(r.bytes / eb);
+    std::vector<std::string> names{"dispatch", "nccl"};
+    for (const char* algo : {"_oneshot_", "_twoshot_"}) {
+      std::string b = best_of(r.choices, algo);
+      if (!b.empty()) names.push_back(b);
+    }
+    KILN_ASSIGN_OR_RETURN(auto eager, ar->benchmark(names, count, false));
+    KILN_ASSIGN_OR_RETURN(auto graph, ar->benchmark(names, count, true));
+    nlohmann::json row{{"bytes", r.bytes}, {"chosen", r.chosen}, {"from_cache", r.from_cache},
+                       {"tune", nlohmann::json::parse(r.json())["choices"]},
+                       {"eager_us", timings_json(eager)}, {"graph_us", timings_json(graph)}};
+    out["sizes"].push_back(std::move(row));
+  }
+  out["fused"] = nlohmann::json::array();
+  for (int h : o.hidden) {
+    std::vector<int64_t> rows(o.tokens.begin(), o.tokens.end());
+    KILN_ASSIGN_OR_RETURN(auto fr, ar->tune_fused(h, rows));
+    for (const auto& r : fr) {
+      nlohmann::json row = nlohmann::json::parse(r.json());
+      row["hidden"] = h;
+      out["fused"].push_back(std::move(row));
+    }
+  }
+  return out.dump();
+}
+
+std::string us(const nlohmann::json& m, const std::string& name) {
+  if (!m.contains(name) || !m[name].is_number()) return "-";
+  return fmt::format("{:.1f}", m[name].get<double>());
+}
+
+}  // namespace
+
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("--gpus", o.gpus, "GPUs (one process each)")->check(CLI::Range(2, 8));
+  app.add_flag("--graph", o.graph, "Tune the decisions on CUDA-graph replays instead of eager calls");
+  app.add_option("--dtype", o.dtype, "bf16, f16 or f32");
+  app.add_option("--min-bytes", o.min_bytes, "Smallest message");
+  app.add_option("--max-bytes", o.max_bytes, "Largest message (also the staging buffers' size)");
+  app.add_option("--configs", o.max_configs, "Template configurations per algorithm");
+  app.add_option("--hidden", o.hidden, "Hidden sizes of the fused all-reduce + residual + RMSNorm");
+  app.add_option("--tokens", o.tokens, "Token counts (rows) of the fused step");
+  app.add_option("--cache-dir", o.cache_dir, "Store and reuse decisions here (default: none, always tune)");
+  app.add_option("--json", o.json, "Write the results here");
+}
+
+int run(const Options& o) {
+  runtime::GroupOptions g;
+  g.world = o.gpus;
+  g.timeout = std::chrono::minutes(9);
+  auto outcomes = runtime::run_local_group(g, [&](int rank, runtime::Communicator* comm) -> Result<std::string> {
+    return rank_main(o, rank, comm);
+  });
+  if (!outcomes.ok()) {
+    fmt::print(stderr, "kiln bench allreduce: {}\n", outcomes.status().to_string());
+    return 1;
+  }
+  int failed = 0;
+  for (const auto& r : *outcomes) {
+    if (!r.status.ok()) {
+      fmt::print(stderr, "rank {}: {}\n", r.rank, r.status.to_string());
+      ++failed;
+    }
+  }
+  if (failed) return 1;
+  nlohmann::json j = nlohmann::json::parse((*outcomes)[0].result);
+  j["benchmark"] = "allreduce";
+  fmt::print("all-reduce, {} GPUs, {}: created in {:.2f} s, tuned {} sizes in {:.2f} s ({} decisions)\n", o.gpus,
+             o.dtype, j["create_seconds"].get<double>(), j["sizes"].size(), j["tune_seconds"].get<double>(),
+             o.graph ? "graph" : "eager");
+  bench::Table t({"bytes", "chosen", "dispatch", "NCCL", "1-shot", "2-shot", "dispatch graph", "NCCL graph",
+                  "1-shot graph", "2-shot graph", "busbw GB/s"});
+  for (const auto& row : j["sizes"]) {
+    const auto& e = row["eager_us"];
+    const auto& g2 = row["graph_us"];
+    std::string one, two;
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      if (it.key().find("_oneshot_") != std::string::npos) one = it.key();
+      if (it.key().find("_twoshot_") != std::string::npos) two = it.key();
+    }
+    const size_t bytes = row["bytes"].get<size_t>();
+    std::string bw = "-";
+    if (e.contains("dispatch") && e["dispatch"].is_number()) {
+      bw = fmt::format("{:.0f}", bytes * 2.0 * (o.gpus - 1) / o.gpus / (e["dispatch"].get<double>() * 1e3));
+    }
+    t.add({std::to_string(bytes), row["chosen"].get<std::string>().substr(0, 40), us(e, "dispatch"), us(e, "nccl"),
+           us(e, one), us(e, two), us(g2, "dispatch"), us(g2, "nccl"), us(g2, one), us(g2, two), bw});
+  }
+  fmt::print("{}\n", t.str());
+  bench::Table f({"hidden", "tokens", "chosen", "chosen us", "best fused us", "best unfused us", "fused speedup"});
+  for (const auto& row : j["fused"]) {
+    double best_fused = 0, best_unfused = 0, chosen = 0;
+    for (const auto& c : row["choices"]) {
+      if (!c["ok"].get<bool>()) continue;
+      const double v = c["us"].get<double>();
+      const bool unf = c["name"].get<std::string>().rfind("unfused:", 0) == 0;
+      double& slot = unf ? best_unfused : best_fused;
+      if (slot == 0 || v < slot) slot = v;
+      if (c["name"] == row["chosen"]) chosen = v;
+    }
+    f.add({std::to_string(row["hidden"].get<int>()), std::to_string(row["rows"].get<int64_t>()),
+           row["chosen"].get<std::string>().substr(0, 48), fmt::format("{:.1f}", chosen),
+           fmt::format("{:.1f}", best_fused), fmt::format("{:.1f}", best_unfused),
+           best_fused > 0 ? fmt::format("{:.2f}x", best_unfused / best_fused) : "-"});
+  }
+  fmt::print("{}\n", f.str());
+  if (!o.json.empty() && !bench::write_json(o.json, j)) return 1;
+  return 0;
+}
+
+}  // namespace kiln::allreduce_bench

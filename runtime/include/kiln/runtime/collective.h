@@ -1,0 +1,131 @@
+// Tuned all-reduce across the GPUs of a communicator (docs/collectives.md).
+//
+//   auto ar = AllReduce::create(comm, {.dtype = DType::kBF16});       // collective: every rank calls it
+//   auto reports = (*ar)->tune();                                    // 1 KiB .. 256 MiB, powers of two
+//   (*ar)->run(in, out, count, stream);                              // the bucket's winner; graph-capturable
+//
+// The choices: NCCL's all-reduce (extern) and kiln's one-shot and two-shot templates (templates/collectives/),
+// rendered with the world size, dtype, vector width, threads and blocks. Every rank measures every choice with
+// the same fixed number of iterations after a barrier; a choice's time is the maximum over ranks of the ranks'
+// medians, and a choice that fails (compile, load, wrong result) on any rank fails on all. The winner per size
+// bucket is computed from those all-reduced figures with a deterministic rule, so every rank holds the same
+// dispatch table; it is stored in the cache under the world size, device and bucket, and a later process
+// whose ranks all find the same stored decisions uses them without measuring.
+//
+// The fused variant (all-reduce + residual add + RMSNorm, the step after every attention and MLP block in
+// tensor-parallel inference) is tuned per token count against the unfused pairs: the best all-reduce followed
+// by kiln's tuned RMSNorm (with the residual add), and NCCL followed by the same.
+#pragma once
+
+#include <cuda.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/cache/tuning.h"
+#include "kiln/pool/executor.h"
+#include "kiln/runtime/comm.h"
+#include "kiln/status.h"
+#include "kiln/templates/template.h"
+
+namespace kiln::runtime {
+
+struct AllReduceOptions {
+  templates::DType dtype = templates::DType::kBF16;
+  /// The largest message (bytes) run() and tune() accept: the peer-mapped staging buffer of each rank is this
+  /// big. Default 256 MiB.
+  size_t max_bytes = size_t{256} << 20;
+  /// Where decisions are stored and found (null: none; every process tunes). Compiled kernels go there too.
+  std::shared_ptr<cache::TuningCache> cache;
+  /// Where the templates compile; null: kiln::make_executor().
+  std::shared_ptr<Executor> executor;
+  /// Template configurations per algorithm, a deterministic sample covering every parameter value. Default 24.
+  int max_configs = 24;
+  /// Timed runs per choice (each after a barrier); the rank's figure is their median. Default 5.
+  int runs = 5;
+  /// Time with the launches captured in a CUDA graph and replayed (what a graph-captured decode step sees).
+  bool graph = false;
+  /// Tests only: rewrites this rank's measured microseconds for a choice before they are exchanged.
+  std::function<double(int rank, const std::string& choice, double us)> distort;
+};
+
+/// One choice at one size: its figure (the maximum over ranks of the ranks' medians), or why it failed.
+struct CollectiveTiming {
+  std::string name;
+  bool ok = false;
+  double us = 0;         // per call
+  double busbw_gbs = 0;  // bus bandwidth: bytes * 2 (world - 1) / world / time
+  std::string error;
+};
+
+/// The outcome of tuning one size bucket.
+struct CollectiveReport {
+  size_t bytes = 0;        // all-reduce: the message; fused: rows * cols * dtype bytes
+  int64_t rows = 0;        // fused only
+  std::string chosen;
+  bool from_cache = false;
+  std::vector<CollectiveTiming> choices;  // in the order measured (the same on every rank)
+  std::string json() const;
+};
+
+/// The iteration count every rank uses for one timed run of a `bytes` message: fixed by the size alone (never
+/// by a local time estimate), so that ranks run alike.
+int collective_iterations(size_t bytes);
+
+/// The winner among `us` (figures already reduced over ranks; failed choices are negative or infinite): the
+/// fastest; a choice within 1% of it that comes earlier in the list (NCCL first, then the templates in their
+/// fixed order) wins instead, so that equal inputs give equal decisions on every rank. -1 if all failed.
+int pick_collective(const std::vector<double>& us);
+
+class AllReduce {
+ public:
+  /// Collective. Allocates and exchanges the staging and signal buffers, renders the choices and starts
+  /// compiling them. `comm` must outlive the object.
+  static Result<std::unique_ptr<AllReduce>> create(Communicator& comm, AllReduceOptions options = {});
+  ~AllReduce();
+
+  /// Collective. Tunes the all-reduce for every size in `bucket_bytes` (ascending; empty: powers of two from
+  /// 1 KiB to max_bytes) and installs the dispatch table run() uses.
+  Result<std::vector<CollectiveReport>> tune(std::vector<size_t> bucket_bytes = {});
+  /// Runs the winner of the bucket of `count` elements (the smallest bucket holding the message; NCCL before
+  /// tune() or above the last bucket) from `in` to `out` on `stream`. Allocates and synchronises nothing, so
+  /// it can be captured in a CUDA graph; every rank must call it alike.
+  Status run(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
+  /// The name of the choice run() uses for `count` elements.
+  const std::string& choice_for(int64_t count) const;
+
+  /// Every choice's name for `count` elements, in measuring order.
+  std::vector<std::string> choice_names(int64_t count) const;
+  /// Runs one named choice (benchmarks and tests). Every rank must call it alike.
+  Status run_choice(const std::string& name, CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
+  /// Collective. Measures the named choices at `count` elements the way tune() does (checked, then timed on
+  /// every rank, the maximum over ranks), eagerly or as CUDA-graph replays; the name "dispatch" measures run().
+  Result<std::vector<CollectiveTiming>> benchmark(const std::vector<std::string>& names, int64_t count, bool graph);
+
+  /// The fused step: h = allreduce(x) + residual -> residual_out; y = rmsnorm(h) * weight.
+  struct FusedArgs {
+    CUdeviceptr x = 0, residual = 0, residual_out = 0, weight = 0, y = 0;
+    int64_t rows = 0, cols = 0;
+    float eps = 1e-5f;
+  };
+  /// Collective. Tunes the fused step for `cols` at every token count in `rows` (ascending) against the
+  /// unfused pairs; needs tune() first (the unfused pairs use its all-reduce winners).
+  Result<std::vector<CollectiveReport>> tune_fused(int64_t cols, std::vector<int64_t> rows);
+  /// Runs the fused step's winner for args.rows (the smallest tuned row count holding it). Capture-safe.
+  Status run_fused(const FusedArgs& args, CUstream stream) const;
+  Status run_fused_choice(const std::string& name, const FusedArgs& args, CUstream stream) const;
+  std::vector<std::string> fused_choice_names(const FusedArgs& args) const;
+  const std::string& fused_choice_for(int64_t rows) const;
+
+  const AllReduceOptions& options() const;
+  Communicator& comm() const;
+
+ private:
+  struct Impl;
+  explicit AllReduce(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::runtime

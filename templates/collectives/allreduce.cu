@@ -1,0 +1,185 @@
+// kiln template: ${if fused}all-reduce + residual add + RMSNorm${else}all-reduce${endif} (sum) across ${world} ranks, ${dtype.name}.
+${if fused}
+//   h = sum over ranks of x_r[row, :] + residual[row, :]  (written to residual_out)
+//   y[row, :] = h / sqrt(mean(h^2) + eps) * weight        (fp32 statistics)
+// One row per block at a time (rows strided by the grid); rows of up to ${threads} * ${vec} * ${items} columns.
+${else}
+${if twoshot}
+// Two-shot: rank r sums chunk r of every rank's staging buffer in place (reduce-scatter), then every rank copies
+// each reduced chunk from its owner (all-gather). Each rank moves 2 (world - 1) / world of the data.
+${else}
+// One-shot: every rank reads all ranks' staging buffers and sums them. Each rank moves (world - 1) x the data;
+// the fewest steps, so the lowest latency for small messages.
+${endif}
+${endif}
+// Synchronisation is per block index: block b of every rank signals block b of every other rank and waits for
+// theirs (acquire/release at system scope), so no grid-wide barrier is needed. The same partition of elements
+// to blocks is used in every phase, so block b only ever reads what the peers' blocks b produced. Every rank
+// must launch the same configuration in the same order (the epochs count launches per block index).
+// Sums are taken over ranks in rank order on every rank, so all ranks get bit-identical results.
+#include "common/kiln_device.cuh"
+#include "kiln/templates/kernel_args.h"
+
+typedef ${dtype} T;
+constexpr int kWorld = ${world};
+constexpr int kVec = ${vec};
+constexpr int kThreads = ${threads};
+constexpr bool kTwoShot = ${twoshot};
+constexpr bool kFused = ${fused};
+constexpr int kItems = ${items};
+typedef KilnVec<T, kVec> V;
+
+__device__ __forceinline__ void kiln_st_release_sys(unsigned* p, unsigned v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned kiln_ld_acquire_sys(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Block `blockIdx.x` of every rank meets here at `phase` of launch `epoch`. The data a rank wrote before the
+// barrier (its staging, or its reduced chunk) is visible to the peers after it.
+__device__ __forceinline__ void kiln_ar_barrier(const KilnAllReduceArgs& a, int phase, unsigned epoch) {
+  __syncthreads();
+  if (threadIdx.x < kWorld) {
+    const int slot = KILN_AR_MAX_BLOCKS + (phase * KILN_AR_MAX_BLOCKS + blockIdx.x) * KILN_AR_MAX_RANKS;
+    __threadfence_system();
+    kiln_st_release_sys(a.signals[threadIdx.x] + slot + a.rank, epoch);
+    const unsigned* mine = a.signals[a.rank] + slot + threadIdx.x;
+    // A peer can be at most one phase ahead of this one, never a whole launch: wait until it reached `epoch`.
+    while ((int)(kiln_ld_acquire_sys(mine) - epoch) < 0) {
+    }
+  }
+  __syncthreads();
+}
+
+// Loads from peer-mapped memory go to L2 only (.cg): L1 is not coherent with the peers' writes, and in the
+// two-shot all-gather a peer's chunk was written during this same launch.
+__device__ __forceinline__ V kiln_ar_load(const T* p) {
+  V out;
+  if constexpr (sizeof(V) == 16) {
+    uint4 r = __ldcg(reinterpret_cast<const uint4*>(p));
+    out = *reinterpret_cast<V*>(&r);
+  } else if constexpr (sizeof(V) == 8) {
+    uint2 r = __ldcg(reinterpret_cast<const uint2*>(p));
+    out = *reinterpret_cast<V*>(&r);
+  } else if constexpr (sizeof(V) == 4) {
+    unsigned r = __ldcg(reinterpret_cast<const unsigned*>(p));
+    out = *reinterpret_cast<V*>(&r);
+  } else {
+    out = *reinterpret_cast<const V*>(p);
+  }
+  return out;
+}
+
+// Sum of vector `i` over every rank's buffer, in rank order.
+__device__ __forceinline__ void kiln_ar_sum(const KilnAllReduceArgs& a, long long i, float (&acc)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int r = 0; r < kWorld; ++r) {
+    V v = kiln_ar_load(static_cast<const T*>(a.data[r]) + i * kVec);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[j] += kiln_to_f32(v.v[j]);
+  }
+}
+
+__device__ __forceinline__ V kiln_ar_pack(const float (&acc)[kVec]) {
+  V o;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) o.v[j] = kiln_from_f32<T>(acc[j]);
+  return o;
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const KilnAllReduceArgs a) {
+  __shared__ unsigned epoch_s;
+  unsigned* my_epoch = a.signals[a.rank] + blockIdx.x;
+  if (threadIdx.x == 0) epoch_s = *my_epoch + 1;
+  __syncthreads();
+  const unsigned epoch = epoch_s;
+
+  kiln_ar_barrier(a, 0, epoch);  // every rank's staging holds its input
+
+  if constexpr (kFused) {
+    __shared__ float scratch[kThreads / 32];
+    const int cols = a.cols;
+    const T* res = static_cast<const T*>(a.residual);
+    T* res_out = static_cast<T*>(a.residual_out);
+    T* y = static_cast<T*>(a.out);
+    const T* w = static_cast<const T*>(a.weight);
+    for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+      float h[kItems][kVec];
+      float sq = 0.f;
+#pragma unroll
+      for (int it = 0; it < kItems; ++it) {
+        const int col = (it * kThreads + threadIdx.x) * kVec;
+        if (col < cols) {
+          const long long e = (long long)row * cols + col;
+          kiln_ar_sum(a, e / kVec, h[it]);
+          V rv = kiln_load_vec<T, kVec>(res + e);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            // h is rounded to the dtype, as the unfused pair (all-reduce output, then the norm's residual add)
+            // and the residual stream it becomes would round it.
+            h[it][j] = kiln_to_f32(kiln_from_f32<T>(kiln_to_f32(kiln_from_f32<T>(h[it][j])) + kiln_to_f32(rv.v[j])));
+            sq += h[it][j] * h[it][j];
+          }
+          kiln_store_vec(res_out + e, kiln_ar_pack(h[it]));
+        }
+      }
+      sq = kiln_group_sum<kThreads / 32>(sq, scratch, 0);
+      const float inv = rsqrtf(sq / (float)cols + a.eps);
+#pragma unroll
+      for (int it = 0; it < kItems; ++it) {
+        const int col = (it * kThreads + threadIdx.x) * kVec;
+        if (col < cols) {
+          V wv = kiln_load_vec<T, kVec>(w + col);
+          float o[kVec];
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) o[j] = h[it][j] * inv * kiln_to_f32(wv.v[j]);
+          kiln_store_vec(y + (long long)row * cols + col, kiln_ar_pack(o));
+        }
+      }
+    }
+    kiln_ar_barrier(a, 1, epoch);  // no rank reuses its staging before every peer has read it
+  } else if constexpr (!kTwoShot) {
+    const long long nvec = a.count / kVec;
+    T* out = static_cast<T*>(a.out);
+    for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += (long long)gridDim.x * kThreads) {
+      float acc[kVec];
+      kiln_ar_sum(a, i, acc);
+      kiln_store_vec(out + i * kVec, kiln_ar_pack(acc));
+    }
+    kiln_ar_barrier(a, 1, epoch);
+  } else {
+    const long long nvec = a.count / kVec;
+    const long long chunk = (nvec + kWorld - 1) / kWorld;
+    const long long stride = (long long)gridDim.x * kThreads;
+    const long long t0 = (long long)blockIdx.x * kThreads + threadIdx.x;
+    // Reduce-scatter: this rank's chunk, summed into its own staging (only this rank reads that chunk now).
+    {
+      const long long begin = a.rank * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
+      T* mine = static_cast<T*>(a.data[a.rank]);
+      for (long long i = begin + t0; i < end; i += stride) {
+        float acc[kVec];
+        kiln_ar_sum(a, i, acc);
+        kiln_store_vec(mine + i * kVec, kiln_ar_pack(acc));
+      }
+    }
+    kiln_ar_barrier(a, 1, epoch);  // every chunk is reduced
+    // All-gather: chunk r from rank r, starting with this rank's own.
+    T* out = static_cast<T*>(a.out);
+#pragma unroll
+    for (int k = 0; k < kWorld; ++k) {
+      const int r = (a.rank + k) % kWorld;
+      const long long begin = r * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
+      const T* src = static_cast<const T*>(a.data[r]);
+      for (long long i = begin + t0; i < end; i += stride) {
+        kiln_store_vec(out + i * kVec, kiln_ar_load(src + i * kVec));
+      }
+    }
+    kiln_ar_barrier(a, 2, epoch);
+  }
+  if (threadIdx.x == 0) *my_epoch = epoch;
+}

@@ -1,0 +1,298 @@
+// kiln's all-reduce on two GPUs, one process per rank (run_local_group): every choice against a CPU reduction,
+// rank agreement with one rank's timings distorted, the size dispatcher inside a CUDA graph, the fused
+// all-reduce + residual + RMSNorm, decisions reused from the cache by a new group, clean teardown, and a rank
+// that fails. Skips without two GPUs. This process never initialises CUDA itself (its children do).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "kiln/cache/tuning.h"
+#include "kiln/jit/device.h"
+#include "kiln/jit/driver.h"
+#include "kiln/runtime/collective.h"
+#include "kiln_test.h"
+
+namespace kiln::runtime {
+namespace {
+
+// GPUs the NVIDIA driver lists, without initialising CUDA in this process (its children could not use it).
+int visible_gpus() {
+  std::error_code ec;
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    (void)e;
+    ++n;
+  }
+  return ec ? 0 : n;
+}
+
+#define KILN_NEED_TWO_GPUS()                                                                        \
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs two NVIDIA GPUs (found " << visible_gpus() << ")"
+
+// Runs `fn` on two ranks and returns their result strings; fails the test on any rank's error.
+std::vector<std::string> on_two_gpus(const RankFunction& fn) {
+  GroupOptions g;
+  g.world = 2;
+  g.timeout = std::chrono::minutes(4);
+  auto outcomes = run_local_group(g, fn);
+  EXPECT_TRUE(outcomes.ok()) << outcomes.status().to_string();
+  std::vector<std::string> out;
+  if (!outcomes.ok()) return out;
+  for (const auto& o : *outcomes) {
+    EXPECT_TRUE(o.status.ok()) << "rank " << o.rank << ": " << o.status.to_string();
+    out.push_back(o.result);
+  }
+  return out;
+}
+
+// bf16 bits of small integers (exact).
+uint16_t bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t h) {
+  uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float value(int rank, int64_t i) { return static_cast<float>((i * 5 + rank * 11) % 13) - 6.f; }
+
+Status fill_rank_input(const DeviceBuffer& in, int rank, int64_t count) {
+  std::vector<uint16_t> h(count);
+  for (int64_t i = 0; i < count; ++i) h[i] = bf16(value(rank, i));
+  return in.copy_from_host(h.data(), count * 2);
+}
+
+Status check_sum(const DeviceBuffer& out, int world, int64_t count, const std::string& what) {
+  std::vector<uint16_t> h(count);
+  KILN_RETURN_IF_ERROR(out.copy_to_host(h.data(), count * 2));
+  for (int64_t i = 0; i < count; ++i) {
+    float want = 0;
+    for (int r = 0; r < world; ++r) want += value(r, i);
+    if (from_bf16(h[i]) != want) {
+      return make_error(ErrorCode::kInternal, fmt::format("{}: element {} of {} is {}, want {}", what, i, count,
+                                                          from_bf16(h[i]), want));
+    }
+  }
+  return Status();
+}
+
+AllReduceOptions small_options() {
+  AllReduceOptions o;
+  o.max_bytes = size_t{8} << 20;
+  o.max_configs = 8;
+  o.runs = 3;
+  return o;
+}
+
+TEST(CollectiveGpu, EveryChoiceMatchesTheCpuReduction) {
+  KILN_NEED_TWO_GPUS();
+  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    int checked = 0;
+    for (int64_t count : {int64_t{8}, int64_t{1000}, int64_t{65536}, int64_t{3 << 20}}) {
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(count * 2));
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::allocate(count * 2));
+      KILN_RETURN_IF_ERROR(fill_rank_input(in, rank, count));
+      for (const auto& name : ar->choice_names(count)) {
+        KILN_RETURN_IF_ERROR(out.fill_bytes(0xff));
+        KILN_RETURN_IF_ERROR(ar->run_choice(name, in.ptr(), out.ptr(), count, nullptr));
+        KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+        KILN_CHECK(d->cuCtxSynchronize());
+        KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, name));
+        ++checked;
+      }
+    }
+    return std::to_string(checked);
+  });
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_GT(std::stoi(results[0]), 8);  // NCCL and several templates at each size
+}
+
+TEST(CollectiveGpu, RanksAgreeWhenOneRanksTimingsAreDistorted) {
+  KILN_NEED_TWO_GPUS();
+  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    AllReduceOptions o = small_options();
+    // Rank 1 sees NCCL as 100x slower and every two-shot configuration as 10x faster than it measured: alone,
+    // it would choose differently from rank 0.
+    o.distort = [](int r, const std::string& name, double us) {
+      if (r != 1) return us;
+      if (name == "nccl") return us * 100;
+      return name.find("twoshot") != std::string::npos ? us / 10 : us;
+    };
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
+    KILN_ASSIGN_OR_RETURN(auto reports, ar->tune({4096, 65536, 1 << 20}));
+    // Every figure each rank decided on, in order: identical on both ranks, or the decisions could differ.
+    std::string seen;
+    for (const auto& r : reports) {
+      seen += r.chosen + ";";
+      for (const auto& c : r.choices) seen += fmt::format("{}={:.4f};", c.name, c.ok ? c.us : -1.0);
+    }
+    (void)rank;
+    return seen;
+  });
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0], results[1]);
+  // Rank 1's inflated NCCL figure is everyone's (the maximum over ranks), so NCCL is never chosen.
+  EXPECT_EQ(results[0].find(";nccl;"), std::string::npos) << results[0];
+  EXPECT_NE(results[0].rfind("nccl;", 0), 0u) << results[0];
+}
+
+TEST(CollectiveGpu, DispatcherPicksPerSizeAndRunsInsideACudaGraph) {
+  KILN_NEED_TWO_GPUS();
+  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    KILN_ASSIGN_OR_RETURN(auto reports, ar->tune({4096, 65536, size_t{4} << 20}));
+    const std::vector<int64_t> counts{1000, 20000, 1 << 20};
+    std::string picks;
+    for (int64_t c : counts) picks += ar->choice_for(c) + ";";
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_ASSIGN_OR_RETURN(Stream stream, Stream::create());
+    std::vector<DeviceBuffer> ins, outs;
+    for (int64_t c : counts) {
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(c * 2));
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::allocate(c * 2));
+      KILN_RETURN_IF_ERROR(fill_rank_input(in, rank, c));
+      ins.push_back(std::move(in));
+      outs.push_back(std::move(out));
+    }
+    // Capture one call of each size twice, replay the graph three times: the epochs and staging buffers must
+    // carry over between calls and replays.
+    CUgraph graph = nullptr;
+    KILN_CHECK(d->cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    Status st;
+    for (int rep = 0; rep < 2 && st.ok(); ++rep) {
+      for (size_t i = 0; i < counts.size() && st.ok(); ++i) st = ar->run(ins[i].ptr(), outs[i].ptr(), counts[i], stream.get());
+    }
+    KILN_CHECK(d->cuStreamEndCapture(stream.get(), &graph));
+    KILN_RETURN_IF_ERROR(st);
+    CUgraphExec exec = nullptr;
+    KILN_CHECK(d->cuGraphInstantiateWithFlags(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) KILN_CHECK(d->cuGraphLaunch(exec, stream.get()));
+    KILN_RETURN_IF_ERROR(stream.synchronize());
+    d->cuGraphExecDestroy(exec);
+    d->cuGraphDestroy(graph);
+    for (size_t i = 0; i < counts.size(); ++i) {
+      KILN_RETURN_IF_ERROR(check_sum(outs[i], comm->world(), counts[i], "graph replay of " + ar->choice_for(counts[i])));
+    }
+    // Above the last bucket: NCCL.
+    if (ar->choice_for(int64_t{3} << 20) != "nccl") return make_error(ErrorCode::kInternal, "above the last bucket is not NCCL");
+    return picks;
+  });
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0], results[1]);
+}
+
+TEST(CollectiveGpu, FusedAllReduceResidualRmsNormMatchesAndRanksAgree) {
+  KILN_NEED_TWO_GPUS();
+  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    KILN_RETURN_IF_ERROR(ar->tune({8192, 65536, 1 << 20}).status());
+    // tune_fused checks every fused configuration and both unfused pairs against a CPU reference before it may
+    // win (a wrong one is recorded as failed), so a failure shows in the reports.
+    KILN_ASSIGN_OR_RETURN(auto reports, ar->tune_fused(4096, {1, 16, 64}));
+    std::string out;
+    int fused_ok = 0;
+    for (const auto& r : reports) {
+      out += r.chosen + ";";
+      for (const auto& c : r.choices) {
+        if (!c.ok && c.error.find("wrong") != std::string::npos) return make_error(ErrorCode::kInternal, c.name + ": " + c.error);
+        if (c.ok && c.name.rfind("unfused:", 0) != 0) ++fused_ok;
+      }
+    }
+    if (fused_ok == 0) return make_error(ErrorCode::kInternal, "no fused configuration ran: " + out);
+    (void)rank;
+    return out;
+  });
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0], results[1]);
+}
+
+TEST(CollectiveGpu, ANewGroupUsesTheStoredDecisions) {
+  KILN_NEED_TWO_GPUS();
+  const std::string dir = fmt::format("/tmp/kiln_collective_cache_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  auto tune_once = [&](int, Communicator* comm) -> Result<std::string> {
+    AllReduceOptions o = small_options();
+    cache::StoreOptions so;
+    so.dir = dir;
+    KILN_ASSIGN_OR_RETURN(auto c, cache::TuningCache::open(cache::TuneMode::kTune, so));
+    o.cache = std::move(c);
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
+    KILN_ASSIGN_OR_RETURN(auto reports, ar->tune({4096, 1 << 20}));
+    std::string out;
+    for (const auto& r : reports) out += fmt::format("{}:{};", r.chosen, r.from_cache ? "cached" : "tuned");
+    return out;
+  };
+  auto first = on_two_gpus(tune_once);
+  auto second = on_two_gpus(tune_once);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(first[0], first[1]);
+  EXPECT_EQ(second[0], second[1]);
+  EXPECT_EQ(first[0].find("cached"), std::string::npos) << first[0];
+  std::string expect = first[0];
+  for (size_t p = expect.find("tuned"); p != std::string::npos; p = expect.find("tuned")) expect.replace(p, 5, "cached");
+  EXPECT_EQ(second[0], expect);
+}
+
+TEST(CollectiveGpu, RepeatedCreateAndDestroyReleasesEverything) {
+  KILN_NEED_TWO_GPUS();
+  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    size_t free0 = 0, total = 0, free1 = 0;
+    {
+      // The first creation loads kernels and NCCL's own buffers; measure from after it.
+      KILN_ASSIGN_OR_RETURN(auto warm, AllReduce::create(*comm, small_options()));
+    }
+    KILN_CHECK(d->cuMemGetInfo(&free0, &total));
+    for (int i = 0; i < 3; ++i) {
+      AllReduceOptions o = small_options();
+      o.max_bytes = size_t{64} << 20;
+      KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(8192));
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::allocate(8192));
+      KILN_RETURN_IF_ERROR(fill_rank_input(in, rank, 4096));
+      KILN_RETURN_IF_ERROR(ar->run(in.ptr(), out.ptr(), 4096, nullptr));
+      KILN_CHECK(d->cuCtxSynchronize());
+      KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), 4096, "after re-creation"));
+    }
+    KILN_CHECK(d->cuMemGetInfo(&free1, &total));
+    // Three 64 MiB staging buffers would be 192 MiB if leaked; allow 16 MiB of allocator noise.
+    if (free1 + (size_t{16} << 20) < free0) {
+      return make_error(ErrorCode::kInternal, fmt::format("{} MiB not released", (free0 - free1) >> 20));
+    }
+    return std::string("ok");
+  });
+  ASSERT_EQ(results.size(), 2u);
+}
+
+TEST(CollectiveGpu, ARankThatFailsEndsTheGroupWithItsError) {
+  KILN_NEED_TWO_GPUS();
+  GroupOptions g;
+  g.world = 2;
+  g.grace = std::chrono::seconds(5);
+  g.timeout = std::chrono::minutes(2);
+  auto outcomes = run_local_group(g, [](int rank, Communicator* comm) -> Result<std::string> {
+    if (rank == 1) return make_error(ErrorCode::kInternal, "rank 1 gives up before the collective");
+    // Rank 0 enters a collective that rank 1 never joins: it can only end by being killed.
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    return std::string("unreachable");
+  });
+  ASSERT_TRUE(outcomes.ok()) << outcomes.status().to_string();
+  ASSERT_EQ(outcomes->size(), 2u);
+  EXPECT_NE((*outcomes)[1].status.message().find("gives up"), std::string::npos) << (*outcomes)[1].status.to_string();
+  EXPECT_FALSE((*outcomes)[0].status.ok());
+  EXPECT_NE((*outcomes)[0].status.to_string().find("rank 1"), std::string::npos) << (*outcomes)[0].status.to_string();
+}
+
+}  // namespace
+}  // namespace kiln::runtime
