@@ -276,12 +276,12 @@ class Supervisor {
     if (needs_polling && (timeout < 0 || timeout > 10)) timeout = 10;
     int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) {
-      // poll cannot fail on valid descriptors; rather than spin, fall back to the deadline's kill.
-      spdlog::warn("kiln: run_local_group: poll failed: {}", std::strerror(errno));
-      kill_at_ = std::min(kill_at_, Clock::now());
+      // poll cannot fail on valid descriptors; rather than spin on it, the group ends here.
+      abort_reason_ = fmt::format("run_local_group's poll failed: {}", std::strerror(errno));
+      kill_at_ = Clock::now();
       return;
     }
-    for (size_t k = 0; k < fds.size(); ++k) {
+    for (size_t k = 0; n > 0 && k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       auto [i, is_pidfd] = owners[k];
       if (is_pidfd) {
@@ -440,9 +440,11 @@ class Supervisor {
             fmt::format("timed out after {} ms{}", options_.timeout.count(),
                         first_failed_ >= 0 ? fmt::format(" (rank {} had failed: {})", first_failed_, first_failure_)
                                            : std::string()));
-      } else {
+      } else if (first_failed_ >= 0) {
         r.outcome.status = make_error(ErrorCode::kCancelled, fmt::format("killed: rank {} failed first ({})",
                                                                          first_failed_, first_failure_));
+      } else {
+        r.outcome.status = make_error(ErrorCode::kInternal, fmt::format("killed: {}", abort_reason_));
       }
     }
   }
@@ -453,6 +455,7 @@ class Supervisor {
   Clock::time_point kill_at_ = Clock::time_point::max();
   int first_failed_ = -1;
   std::string first_failure_;
+  std::string abort_reason_;
   bool id_done_ = false;
 };
 

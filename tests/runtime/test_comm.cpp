@@ -3,6 +3,7 @@
 // nccl=false. No sleeps: a rank that must hang blocks on a pipe nobody writes to, so the group's grace period
 // or timeout is what ends it (a short one is fine there: the hang is real and unbounded, not a race), and a
 // rank that must finish after the others waits for their bytes on a pipe.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -96,7 +97,12 @@ TEST(NcclLoader, AMissingLibraryIsNoDriverNamingIt) {
 }
 
 TEST(NcclLoader, TheEnvironmentChoosesTheLibraryAndNvlsIsTurnedOff) {
-  // The process-wide loader decides once per process, so each case runs in a rank of its own.
+  // The process-wide loader decides once per process, so each case runs in a rank of its own; a rank inherits
+  // that decision though, so this process must not have made it yet.
+  if (void* loaded = ::dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD); loaded != nullptr) {
+    ::dlclose(loaded);
+    GTEST_SKIP() << "NCCL is already loaded in this process (an earlier test here loaded it); run this test alone";
+  }
   auto outcomes = run_local_group(process_group(2), [](int rank, Communicator*) -> Result<std::string> {
     if (rank == 0) {
       ::setenv("KILN_NCCL_LIBRARY", "/nowhere/libnccl-bogus.so.2", 1);

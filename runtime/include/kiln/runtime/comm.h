@@ -84,7 +84,8 @@ class PeerBuffers {
   PeerBuffers(const PeerBuffers&) = delete;
   PeerBuffers& operator=(const PeerBuffers&) = delete;
 
-  /// Every rank's buffer as seen from this process, indexed by rank; ptr(rank()) is this rank's own.
+  /// Every rank's buffer as seen from this process, indexed by rank; ptr(rank()) is this rank's own. 0 for a
+  /// rank out of range, and for every rank once released (all() is then empty).
   CUdeviceptr ptr(int rank) const;
   CUdeviceptr local() const;
   const std::vector<CUdeviceptr>& all() const;
