@@ -17,6 +17,8 @@ struct Options {
   int gpus = 2;
   /// Tune the decisions on CUDA-graph replays (what a graph-captured decode step sees) instead of eager calls.
   bool graph = false;
+  /// The input is already in kiln's peer-mapped buffer (no copy-in per call), as symmetric-memory peers measure.
+  bool zero_copy = false;
   std::string dtype = "bf16";
   size_t min_bytes = 4096;
   size_t max_bytes = size_t{256} << 20;

@@ -257,6 +257,7 @@ struct AllReduce::Impl {
         else c.status = k.status();
       }
       failed[i] = c.kernel ? 0 : 1;
+      if (!c.kernel) spdlog::warn("kiln: all-reduce choice {} is unavailable: {}", c.name, c.status.to_string());
     }
     KILN_RETURN_IF_ERROR(comm->all_reduce_max(failed));
     for (size_t i = 0; i < list.size(); ++i) {
@@ -286,12 +287,39 @@ struct AllReduce::Impl {
                         fmt::format("{} bytes exceed the {} the staging buffers hold", bytes, staging->bytes()));
     }
     KILN_RETURN_IF_ERROR(c.tmpl->check_problem(c.params, templates::Shape{.m = count}));
-    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-    KILN_CHECK(d->cuMemcpyDtoDAsync(staging->local(), in, bytes, stream));
+    KILN_RETURN_IF_ERROR(copy_in(in, out, bytes, stream));
     KilnAllReduceArgs a = base_args();
     a.out = reinterpret_cast<void*>(static_cast<uintptr_t>(out));
     a.count = static_cast<int>(count);
     return (*c.kernel)(c.launch.config(stream), a);
+  }
+
+  // The input goes to this rank's staging buffer unless it is there already (zero-copy). The output must not
+  // be in it: the peers read it while the kernel writes.
+  Status not_in_staging(CUdeviceptr p, const char* what) const {
+    const CUdeviceptr lo = staging->local(), hi = lo + staging->bytes();
+    if (p >= lo && p < hi) {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("the {} is inside the staging buffer (input_buffer())", what));
+    }
+    return Status();
+  }
+  Status copy_in(CUdeviceptr in, CUdeviceptr out, size_t bytes, CUstream stream) const {
+    KILN_RETURN_IF_ERROR(not_in_staging(out, "output"));
+    const CUdeviceptr lo = staging->local();
+    if (in == lo) return Status();
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_CHECK(d->cuMemcpyDtoDAsync(lo, in, bytes, stream));
+    return Status();
+  }
+
+  // The input a measurement uses: the check pattern itself, or (zero-copy) a copy of it in the staging buffer,
+  // refreshed before every check since two-shot reduces in place.
+  CUdeviceptr bench_input() const { return options.zero_copy ? staging->local() : check_in.ptr(); }
+  Status refresh_input(size_t bytes) {
+    if (!options.zero_copy) return Status();
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_CHECK(d->cuMemcpyDtoDAsync(staging->local(), check_in.ptr(), bytes, work.get()));
+    return work.synchronize();
   }
 
   Status run_named(const std::string& name, CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const {
@@ -474,11 +502,19 @@ Result<std::vector<TemplateChoice>> render_choices(const std::string& name, cons
     TemplateChoice c;
     c.tmpl = t;
     auto r = t->render(p);
-    if (!r.ok()) continue;  // pruned by the sample already; a render error is a template bug the tests catch
+    if (!r.ok()) {  // the sample is pruned already: a render error is a template bug the tests catch
+      spdlog::warn("kiln: {} configuration not rendered: {}", name, r.status().to_string());
+      continue;
+    }
     c.name = r->config_name;
     c.params = r->params;
-    auto l = t->geometry(c.params, templates::Shape{});
-    if (!l.ok()) continue;
+    // The launch geometry does not depend on the sizes; ask with a shape every configuration can serve.
+    const int64_t vec = templates::get_int(c.params, "vec");
+    auto l = t->geometry(c.params, name == "allreduce" ? templates::Shape{.m = 64 * vec} : templates::Shape{.m = 1, .n = vec});
+    if (!l.ok()) {
+      spdlog::warn("kiln: {} has no launch geometry: {}", c.name, l.status().to_string());
+      continue;
+    }
     c.launch = *l;
     c.binary = gate.precompile(r->source, target, Priority::kNormal);
     out.push_back(std::move(c));
@@ -573,11 +609,12 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
       KILN_RETURN_IF_ERROR(s.prepare_check(count));
       const std::vector<std::string> names = s.names_for(count);
       auto launch = [&](const std::string& n, CUstream st) {
-        return s.run_named(n, s.check_in.ptr(), s.check_out.ptr(), count, st);
+        return s.run_named(n, s.bench_input(), s.check_out.ptr(), count, st);
       };
       auto check = [&](const std::string& n) -> Status {
+        KILN_RETURN_IF_ERROR(s.refresh_input(bytes));
         KILN_RETURN_IF_ERROR(s.check_out.fill_bytes(0xff, s.work.get()));
-        KILN_RETURN_IF_ERROR(s.run_named(n, s.check_in.ptr(), s.check_out.ptr(), count, s.work.get()));
+        KILN_RETURN_IF_ERROR(s.run_named(n, s.bench_input(), s.check_out.ptr(), count, s.work.get()));
         KILN_RETURN_IF_ERROR(s.work.synchronize());
         return s.verify_allreduce(count);
       };
@@ -604,6 +641,8 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
   s.picks = std::move(picks);
   return reports;
 }
+
+CUdeviceptr AllReduce::input_buffer() const { return impl_->staging->local(); }
 
 const std::string& AllReduce::choice_for(int64_t count) const {
   const Impl& s = *impl_;
@@ -635,12 +674,13 @@ Result<std::vector<CollectiveTiming>> AllReduce::benchmark(const std::vector<std
   KILN_RETURN_IF_ERROR(s.prepare_check(count));
   auto resolve = [&](const std::string& n) -> const std::string& { return n == "dispatch" ? choice_for(count) : n; };
   auto launch = [&](const std::string& n, CUstream st) -> Status {
-    if (n == "dispatch") return run(s.check_in.ptr(), s.check_out.ptr(), count, st);
-    return s.run_named(n, s.check_in.ptr(), s.check_out.ptr(), count, st);
+    if (n == "dispatch") return run(s.bench_input(), s.check_out.ptr(), count, st);
+    return s.run_named(n, s.bench_input(), s.check_out.ptr(), count, st);
   };
   auto check = [&](const std::string& n) -> Status {
+    KILN_RETURN_IF_ERROR(s.refresh_input(bytes));
     KILN_RETURN_IF_ERROR(s.check_out.fill_bytes(0xff, s.work.get()));
-    KILN_RETURN_IF_ERROR(s.run_named(resolve(n), s.check_in.ptr(), s.check_out.ptr(), count, s.work.get()));
+    KILN_RETURN_IF_ERROR(s.run_named(resolve(n), s.bench_input(), s.check_out.ptr(), count, s.work.get()));
     KILN_RETURN_IF_ERROR(s.work.synchronize());
     return s.verify_allreduce(count);
   };
@@ -678,7 +718,8 @@ Status AllReduce::run_fused_choice(const std::string& name, const FusedArgs& a, 
   }
   if (name.rfind(kUnfused, 0) == 0) {
     // "unfused:<all-reduce>+<norm>": the norm selection is found among the tuned picks.
-    for (const auto& p : s.fused_picks) {
+    for (auto it = s.fused_picks.rbegin(); it != s.fused_picks.rend(); ++it) {
+      const FusedPick& p = *it;
       if (p.name == name && p.norm) {
         if (s.fused_tmp.size() < static_cast<size_t>(count) * s.elem_bytes) {
           return make_error(ErrorCode::kFailedPrecondition, "the unfused pair's buffer is smaller than this call");
@@ -705,8 +746,8 @@ Status AllReduce::run_fused_choice(const std::string& name, const FusedArgs& a, 
   const size_t bytes = static_cast<size_t>(count) * s.elem_bytes;
   if (bytes > s.staging->bytes()) return make_error(ErrorCode::kInvalidArgument, "the rows exceed the staging buffers");
   KILN_RETURN_IF_ERROR(c->tmpl->check_problem(c->params, templates::Shape{.m = a.rows, .n = a.cols}));
-  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  KILN_CHECK(d->cuMemcpyDtoDAsync(s.staging->local(), a.x, bytes, stream));
+  KILN_RETURN_IF_ERROR(s.not_in_staging(a.residual_out, "residual output"));
+  KILN_RETURN_IF_ERROR(s.copy_in(a.x, a.y, bytes, stream));
   KilnAllReduceArgs k = s.base_args();
   k.out = reinterpret_cast<void*>(static_cast<uintptr_t>(a.y));
   k.residual = reinterpret_cast<const void*>(static_cast<uintptr_t>(a.residual));
@@ -768,7 +809,7 @@ Result<std::vector<CollectiveReport>> AllReduce::tune_fused(int64_t cols, std::v
     const size_t bytes = static_cast<size_t>(count) * s.elem_bytes;
     KILN_RETURN_IF_ERROR(s.prepare_check(count));
     FusedArgs a;
-    a.x = s.check_in.ptr();
+    a.x = s.bench_input();
     a.residual = residual.ptr();
     a.residual_out = residual_out.ptr();
     a.weight = weight.ptr();
@@ -790,14 +831,15 @@ Result<std::vector<CollectiveReport>> AllReduce::tune_fused(int64_t cols, std::v
       p.allreduce = pair_ar;
       p.norm = norm;
       p.name = fmt::format("{}{}+{}", kUnfused, pair_ar, norm->choice_name());
-      if (std::none_of(s.fused_picks.begin(), s.fused_picks.end(), [&](const FusedPick& q) { return q.name == p.name; })) {
+      if (std::find(names.begin(), names.end(), p.name) == names.end()) {
         names.push_back(p.name);
-        s.fused_picks.push_back(std::move(p));  // findable by run_fused_choice while measuring
+        s.fused_picks.push_back(std::move(p));  // findable by run_fused_choice while measuring (the latest wins)
       }
     }
     for (auto& n : fused_choice_names(a)) names.push_back(n);
     auto launch = [&](const std::string& n, CUstream st) { return run_fused_choice(n, a, st); };
     auto check = [&](const std::string& n) -> Status {
+      KILN_RETURN_IF_ERROR(s.refresh_input(bytes));
       KILN_RETURN_IF_ERROR(s.check_out.fill_bytes(0xff, s.work.get()));
       KILN_RETURN_IF_ERROR(residual_out.fill_bytes(0xff, s.work.get()));
       KILN_RETURN_IF_ERROR(run_fused_choice(n, a, s.work.get()));

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "kiln/pool/gate.h"
 #include "kiln/runtime/collective.h"
 #include "kiln/templates/registry.h"
 #include "kiln_test.h"
@@ -78,6 +79,55 @@ TEST(AllReduceTemplates, RefuseWhatTheyCannotRun) {
   KILN_ASSERT_OK_AND_ASSIGN(templates::Params ffull, fused->complete(fp));
   KILN_EXPECT_OK(fused->check_problem(ffull, templates::Shape{.m = 16, .n = 4096}));  // 512 x 8 x 1 columns
   EXPECT_EQ(fused->check_problem(ffull, templates::Shape{.m = 16, .n = 8192}).code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln::runtime
+
+namespace kiln::runtime {
+namespace {
+
+// What AllReduce::create does before it needs a GPU, inside the ranks of a group (forked processes, as the
+// benchmark and the multi-GPU tests run it): render a sample of both templates and compile it through the
+// default executor and a precompile gate.
+TEST(AllReduceTemplates, CompileThroughTheGateInsideGroupRanks) {
+  GroupOptions g;
+  g.world = 2;
+  g.nccl = false;
+  auto outcomes = run_local_group(g, [](int, Communicator*) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(auto executor, make_executor());
+    GateOptions go;
+    go.executor = executor;
+    KILN_ASSIGN_OR_RETURN(auto gate, PrecompileGate::create(std::move(go)));
+    KILN_ASSIGN_OR_RETURN(templates::DeviceLimits lim, templates::DeviceLimits::for_target(Target{"sm_90"}));
+    int compiled = 0;
+    for (const char* name : {"allreduce", "allreduce_rmsnorm"}) {
+      KILN_ASSIGN_OR_RETURN(templates::TemplatePtr t, templates::find_template(name));
+      templates::Params fixed{{"dtype", templates::Value::dtype(templates::DType::kBF16)},
+                              {"world", templates::Value::integer(2)}};
+      KILN_ASSIGN_OR_RETURN(templates::Grid grid, templates::Grid::create(t, fixed));
+      std::vector<Future<Binary>> futures;
+      for (auto& p : templates::sample(grid, lim, 3)) {
+        KILN_ASSIGN_OR_RETURN(templates::Rendered r, t->render(p));
+        // What AllReduce checks per call, on the rendered (complete) parameters.
+        templates::Shape shape{.m = 16, .n = 1024};
+        if (t->name() == "allreduce") shape = templates::Shape{.m = 65536};
+        KILN_RETURN_IF_ERROR(t->check_problem(r.params, shape).with_context(r.config_name));
+        KILN_RETURN_IF_ERROR(t->geometry(r.params, shape).status());
+        futures.push_back(gate->precompile(r.source, Target{"sm_90"}));
+      }
+      for (auto& f : futures) {
+        KILN_RETURN_IF_ERROR(f.get().status());
+        ++compiled;
+      }
+    }
+    return std::to_string(compiled);
+  });
+  ASSERT_TRUE(outcomes.ok()) << outcomes.status().to_string();
+  for (const auto& o : *outcomes) {
+    ASSERT_TRUE(o.status.ok()) << "rank " << o.rank << ": " << o.status.to_string();
+    EXPECT_GE(std::stoi(o.result), 6);
+  }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "kiln/jit/device.h"
 #include "kiln/jit/driver.h"
 #include "kiln/runtime/collective.h"
+#include "crash_trace.h"
 #include "kiln_test.h"
 
 namespace kiln::runtime {
@@ -35,6 +36,7 @@ int visible_gpus() {
 
 // Runs `fn` on two ranks and returns their result strings; fails the test on any rank's error.
 std::vector<std::string> on_two_gpus(const RankFunction& fn) {
+  bench::install_crash_trace();
   GroupOptions g;
   g.world = 2;
   g.timeout = std::chrono::minutes(4);
@@ -106,9 +108,20 @@ TEST(CollectiveGpu, EveryChoiceMatchesTheCpuReduction) {
         KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
         KILN_CHECK(d->cuCtxSynchronize());
         KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, name));
+        // Zero-copy: the input already in the staging buffer (re-written each time: two-shot reduces in place).
+        KILN_CHECK(d->cuMemcpyDtoD(ar->input_buffer(), in.ptr(), count * 2));
+        KILN_RETURN_IF_ERROR(out.fill_bytes(0xff));
+        KILN_RETURN_IF_ERROR(ar->run_choice(name, ar->input_buffer(), out.ptr(), count, nullptr));
+        KILN_CHECK(d->cuCtxSynchronize());
+        KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, name + " (zero-copy)"));
         ++checked;
       }
     }
+    // An output inside the staging buffer is refused (the peers read it while the kernel would write it).
+    const auto names = ar->choice_names(1024);
+    if (names.size() < 2) return make_error(ErrorCode::kInternal, "no template choice at 1024 elements");
+    Status aliased = ar->run_choice(names[1], ar->input_buffer(), ar->input_buffer() + 4096, 1024, nullptr);
+    if (aliased.code() != ErrorCode::kInvalidArgument) return make_error(ErrorCode::kInternal, "aliased output accepted: " + aliased.to_string());
     return std::to_string(checked);
   });
   ASSERT_EQ(results.size(), 2u);
@@ -193,7 +206,9 @@ TEST(CollectiveGpu, DispatcherPicksPerSizeAndRunsInsideACudaGraph) {
 TEST(CollectiveGpu, FusedAllReduceResidualRmsNormMatchesAndRanksAgree) {
   KILN_NEED_TWO_GPUS();
   auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
-    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    AllReduceOptions o = small_options();
+    o.zero_copy = true;  // the fused kernel reads x where it is; EveryChoice... covers the copy-in path
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
     KILN_RETURN_IF_ERROR(ar->tune({8192, 65536, 1 << 20}).status());
     // tune_fused checks every fused configuration and both unfused pairs against a CPU reference before it may
     // win (a wrong one is recorded as failed), so a failure shows in the reports.
@@ -205,6 +220,7 @@ TEST(CollectiveGpu, FusedAllReduceResidualRmsNormMatchesAndRanksAgree) {
       for (const auto& c : r.choices) {
         if (!c.ok && c.error.find("wrong") != std::string::npos) return make_error(ErrorCode::kInternal, c.name + ": " + c.error);
         if (c.ok && c.name.rfind("unfused:", 0) != 0) ++fused_ok;
+        if (c.ok && c.name.rfind("unfused:", 0) == 0) out += "pair;";
       }
     }
     if (fused_ok == 0) return make_error(ErrorCode::kInternal, "no fused configuration ran: " + out);
@@ -213,6 +229,10 @@ TEST(CollectiveGpu, FusedAllReduceResidualRmsNormMatchesAndRanksAgree) {
   });
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[0], results[1]);
+  // At least one unfused pair was measured at each of the three row counts.
+  size_t pairs = 0;
+  for (size_t p = results[0].find("pair;"); p != std::string::npos; p = results[0].find("pair;", p + 1)) ++pairs;
+  EXPECT_GE(pairs, 3u) << results[0];
 }
 
 TEST(CollectiveGpu, ANewGroupUsesTheStoredDecisions) {

@@ -47,6 +47,9 @@ struct AllReduceOptions {
   int runs = 5;
   /// Time with the launches captured in a CUDA graph and replayed (what a graph-captured decode step sees).
   bool graph = false;
+  /// Measure (and so decide) with the input already in input_buffer() (no copy-in per call): for callers that
+  /// write the tensor to be reduced straight into kiln's buffer, as PyTorch's symmetric memory is used.
+  bool zero_copy = false;
   /// Tests only: rewrites this rank's measured microseconds for a choice before they are exchanged.
   std::function<double(int rank, const std::string& choice, double us)> distort;
 };
@@ -93,6 +96,9 @@ class AllReduce {
   /// tune() or above the last bucket) from `in` to `out` on `stream`. Allocates and synchronises nothing, so
   /// it can be captured in a CUDA graph; every rank must call it alike.
   Status run(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
+  /// This rank's staging buffer (options().max_bytes, peer-mapped). A call whose input is this buffer skips the
+  /// copy-in: the templates read it where it is. Outputs must not be inside it; it is overwritten by the next call.
+  CUdeviceptr input_buffer() const;
   /// The name of the choice run() uses for `count` elements.
   const std::string& choice_for(int64_t count) const;
 
