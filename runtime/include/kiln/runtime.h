@@ -2,6 +2,8 @@
 #pragma once
 
 #include "kiln/runtime/choice.h"
+#include "kiln/runtime/collective.h"
+#include "kiln/runtime/comm.h"
 #include "kiln/runtime/ops.h"
 #include "kiln/runtime/problem.h"
 #include "kiln/runtime/tuner.h"
