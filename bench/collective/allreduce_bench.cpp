@@ -64,7 +64,7 @@ Result<std::string> rank_main(const Options& o, int rank, runtime::Communicator*
   for (const auto& r : reports) {
     const int64_t count = static_cast<int64_t>(r.bytes / eb);
     std::vector<std::string> names{"dispatch", "nccl"};
-    for (const char* algo : {"_oneshot_", "_twoshot_"}) {
+    for (const char* algo : {"_oneshot_", "_twoshot_", "_push_"}) {
       std::string b = best_of(r.choices, algo);
       if (!b.empty()) names.push_back(b);
     }
@@ -134,15 +134,16 @@ int run(const Options& o) {
   fmt::print("all-reduce, {} GPUs, {}{}: created in {:.2f} s, tuned {} sizes in {:.2f} s ({} decisions)\n", o.gpus,
              o.dtype, o.zero_copy ? ", zero-copy input" : "", j["create_seconds"].get<double>(), j["sizes"].size(), j["tune_seconds"].get<double>(),
              o.graph ? "graph" : "eager");
-  bench::Table t({"bytes", "chosen", "dispatch", "NCCL", "1-shot", "2-shot", "dispatch graph", "NCCL graph",
-                  "1-shot graph", "2-shot graph", "busbw GB/s"});
+  bench::Table t({"bytes", "chosen", "dispatch", "NCCL", "1-shot", "2-shot", "push", "dispatch graph", "NCCL graph",
+                  "1-shot graph", "2-shot graph", "push graph", "busbw GB/s"});
   for (const auto& row : j["sizes"]) {
     const auto& e = row["eager_us"];
     const auto& g2 = row["graph_us"];
-    std::string one, two;
+    std::string one, two, push;
     for (auto it = e.begin(); it != e.end(); ++it) {
       if (it.key().find("_oneshot_") != std::string::npos) one = it.key();
       if (it.key().find("_twoshot_") != std::string::npos) two = it.key();
+      if (it.key().find("_push_") != std::string::npos) push = it.key();
     }
     const size_t bytes = row["bytes"].get<size_t>();
     std::string bw = "-";
@@ -150,7 +151,8 @@ int run(const Options& o) {
       bw = fmt::format("{:.0f}", bytes * 2.0 * (o.gpus - 1) / o.gpus / (e["dispatch"].get<double>() * 1e3));
     }
     t.add({std::to_string(bytes), row["chosen"].get<std::string>().substr(0, 40), us(e, "dispatch"), us(e, "nccl"),
-           us(e, one), us(e, two), us(g2, "dispatch"), us(g2, "nccl"), us(g2, one), us(g2, two), bw});
+           us(e, one), us(e, two), us(e, push), us(g2, "dispatch"), us(g2, "nccl"), us(g2, one), us(g2, two),
+           us(g2, push), bw});
   }
   fmt::print("{}\n", t.str());
   bench::Table f({"hidden", "tokens", "chosen", "chosen us", "best fused us", "best unfused us", "fused speedup"});

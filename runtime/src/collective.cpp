@@ -146,6 +146,7 @@ double median(std::vector<double> v) {
 // One compiled template configuration.
 struct TemplateChoice {
   std::string name;
+  bool push = false;  // algo=push: reads the input where it is, writes into the peers' push areas
   templates::Params params;
   templates::Launch launch;
   templates::TemplatePtr tmpl;
@@ -205,6 +206,10 @@ struct AllReduce::Impl {
   AllReduceOptions options;
   int elem_bytes = 2;
   std::unique_ptr<PeerBuffers> staging, signals;
+  // algo=push's areas: 2 (launch parity) x world slots of push_slot_bytes on every rank. Push serves messages up
+  // to one slot; larger ones are bandwidth-bound, where the other algorithms win anyway.
+  std::unique_ptr<PeerBuffers> push;
+  size_t push_slot_bytes = 0;
   std::unique_ptr<PrecompileGate> gate;
   templates::DeviceLimits limits;
   Target target;
@@ -234,6 +239,8 @@ struct AllReduce::Impl {
       a.data[r] = reinterpret_cast<void*>(static_cast<uintptr_t>(staging->ptr(r)));
       a.signals[r] = reinterpret_cast<unsigned*>(static_cast<uintptr_t>(signals->ptr(r)));
     }
+    for (int r = 0; r < comm->world() && push; ++r) a.push[r] = reinterpret_cast<void*>(static_cast<uintptr_t>(push->ptr(r)));
+    a.slot = static_cast<long long>(push_slot_bytes / elem_bytes);
     a.rank = comm->rank();
     return a;
   }
@@ -287,8 +294,17 @@ struct AllReduce::Impl {
                         fmt::format("{} bytes exceed the {} the staging buffers hold", bytes, staging->bytes()));
     }
     KILN_RETURN_IF_ERROR(c.tmpl->check_problem(c.params, templates::Shape{.m = count}));
-    KILN_RETURN_IF_ERROR(copy_in(in, out, bytes, stream));
     KilnAllReduceArgs a = base_args();
+    if (c.push) {
+      if (bytes > push_slot_bytes) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("{}: {} bytes exceed its {}-byte slots", c.name, bytes, push_slot_bytes));
+      }
+      KILN_RETURN_IF_ERROR(not_in_staging(out, "output"));
+      a.in = reinterpret_cast<const void*>(static_cast<uintptr_t>(in));
+    } else {
+      KILN_RETURN_IF_ERROR(copy_in(in, out, bytes, stream));
+    }
     a.out = reinterpret_cast<void*>(static_cast<uintptr_t>(out));
     a.count = static_cast<int>(count);
     return (*c.kernel)(c.launch.config(stream), a);
@@ -450,7 +466,8 @@ struct AllReduce::Impl {
   std::vector<std::string> names_for(int64_t count) const {
     std::vector<std::string> out{kNccl};
     for (const auto& c : choices) {
-      if (c.kernel && c.tmpl->check_problem(c.params, templates::Shape{.m = count}).ok()) out.push_back(c.name);
+      if (!c.kernel || (c.push && static_cast<size_t>(count) * elem_bytes > push_slot_bytes)) continue;
+      if (c.tmpl->check_problem(c.params, templates::Shape{.m = count}).ok()) out.push_back(c.name);
     }
     return out;
   }
@@ -508,6 +525,7 @@ Result<std::vector<TemplateChoice>> render_choices(const std::string& name, cons
     }
     c.name = r->config_name;
     c.params = r->params;
+    c.push = name == "allreduce" && templates::get_enum(c.params, "algo") == "push";
     // The launch geometry does not depend on the sizes; ask with a shape every configuration can serve.
     const int64_t vec = templates::get_int(c.params, "vec");
     auto l = t->geometry(c.params, name == "allreduce" ? templates::Shape{.m = 64 * vec} : templates::Shape{.m = 1, .n = vec});
@@ -533,6 +551,8 @@ Result<std::unique_ptr<AllReduce>> AllReduce::create(Communicator& comm, AllRedu
   KILN_CHECK(d->cuCtxSetCurrent(comm.context()));
   KILN_ASSIGN_OR_RETURN(impl->staging, PeerBuffers::create(comm, impl->options.max_bytes));
   KILN_ASSIGN_OR_RETURN(impl->signals, PeerBuffers::create(comm, KILN_AR_SIGNAL_WORDS * sizeof(unsigned)));
+  impl->push_slot_bytes = std::min<size_t>(impl->options.max_bytes, size_t{4} << 20) / 256 * 256;
+  KILN_ASSIGN_OR_RETURN(impl->push, PeerBuffers::create(comm, 2 * comm.world() * impl->push_slot_bytes));
   KILN_ASSIGN_OR_RETURN(DeviceInfo info, device_info(comm.device()));
   KILN_ASSIGN_OR_RETURN(impl->target, Target::parse(info.arch()));
   impl->limits = templates::DeviceLimits::from_device(info, impl->target);

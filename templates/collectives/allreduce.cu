@@ -5,11 +5,22 @@ ${if fused}
 // One row per block at a time (rows strided by the grid); rows of up to ${threads} * ${vec} * ${items} columns.
 ${else}
 ${if twoshot}
-// Two-shot: rank r sums chunk r of every rank's staging buffer in place (reduce-scatter), then every rank copies
-// each reduced chunk from its owner (all-gather). Each rank moves 2 (world - 1) / world of the data.
-${else}
+// Two-shot: rank r sums chunk r of every rank's staging buffer (reduce-scatter, remote reads) and writes the sum
+// into chunk r of every rank's staging buffer (the all-gather as remote writes, which travel the other direction
+// of each link); after one barrier every rank copies the whole reduced buffer out of its own memory. Each rank
+// reads and writes (world - 1) / world of the data remotely.
+${endif}
+${if push}
+// One-shot push: every rank writes its input (read where the caller has it) into its slot of every rank's push
+// area (remote writes, posted), meets the others once, then sums the world slots in its own memory. The slots
+// alternate between two sets by launch parity, so a rank may start writing the next launch's data while a slow
+// peer still reads this one's: no second barrier.
+${endif}
+${if !twoshot}
+${if !push}
 // One-shot: every rank reads all ranks' staging buffers and sums them. Each rank moves (world - 1) x the data;
 // the fewest steps, so the lowest latency for small messages.
+${endif}
 ${endif}
 ${endif}
 // Synchronisation is per block index: block b of every rank signals block b of every other rank and waits for
@@ -25,6 +36,7 @@ constexpr int kWorld = ${world};
 constexpr int kVec = ${vec};
 constexpr int kThreads = ${threads};
 constexpr bool kTwoShot = ${twoshot};
+constexpr bool kPush = ${push};
 constexpr bool kFused = ${fused};
 constexpr int kItems = ${items};
 typedef KilnVec<T, kVec> V;
@@ -47,7 +59,7 @@ __device__ __forceinline__ void kiln_ar_barrier(const KilnAllReduceArgs& a, int 
     __threadfence_system();
     kiln_st_release_sys(a.signals[threadIdx.x] + slot + a.rank, epoch);
     const unsigned* mine = a.signals[a.rank] + slot + threadIdx.x;
-    // A peer can be at most one phase ahead of this one, never a whole launch: wait until it reached `epoch`.
+    // A peer is never a whole launch ahead at the same phase: wait until it reached `epoch`.
     while ((int)(kiln_ld_acquire_sys(mine) - epoch) < 0) {
     }
   }
@@ -99,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
   __syncthreads();
   const unsigned epoch = epoch_s;
 
-  kiln_ar_barrier(a, 0, epoch);  // every rank's staging holds its input
+  if constexpr (!kPush) kiln_ar_barrier(a, 0, epoch);  // every rank's staging holds its input
 
   if constexpr (kFused) {
     __shared__ float scratch[kThreads / 32];
@@ -152,34 +164,61 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
       kiln_store_vec(out + i * kVec, kiln_ar_pack(acc));
     }
     kiln_ar_barrier(a, 1, epoch);
+  } else if constexpr (kPush) {
+    const long long nvec = a.count / kVec;
+    const long long set = (long long)(epoch & 1u) * kWorld;
+    const T* in = static_cast<const T*>(a.in);
+    for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += (long long)gridDim.x * kThreads) {
+      V v = kiln_load_vec<T, kVec>(in + i * kVec);
+#pragma unroll
+      for (int r = 0; r < kWorld; ++r) {
+        kiln_store_vec(static_cast<T*>(a.push[r]) + (set + a.rank) * a.slot + i * kVec, v);
+      }
+    }
+    kiln_ar_barrier(a, 0, epoch);  // every rank's slot in this rank's push area is written
+    T* out = static_cast<T*>(a.out);
+    const T* area = static_cast<const T*>(a.push[a.rank]);
+    for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += (long long)gridDim.x * kThreads) {
+      float acc[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+#pragma unroll
+      for (int r = 0; r < kWorld; ++r) {
+        V v = kiln_ar_load(area + (set + r) * a.slot + i * kVec);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[j] += kiln_to_f32(v.v[j]);
+      }
+      kiln_store_vec(out + i * kVec, kiln_ar_pack(acc));
+    }
   } else {
     const long long nvec = a.count / kVec;
     const long long chunk = (nvec + kWorld - 1) / kWorld;
     const long long stride = (long long)gridDim.x * kThreads;
     const long long t0 = (long long)blockIdx.x * kThreads + threadIdx.x;
-    // Reduce-scatter: this rank's chunk, summed into its own staging (only this rank reads that chunk now).
+    // Reduce-scatter, and the all-gather pushed: the sum of chunk `rank` goes to that chunk of every rank's
+    // staging. Only this rank reads or writes chunk `rank` anywhere during this phase.
     {
       const long long begin = a.rank * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
-      T* mine = static_cast<T*>(a.data[a.rank]);
       for (long long i = begin + t0; i < end; i += stride) {
         float acc[kVec];
         kiln_ar_sum(a, i, acc);
-        kiln_store_vec(mine + i * kVec, kiln_ar_pack(acc));
+        const V packed = kiln_ar_pack(acc);
+#pragma unroll
+        for (int r = 0; r < kWorld; ++r) kiln_store_vec(static_cast<T*>(a.data[r]) + i * kVec, packed);
       }
     }
-    kiln_ar_barrier(a, 1, epoch);  // every chunk is reduced
-    // All-gather: chunk r from rank r, starting with this rank's own.
+    // Every chunk is reduced into every rank's staging, and no peer reads this rank's staging any more, so the
+    // next launch may overwrite it (a peer's next pushes wait for this rank at the next launch's first barrier).
+    kiln_ar_barrier(a, 1, epoch);
     T* out = static_cast<T*>(a.out);
+    const T* mine = static_cast<const T*>(a.data[a.rank]);
 #pragma unroll
     for (int k = 0; k < kWorld; ++k) {
-      const int r = (a.rank + k) % kWorld;
-      const long long begin = r * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
-      const T* src = static_cast<const T*>(a.data[r]);
+      const long long begin = k * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
       for (long long i = begin + t0; i < end; i += stride) {
-        kiln_store_vec(out + i * kVec, kiln_ar_load(src + i * kVec));
+        kiln_store_vec(out + i * kVec, kiln_ar_load(mine + i * kVec));
       }
     }
-    kiln_ar_barrier(a, 2, epoch);
   }
   if (threadIdx.x == 0) *my_epoch = epoch;
 }

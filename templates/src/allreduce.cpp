@@ -54,8 +54,9 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
         int_param("world", ParamRole::kProblem, {2, 4, 8}, "w", "ranks taking part"),
     };
     if (!fused) {
-      d.params.push_back(enum_param("algo", ParamRole::kTunable, {"oneshot", "twoshot"}, "",
-                                    "one-shot (read every peer) or two-shot (reduce-scatter, all-gather)"));
+      d.params.push_back(enum_param("algo", ParamRole::kTunable, {"oneshot", "twoshot", "push"}, "",
+                                    "one-shot (read every peer), two-shot (reduce-scatter, pushed all-gather) or "
+                                    "push (write to every peer, one barrier)"));
     }
     d.params.push_back(int_param("vec", ParamRole::kTunable, {2, 4, 8}, "v", "elements per vector access"));
     d.params.push_back(int_param("threads", ParamRole::kTunable, {128, 256, 512, 1024}, "t", "threads per block"));
@@ -66,8 +67,10 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
       d.params.push_back(int_param("items", ParamRole::kTunable, {1, 2, 4, 8}, "i",
                                    "vectors per thread kept in registers: rows up to threads*vec*items columns"));
       d.params.push_back(derived_param("twoshot", ParamKind::kBool, "always false when fused"));
+      d.params.push_back(derived_param("push", ParamKind::kBool, "always false when fused"));
     } else {
       d.params.push_back(derived_param("twoshot", ParamKind::kBool, "algo == twoshot"));
+      d.params.push_back(derived_param("push", ParamKind::kBool, "algo == push"));
       d.params.push_back(derived_param("items", ParamKind::kInt, "1 (rows are a fused-only notion)"));
     }
     d.params.push_back(derived_param("fused", ParamKind::kBool, "the fused residual + RMSNorm variant"));
@@ -76,8 +79,10 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
       o.emplace("fused", Value::boolean(fused));
       if (fused) {
         o.emplace("twoshot", Value::boolean(false));
+        o.emplace("push", Value::boolean(false));
       } else {
         o.emplace("twoshot", Value::boolean(get_enum(p, "algo") == "twoshot"));
+        o.emplace("push", Value::boolean(get_enum(p, "algo") == "push"));
         o.emplace("items", Value::integer(1));
       }
       return o;

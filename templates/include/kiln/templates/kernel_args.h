@@ -90,6 +90,7 @@ struct KilnSplitKReduceArgs {
 /// kernel reads every rank's staging through the peer mappings. signals[r] is rank r's signal area
 /// (KILN_AR_SIGNAL_WORDS words, zeroed once at creation, never reset): per block index an epoch counter, then
 /// per phase, block index and sending rank one flag word. Only `world` (a template parameter) entries are used.
+/// algo=push writes the input into slot (parity * world + rank) of every rank's push area and sums its own.
 ///   allreduce:          out[i] = sum over ranks of data[r][i], i < count
 ///   allreduce_rmsnorm:  h = sum over ranks of data[r][row, :] + residual[row, :] -> residual_out (may alias
 ///                       residual); out[row, :] = h / sqrt(mean(h^2) + eps) * weight; count = rows * cols.
@@ -100,6 +101,8 @@ struct KilnSplitKReduceArgs {
 struct KilnAllReduceArgs {
   void* data[KILN_AR_MAX_RANKS];
   unsigned* signals[KILN_AR_MAX_RANKS];
+  void* push[KILN_AR_MAX_RANKS];  // algo=push only: every rank's push area, 2 x world slots of `slot` elements
+  const void* in;                 // algo=push only: this rank's input, read where it is
   void* out;
   const void* residual;   // allreduce_rmsnorm only
   void* residual_out;     // allreduce_rmsnorm only
@@ -109,6 +112,7 @@ struct KilnAllReduceArgs {
   int rows, cols;         // allreduce_rmsnorm only
   float eps;
   int pad0;
+  long long slot;         // algo=push only: elements per slot
 };
 
 #endif  // KILN_TEMPLATES_KERNEL_ARGS_H_
