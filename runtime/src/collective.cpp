@@ -525,7 +525,7 @@ Result<std::vector<TemplateChoice>> render_choices(const std::string& name, cons
     }
     c.name = r->config_name;
     c.params = r->params;
-    c.push = name == "allreduce" && templates::get_enum(c.params, "algo") == "push";
+    c.push = templates::get_enum(c.params, "algo") == "push";
     // The launch geometry does not depend on the sizes; ask with a shape every configuration can serve.
     const int64_t vec = templates::get_int(c.params, "vec");
     auto l = t->geometry(c.params, name == "allreduce" ? templates::Shape{.m = 64 * vec} : templates::Shape{.m = 1, .n = vec});
@@ -724,8 +724,10 @@ constexpr char kUnfused[] = "unfused:";
 
 std::vector<std::string> AllReduce::fused_choice_names(const FusedArgs& a) const {
   std::vector<std::string> out;
+  const size_t bytes = static_cast<size_t>(a.rows * a.cols) * impl_->elem_bytes;
   for (const auto& c : impl_->fused_choices) {
-    if (c.kernel && c.tmpl->check_problem(c.params, templates::Shape{.m = a.rows, .n = a.cols}).ok()) out.push_back(c.name);
+    if (!c.kernel || (c.push && bytes > impl_->push_slot_bytes)) continue;
+    if (c.tmpl->check_problem(c.params, templates::Shape{.m = a.rows, .n = a.cols}).ok()) out.push_back(c.name);
   }
   return out;
 }
@@ -767,8 +769,16 @@ Status AllReduce::run_fused_choice(const std::string& name, const FusedArgs& a, 
   if (bytes > s.staging->bytes()) return make_error(ErrorCode::kInvalidArgument, "the rows exceed the staging buffers");
   KILN_RETURN_IF_ERROR(c->tmpl->check_problem(c->params, templates::Shape{.m = a.rows, .n = a.cols}));
   KILN_RETURN_IF_ERROR(s.not_in_staging(a.residual_out, "residual output"));
-  KILN_RETURN_IF_ERROR(s.copy_in(a.x, a.y, bytes, stream));
   KilnAllReduceArgs k = s.base_args();
+  if (c->push) {
+    if (bytes > s.push_slot_bytes) {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: {} bytes exceed its slots", c->name, bytes));
+    }
+    KILN_RETURN_IF_ERROR(s.not_in_staging(a.y, "output"));
+    k.in = reinterpret_cast<const void*>(static_cast<uintptr_t>(a.x));
+  } else {
+    KILN_RETURN_IF_ERROR(s.copy_in(a.x, a.y, bytes, stream));
+  }
   k.out = reinterpret_cast<void*>(static_cast<uintptr_t>(a.y));
   k.residual = reinterpret_cast<const void*>(static_cast<uintptr_t>(a.residual));
   k.residual_out = reinterpret_cast<void*>(static_cast<uintptr_t>(a.residual_out));

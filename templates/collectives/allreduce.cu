@@ -97,6 +97,27 @@ __device__ __forceinline__ void kiln_ar_sum(const KilnAllReduceArgs& a, long lon
   }
 }
 
+// algo=push: sum of vector `i` over the world slots of this launch's set in this rank's own push area.
+__device__ __forceinline__ void kiln_ar_sum_pushed(const KilnAllReduceArgs& a, long long set, long long i,
+                                                   float (&acc)[kVec]) {
+  const T* area = static_cast<const T*>(a.push[a.rank]);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int r = 0; r < kWorld; ++r) {
+    V v = kiln_ar_load(area + (set + r) * a.slot + i * kVec);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[j] += kiln_to_f32(v.v[j]);
+  }
+}
+
+// algo=push: vector `i` of this rank's input, written into its slot of every rank's push area.
+__device__ __forceinline__ void kiln_ar_push(const KilnAllReduceArgs& a, long long set, long long i) {
+  V v = kiln_load_vec<T, kVec>(static_cast<const T*>(a.in) + i * kVec);
+#pragma unroll
+  for (int r = 0; r < kWorld; ++r) kiln_store_vec(static_cast<T*>(a.push[r]) + (set + a.rank) * a.slot + i * kVec, v);
+}
+
 __device__ __forceinline__ V kiln_ar_pack(const float (&acc)[kVec]) {
   V o;
 #pragma unroll
@@ -113,9 +134,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
 
   if constexpr (!kPush) kiln_ar_barrier(a, 0, epoch);  // every rank's staging holds its input
 
+  const long long set = (long long)(epoch & 1u) * kWorld;  // algo=push's slot set for this launch
+
   if constexpr (kFused) {
     __shared__ float scratch[kThreads / 32];
     const int cols = a.cols;
+    if constexpr (kPush) {
+      // This block's rows go to every rank; the same block index reads them back after the barrier.
+      for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        for (int col = threadIdx.x * kVec; col < cols; col += kThreads * kVec) {
+          kiln_ar_push(a, set, ((long long)row * cols + col) / kVec);
+        }
+      }
+      kiln_ar_barrier(a, 0, epoch);
+    }
     const T* res = static_cast<const T*>(a.residual);
     T* res_out = static_cast<T*>(a.residual_out);
     T* y = static_cast<T*>(a.out);
@@ -128,7 +160,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
         const int col = (it * kThreads + threadIdx.x) * kVec;
         if (col < cols) {
           const long long e = (long long)row * cols + col;
-          kiln_ar_sum(a, e / kVec, h[it]);
+          if constexpr (kPush) kiln_ar_sum_pushed(a, set, e / kVec, h[it]);
+          else kiln_ar_sum(a, e / kVec, h[it]);
           V rv = kiln_load_vec<T, kVec>(res + e);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
@@ -154,8 +187,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
         }
       }
     }
-    kiln_ar_barrier(a, 1, epoch);  // no rank reuses its staging before every peer has read it
-  } else if constexpr (!kTwoShot) {
+    if constexpr (!kPush) kiln_ar_barrier(a, 1, epoch);  // no rank reuses its staging before every peer read it
+  } else if constexpr (!kTwoShot && !kPush) {
     const long long nvec = a.count / kVec;
     T* out = static_cast<T*>(a.out);
     for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += (long long)gridDim.x * kThreads) {
@@ -166,28 +199,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
     kiln_ar_barrier(a, 1, epoch);
   } else if constexpr (kPush) {
     const long long nvec = a.count / kVec;
-    const long long set = (long long)(epoch & 1u) * kWorld;
-    const T* in = static_cast<const T*>(a.in);
-    for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += (long long)gridDim.x * kThreads) {
-      V v = kiln_load_vec<T, kVec>(in + i * kVec);
-#pragma unroll
-      for (int r = 0; r < kWorld; ++r) {
-        kiln_store_vec(static_cast<T*>(a.push[r]) + (set + a.rank) * a.slot + i * kVec, v);
-      }
-    }
+    const long long stride = (long long)gridDim.x * kThreads;
+    for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += stride) kiln_ar_push(a, set, i);
     kiln_ar_barrier(a, 0, epoch);  // every rank's slot in this rank's push area is written
     T* out = static_cast<T*>(a.out);
-    const T* area = static_cast<const T*>(a.push[a.rank]);
-    for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += (long long)gridDim.x * kThreads) {
+    for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += stride) {
       float acc[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
-#pragma unroll
-      for (int r = 0; r < kWorld; ++r) {
-        V v = kiln_ar_load(area + (set + r) * a.slot + i * kVec);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) acc[j] += kiln_to_f32(v.v[j]);
-      }
+      kiln_ar_sum_pushed(a, set, i, acc);
       kiln_store_vec(out + i * kVec, kiln_ar_pack(acc));
     }
   } else {

@@ -57,6 +57,9 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
       d.params.push_back(enum_param("algo", ParamRole::kTunable, {"oneshot", "twoshot", "push"}, "",
                                     "one-shot (read every peer), two-shot (reduce-scatter, pushed all-gather) or "
                                     "push (write to every peer, one barrier)"));
+    } else {
+      d.params.push_back(enum_param("algo", ParamRole::kTunable, {"oneshot", "push"}, "",
+                                    "read every peer's rows, or push this rank's rows to every peer (one barrier)"));
     }
     d.params.push_back(int_param("vec", ParamRole::kTunable, {2, 4, 8}, "v", "elements per vector access"));
     d.params.push_back(int_param("threads", ParamRole::kTunable, {128, 256, 512, 1024}, "t", "threads per block"));
@@ -67,7 +70,7 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
       d.params.push_back(int_param("items", ParamRole::kTunable, {1, 2, 4, 8}, "i",
                                    "vectors per thread kept in registers: rows up to threads*vec*items columns"));
       d.params.push_back(derived_param("twoshot", ParamKind::kBool, "always false when fused"));
-      d.params.push_back(derived_param("push", ParamKind::kBool, "always false when fused"));
+      d.params.push_back(derived_param("push", ParamKind::kBool, "algo == push"));
     } else {
       d.params.push_back(derived_param("twoshot", ParamKind::kBool, "algo == twoshot"));
       d.params.push_back(derived_param("push", ParamKind::kBool, "algo == push"));
@@ -79,7 +82,7 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
       o.emplace("fused", Value::boolean(fused));
       if (fused) {
         o.emplace("twoshot", Value::boolean(false));
-        o.emplace("push", Value::boolean(false));
+        o.emplace("push", Value::boolean(get_enum(p, "algo") == "push"));
       } else {
         o.emplace("twoshot", Value::boolean(get_enum(p, "algo") == "twoshot"));
         o.emplace("push", Value::boolean(get_enum(p, "algo") == "push"));

@@ -72,6 +72,7 @@ TEST(AllReduceTemplates, RefuseWhatTheyCannotRun) {
   KILN_ASSERT_OK_AND_ASSIGN(templates::TemplatePtr fused, templates::find_template("allreduce_rmsnorm"));
   templates::Params fp{{"dtype", templates::Value::dtype(templates::DType::kBF16)},
                        {"world", templates::Value::integer(2)},
+                       {"algo", templates::Value::enumeration("push")},
                        {"vec", templates::Value::integer(8)},
                        {"threads", templates::Value::integer(512)},
                        {"blocks", templates::Value::integer(32)},
@@ -79,6 +80,9 @@ TEST(AllReduceTemplates, RefuseWhatTheyCannotRun) {
   KILN_ASSERT_OK_AND_ASSIGN(templates::Params ffull, fused->complete(fp));
   KILN_EXPECT_OK(fused->check_problem(ffull, templates::Shape{.m = 16, .n = 4096}));  // 512 x 8 x 1 columns
   EXPECT_EQ(fused->check_problem(ffull, templates::Shape{.m = 16, .n = 8192}).code(), ErrorCode::kInvalidArgument);
+  KILN_ASSERT_OK_AND_ASSIGN(templates::Rendered fr, fused->render(fp));
+  EXPECT_EQ(fr.config_name, "allreduce_rmsnorm_bf16_w2_push_v8_t512_b32_i1");
+  EXPECT_NE(fr.source.source.find("constexpr bool kPush = true;"), std::string::npos);
 }
 
 }  // namespace
