@@ -310,8 +310,7 @@ struct AllReduce::Impl {
     return (*c.kernel)(c.launch.config(stream), a);
   }
 
-  // The input goes to this rank's staging buffer unless it is there already (zero-copy). The output must not
-  // be in it: the peers read it while the kernel writes.
+  // Outputs must not be in the staging buffer: the peers read it while the kernel writes.
   Status not_in_staging(CUdeviceptr p, const char* what) const {
     const CUdeviceptr lo = staging->local(), hi = lo + staging->bytes();
     if (p >= lo && p < hi) {
@@ -319,6 +318,7 @@ struct AllReduce::Impl {
     }
     return Status();
   }
+  // The input goes to this rank's staging buffer unless it is there already (zero-copy).
   Status copy_in(CUdeviceptr in, CUdeviceptr out, size_t bytes, CUstream stream) const {
     KILN_RETURN_IF_ERROR(not_in_staging(out, "output"));
     const CUdeviceptr lo = staging->local();
