@@ -30,94 +30,18 @@ namespace {
 constexpr double kFailed = 1e30;  // a failed choice's figure: larger than any time, survives the max-reduce
 constexpr char kNccl[] = "nccl";
 
-// Host conversions for the check patterns: small integers and the values derived from them, exact or
-// rounded to nearest even.
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-float bf16_to_f32(uint16_t h) {
-  uint32_t u = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t sign = (u >> 16) & 0x8000;
-  int exp = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = u & 0x7fffff;
-  if (exp <= 0) {  // subnormal or zero in half precision
-    if (exp < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000;
-    const int shift = 14 - exp;
-    uint32_t h = mant >> shift;
-    if ((mant >> (shift - 1)) & 1) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);
-  uint32_t h = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
-  const uint32_t rest = mant & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
-  return static_cast<uint16_t>(h);
-}
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  int exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ff;
-  uint32_t u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {
-      exp = 1;
-      while (!(mant & 0x400)) {
-        mant <<= 1;
-        --exp;
-      }
-      mant &= 0x3ff;
-      u = sign | (static_cast<uint32_t>(exp - 15 + 127) << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | (static_cast<uint32_t>(exp - 15 + 127) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // Elements of `dtype` as bytes on the host, from and to floats.
 std::vector<char> encode(templates::DType dtype, const std::vector<float>& v) {
   const int b = templates::dtype_bytes(dtype);
   std::vector<char> out(v.size() * b);
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dtype == templates::DType::kF32) {
-      std::memcpy(&out[i * 4], &v[i], 4);
-    } else {
-      uint16_t h = dtype == templates::DType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-      std::memcpy(&out[i * 2], &h, 2);
-    }
-  }
+  for (size_t i = 0; i < v.size(); ++i) templates::store_element(dtype, v[i], &out[i * b]);
   return out;
 }
-float decode_one(templates::DType dtype, const char* p) {
-  if (dtype == templates::DType::kF32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return dtype == templates::DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
+float decode_one(templates::DType dtype, const char* p) { return templates::load_element(dtype, p); }
 float round_to(templates::DType dtype, float f) {
-  if (dtype == templates::DType::kF32) return f;
-  return dtype == templates::DType::kBF16 ? bf16_to_f32(f32_to_bf16(f)) : f16_to_f32(f32_to_f16(f));
+  char bytes[4];
+  templates::store_element(dtype, f, bytes);
+  return templates::load_element(dtype, bytes);
 }
 
 // Rank r's check input: small integers, exact in every dtype and in any sum of up to 8 ranks.
@@ -136,6 +60,13 @@ std::vector<int64_t> check_positions(int64_t count) {
   for (int64_t i = 0; i < count; i += step) pos.push_back(i);
   for (int64_t i = std::max<int64_t>(0, count - 4096); i < count; ++i) pos.push_back(i);
   return pos;
+}
+
+// The figures pick_collective() decides on: a failed choice's is kFailed.
+std::vector<double> figures(const std::vector<CollectiveTiming>& timings) {
+  std::vector<double> us;
+  for (const auto& t : timings) us.push_back(t.ok ? t.us : kFailed);
+  return us;
 }
 
 double median(std::vector<double> v) {
@@ -639,8 +570,7 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
         return s.verify_allreduce(count);
       };
       KILN_ASSIGN_OR_RETURN(auto timings, s.measure(names, bytes, launch, check));
-      std::vector<double> us;
-      for (const auto& t : timings) us.push_back(t.ok ? t.us : kFailed);
+      const std::vector<double> us = figures(timings);
       const int w = pick_collective(us);
       CollectiveReport r;
       r.bytes = bytes;
@@ -905,9 +835,7 @@ Result<std::vector<CollectiveReport>> AllReduce::tune_fused(int64_t cols, std::v
       return Status();
     };
     KILN_ASSIGN_OR_RETURN(auto timings, s.measure(names, bytes, launch, check));
-    std::vector<double> us;
-    for (const auto& t : timings) us.push_back(t.ok ? t.us : kFailed);
-    const int w = pick_collective(us);
+    const int w = pick_collective(figures(timings));
     CollectiveReport r;
     r.bytes = bytes;
     r.rows = nrows;

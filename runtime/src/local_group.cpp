@@ -1,8 +1,8 @@
 // run_local_group(): one forked process per rank, supervised by the caller's process.
 //
 // Each rank talks to the parent over its own socket pair (sockets rather than pipes: a send to a rank that
-// died must not raise SIGPIPE in the caller's process). A child sends framed messages: rank 0 its NCCL unique
-// id ('I'), which the parent forwards to the other ranks, and every rank its outcome ('O'). The parent never
+// died must not raise SIGPIPE in the caller's process). A child sends frames in the pool's wire layout: rank 0
+// its NCCL unique id, which the parent forwards to the other ranks, and every rank its outcome. The parent never
 // touches CUDA or NCCL: the id is made in rank 0 after the fork, so the caller's process gets no bootstrap
 // thread and forks from whatever state it is in.
 #include <poll.h>
@@ -26,6 +26,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kiln/pool/subprocess.h"
+#include "kiln/pool/wire_codec.h"
 #include "kiln/runtime/comm.h"
 
 #ifndef SYS_pidfd_open
@@ -38,78 +39,41 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kIdMessage = 'I';
-constexpr char kOutcomeMessage = 'O';
-constexpr size_t kFrameHeader = 1 + sizeof(uint64_t);
+// Frames have the pool's layout and field encoding (kiln/pool/wire_codec.h) with their own magic "KLG1".
+constexpr uint32_t kGroupMagic = 0x31474C4Bu;  // "KLG1"
+constexpr uint16_t kGroupVersion = 1;
+constexpr uint16_t kIdMessage = 1;       // rank 0 -> parent: NCCL's unique id, forwarded to the other ranks
+constexpr uint16_t kOutcomeMessage = 2;  // every rank -> parent: its Status and result string
 constexpr int kExitNoParent = 120;
 constexpr int kExitCannotReport = 121;
 
 // ---- framing
 
-void put_u64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); }
-void put_str(std::string& out, const std::string& s) {
-  put_u64(out, s.size());
-  out += s;
-}
-
-std::string frame(char type, const std::string& payload) {
-  std::string out(1, type);
-  put_u64(out, payload.size());
-  out += payload;
-  return out;
+std::string encode_id(const NcclId& id) {
+  wire::Writer w(kGroupMagic, kGroupVersion, kIdMessage);
+  w.str(std::string_view(id.data(), id.size()));
+  return std::move(w).finish();
 }
 
 std::string encode_outcome(const Status& status, const std::string& result) {
-  std::string p;
-  put_u64(p, static_cast<uint64_t>(status.code()));
-  put_str(p, status.message());
-  put_str(p, status.detail());
-  put_u64(p, status.context().size());
-  for (const std::string& c : status.context()) put_str(p, c);
-  put_str(p, result);
-  return p;
+  wire::Writer w(kGroupMagic, kGroupVersion, kOutcomeMessage);
+  w.u8(status.ok() ? 0 : 1);
+  if (!status.ok()) wire::put_status(w, status);
+  w.str(result);
+  return std::move(w).finish();
 }
 
-class Reader {
- public:
-  explicit Reader(std::string_view s) : s_(s) {}
-  bool u64(uint64_t& v) {
-    if (s_.size() < sizeof v) return false;
-    std::memcpy(&v, s_.data(), sizeof v);
-    s_.remove_prefix(sizeof v);
-    return true;
-  }
-  bool str(std::string& out) {
-    uint64_t n = 0;
-    if (!u64(n) || s_.size() < n) return false;
-    out.assign(s_.data(), n);
-    s_.remove_prefix(n);
-    return true;
-  }
-  bool done() const { return s_.empty(); }
-
- private:
-  std::string_view s_;
-};
-
 Result<RankOutcome> decode_outcome(int rank, std::string_view payload) {
-  Reader r(payload);
-  uint64_t code = 0, contexts = 0;
-  std::string message, detail, result;
-  std::vector<std::string> context;
-  bool ok = r.u64(code) && r.str(message) && r.str(detail) && r.u64(contexts) && contexts < (1u << 20);
-  for (uint64_t i = 0; ok && i < contexts; ++i) {
-    std::string c;
-    ok = r.str(c);
-    context.push_back(std::move(c));
-  }
-  ok = ok && r.str(result) && r.done() && code <= static_cast<uint64_t>(ErrorCode::kWrongResult);
-  if (!ok) return make_error(ErrorCode::kCorrupt, fmt::format("rank {} sent a malformed outcome", rank));
+  wire::Reader r(payload);
   RankOutcome o;
   o.rank = rank;
-  o.status = Status(static_cast<ErrorCode>(code), std::move(message), std::move(detail));
-  for (std::string& c : context) o.status.with_context(std::move(c));
-  o.result = std::move(result);
+  const uint8_t failed = r.u8();
+  if (failed > 1) r.fail();
+  if (failed == 1) o.status = wire::get_status(r);
+  o.result = r.str();
+  if (!r.finish("rank outcome").ok()) {
+    return make_error(ErrorCode::kCorrupt, fmt::format("rank {} sent a malformed outcome", rank));
+  }
   return o;
 }
 
@@ -153,7 +117,7 @@ Result<std::string> run_rank(const GroupOptions& options, const RankFunction& fn
   NcclId id;
   if (rank == 0) {
     KILN_ASSIGN_OR_RETURN(id, nccl_unique_id());
-    if (!send_all(fd, frame(kIdMessage, std::string(id.data(), id.size())))) {
+    if (!send_all(fd, encode_id(id))) {
       return make_error(ErrorCode::kUnavailable, "cannot send NCCL's unique id to the parent");
     }
   } else {
@@ -193,7 +157,7 @@ Result<std::string> run_rank(const GroupOptions& options, const RankFunction& fn
   }
   bool reported = false;
   try {
-    reported = send_all(fd, frame(kOutcomeMessage, encode_outcome(status, result)));
+    reported = send_all(fd, encode_outcome(status, result));
     // The outcome is out before the teardown: a teardown that hangs or crashes cannot lose it. After a failure
     // the communicator is not destroyed at all: peers may be blocked in a collective with this rank, and
     // ncclCommDestroy could wait for them; the process exit releases everything.
@@ -317,15 +281,23 @@ class Supervisor {
 
   void handle_messages(size_t i) {
     RankState& r = ranks_[i];
-    while (r.in.size() >= kFrameHeader) {
-      uint64_t length = 0;
-      std::memcpy(&length, r.in.data() + 1, sizeof length);
-      if (r.in.size() - kFrameHeader < length) return;
-      char type = r.in[0];
-      std::string_view payload(r.in.data() + kFrameHeader, length);
-      if (type == kIdMessage && i == 0 && payload.size() == sizeof(NcclId)) {
-        forward_id(payload);
-      } else if (type == kOutcomeMessage && !r.reported) {
+    while (r.in.size() >= wire::kHeaderSize) {
+      wire::Reader header(std::string_view(r.in).substr(0, wire::kHeaderSize));
+      const uint32_t magic = header.u32();
+      const uint16_t version = header.u16(), type = header.u16();
+      const uint32_t length = header.u32();
+      const bool framed = magic == kGroupMagic && version == kGroupVersion && length <= wire::kMaxFramePayload;
+      if (framed && r.in.size() - wire::kHeaderSize < length) return;
+      std::string_view payload = framed ? std::string_view(r.in).substr(wire::kHeaderSize, length) : std::string_view();
+      std::string id;
+      if (framed && type == kIdMessage && i == 0) {
+        wire::Reader p(payload);
+        id = p.str();
+        if (!p.finish("NCCL id").ok()) id.clear();
+      }
+      if (id.size() == sizeof(NcclId)) {
+        forward_id(id);
+      } else if (framed && type == kOutcomeMessage && !r.reported) {
         auto decoded = decode_outcome(static_cast<int>(i), payload);
         r.outcome = decoded.ok() ? std::move(decoded).value() : RankOutcome{static_cast<int>(i), decoded.status(), {}};
         r.reported = true;
@@ -340,7 +312,7 @@ class Supervisor {
         r.in.clear();
         return;
       }
-      r.in.erase(0, kFrameHeader + length);
+      r.in.erase(0, wire::kHeaderSize + length);
     }
   }
 

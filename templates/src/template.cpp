@@ -1,6 +1,9 @@
 // Values, parameter declarations, device limits and the Template class.
 #include "kiln/templates/template.h"
 
+#include <cmath>
+#include <cstring>
+
 #include <algorithm>
 #include <cassert>
 #include <set>
@@ -31,6 +34,68 @@ std::string_view dtype_cpp(DType t) {
   return "?";
 }
 int dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+namespace {
+// Round to nearest even; NaN stays NaN; f16 overflows to infinity and keeps its subnormals.
+uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float bf16_to_f32(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  if (abs < 0x38800000u) {                                                // subnormal or zero
+    const float scaled = std::fabs(f) * 16777216.0f;                      // 2^24: units of the smallest subnormal
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
+  }
+  const uint32_t m = abs + 0xfffu + ((abs >> 13) & 1u);  // round to nearest even at bit 13
+  return static_cast<uint16_t>(sign | ((m - 0x38000000u) >> 13));
+}
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  if (exp == 0) {
+    const float f = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -f : f;
+  }
+  const uint32_t u = exp == 31 ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112) << 23) | (man << 13));
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace
+
+float load_element(DType t, const void* p) {
+  if (t == DType::kF32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return t == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+void store_element(DType t, float v, void* p) {
+  if (t == DType::kF32) {
+    std::memcpy(p, &v, 4);
+    return;
+  }
+  const uint16_t h = t == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
 
 Result<DType> parse_dtype(std::string_view s) {
   if (s == "f16" || s == "fp16" || s == "half") return DType::kF16;

@@ -51,23 +51,11 @@ std::vector<std::string> on_two_gpus(const RankFunction& fn) {
   return out;
 }
 
-// bf16 bits of small integers (exact).
-uint16_t bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  uint32_t u = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 float value(int rank, int64_t i) { return static_cast<float>((i * 5 + rank * 11) % 13) - 6.f; }
 
 Status fill_rank_input(const DeviceBuffer& in, int rank, int64_t count) {
   std::vector<uint16_t> h(count);
-  for (int64_t i = 0; i < count; ++i) h[i] = bf16(value(rank, i));
+  for (int64_t i = 0; i < count; ++i) templates::store_element(templates::DType::kBF16, value(rank, i), &h[i]);
   return in.copy_from_host(h.data(), count * 2);
 }
 
@@ -77,9 +65,9 @@ Status check_sum(const DeviceBuffer& out, int world, int64_t count, const std::s
   for (int64_t i = 0; i < count; ++i) {
     float want = 0;
     for (int r = 0; r < world; ++r) want += value(r, i);
-    if (from_bf16(h[i]) != want) {
-      return make_error(ErrorCode::kInternal, fmt::format("{}: element {} of {} is {}, want {}", what, i, count,
-                                                          from_bf16(h[i]), want));
+    const float got = templates::load_element(templates::DType::kBF16, &h[i]);
+    if (got != want) {
+      return make_error(ErrorCode::kInternal, fmt::format("{}: element {} of {} is {}, want {}", what, i, count, got, want));
     }
   }
   return Status();

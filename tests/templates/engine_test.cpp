@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 #include "kiln/jit/key.h"
@@ -471,6 +472,38 @@ TEST(KernelArgs, LayoutIsFixed) {
   EXPECT_EQ(sizeof(KilnNormArgs), 48u + 8u + 32u + 8u);
   EXPECT_EQ(sizeof(KilnSoftmaxArgs), 16u + 8u + 16u + 8u);
   EXPECT_EQ(sizeof(KilnSplitKReduceArgs), 16u + 8u + 8u + 16u + 32u);
+}
+
+}  // namespace
+}  // namespace kiln::templates
+
+namespace kiln::templates {
+namespace {
+
+uint16_t bits(DType t, float v) {
+  uint16_t b = 0;
+  store_element(t, v, &b);
+  return b;
+}
+
+TEST(HostElements, RoundToNearestEvenAndKeepSpecialValues) {
+  EXPECT_EQ(bits(DType::kBF16, 1.0f), 0x3F80);
+  EXPECT_EQ(bits(DType::kBF16, 1.0f + 0x1p-8f), 0x3F80);      // a tie goes to the even neighbour
+  EXPECT_EQ(bits(DType::kBF16, 1.0f + 3 * 0x1p-8f), 0x3F82);  // and up when that one is even
+  EXPECT_EQ(bits(DType::kBF16, std::nanf("")), 0x7FC0);
+  EXPECT_EQ(bits(DType::kF16, 1.0f), 0x3C00);
+  EXPECT_EQ(bits(DType::kF16, -2.5f), 0xC100);
+  EXPECT_EQ(bits(DType::kF16, 65504.0f), 0x7BFF);
+  EXPECT_EQ(bits(DType::kF16, 70000.0f), 0x7C00);             // overflow: infinity
+  EXPECT_EQ(bits(DType::kF16, 0x1p-24f), 0x0001);             // the smallest subnormal
+  EXPECT_EQ(bits(DType::kF16, 0x1p-25f), 0x0000);             // half of it: the even neighbour, zero
+  EXPECT_EQ(bits(DType::kF16, 3 * 0x1p-25f), 0x0002);
+  const uint16_t pi_bf16 = 0x4049, tiny_f16 = 0x0001;
+  EXPECT_EQ(load_element(DType::kBF16, &pi_bf16), 3.140625f);
+  EXPECT_EQ(load_element(DType::kF16, &tiny_f16), 0x1p-24f);
+  float f = 0;
+  store_element(DType::kF32, 0.1f, &f);
+  EXPECT_EQ(load_element(DType::kF32, &f), 0.1f);
 }
 
 }  // namespace

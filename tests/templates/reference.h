@@ -23,45 +23,6 @@ using templates::Layout;
 
 // ------------------------------------------------------------------------------------------------ dtypes
 
-inline uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float bf16_bits_to_f32(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f32_to_f16_bits(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
-  if (abs < 0x38800000u) {                                                // subnormal or zero
-    const float scaled = std::fabs(f) * 16777216.0f;                      // 2^24: units of the smallest subnormal
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
-  }
-  uint32_t m = abs + 0xfffu + ((abs >> 13) & 1u);  // round to nearest even at bit 13
-  return static_cast<uint16_t>(sign | ((m - 0x38000000u) >> 13));
-}
-inline float f16_bits_to_f32(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  float f;
-  if (exp == 0) {
-    f = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -f : f;
-  }
-  uint32_t u = exp == 31 ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112) << 23) | (man << 13));
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 /// Host storage of a tensor in `dtype` (2 or 4 bytes per element), with its values as doubles after rounding.
 struct HostTensor {
   DType dtype = DType::kBF16;
@@ -70,28 +31,14 @@ struct HostTensor {
   size_t size() const { return values.size(); }
 };
 
-inline int dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline int dtype_size(DType t) { return templates::dtype_bytes(t); }
 
 /// Stores `v` rounded to `dtype`; returns the rounded value.
 inline double store_as(DType dtype, void* dst, float v) {
-  if (dtype == DType::kF32) {
-    std::memcpy(dst, &v, 4);
-    return v;
-  }
-  const uint16_t b = dtype == DType::kBF16 ? f32_to_bf16_bits(v) : f32_to_f16_bits(v);
-  std::memcpy(dst, &b, 2);
-  return dtype == DType::kBF16 ? bf16_bits_to_f32(b) : f16_bits_to_f32(b);
+  templates::store_element(dtype, v, dst);
+  return templates::load_element(dtype, dst);
 }
-inline double load_as(DType dtype, const void* src) {
-  if (dtype == DType::kF32) {
-    float f;
-    std::memcpy(&f, src, 4);
-    return f;
-  }
-  uint16_t b;
-  std::memcpy(&b, src, 2);
-  return dtype == DType::kBF16 ? bf16_bits_to_f32(b) : f16_bits_to_f32(b);
-}
+inline double load_as(DType dtype, const void* src) { return templates::load_element(dtype, src); }
 
 /// `n` values uniform in [lo, hi), rounded to `dtype`; the same seed gives the same tensor everywhere.
 inline HostTensor random_tensor(DType dtype, size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {

@@ -44,6 +44,10 @@ std::string_view dtype_name(DType t);
 /// "__half", "__nv_bfloat16", "float".
 std::string_view dtype_cpp(DType t);
 int dtype_bytes(DType t);
+/// Host-side element conversions (inputs and checks prepared on the CPU): the float nearest to the element at
+/// `p`, and `v` rounded to nearest-even into the dtype's dtype_bytes() at `p`.
+float load_element(DType t, const void* p);
+void store_element(DType t, float v, void* p);
 /// Parses "f16"/"fp16"/"half", "bf16", "f32"/"fp32"/"float".
 Result<DType> parse_dtype(std::string_view s);
 
