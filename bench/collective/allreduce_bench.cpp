@@ -39,6 +39,7 @@ Result<std::string> rank_main(const Options& o, int rank, runtime::Communicator*
   ao.max_configs = o.max_configs;
   ao.graph = o.graph;
   ao.zero_copy = o.zero_copy;
+  ao.in_place = o.in_place;
   if (!o.cache_dir.empty()) {
     cache::StoreOptions so;
     so.dir = o.cache_dir;
@@ -59,11 +60,15 @@ Result<std::string> rank_main(const Options& o, int rank, runtime::Communicator*
   out["world"] = comm->world();
   out["graph_decisions"] = o.graph;
   out["zero_copy"] = o.zero_copy;
+  out["in_place"] = o.in_place;
   const int eb = templates::dtype_bytes(ao.dtype);
   out["sizes"] = nlohmann::json::array();
   for (const auto& r : reports) {
     const int64_t count = static_cast<int64_t>(r.bytes / eb);
     std::vector<std::string> names{"dispatch", "nccl"};
+    for (const auto& c : r.choices) {
+      if (c.name == "nccl_symmetric") names.push_back(c.name);
+    }
     for (const char* algo : {"_oneshot_", "_twoshot_", "_push_"}) {
       std::string b = best_of(r.choices, algo);
       if (!b.empty()) names.push_back(b);
@@ -99,6 +104,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--gpus", o.gpus, "GPUs (one process each)")->check(CLI::Range(2, 8));
   app.add_flag("--graph", o.graph, "Tune the decisions on CUDA-graph replays instead of eager calls");
   app.add_flag("--zero-copy", o.zero_copy, "Inputs already in kiln's peer-mapped buffer (no copy-in per call)");
+  app.add_flag("--in-place", o.in_place, "Reduce kiln's peer-mapped buffer in place (input and output there)");
   app.add_option("--dtype", o.dtype, "bf16, f16 or f32");
   app.add_option("--min-bytes", o.min_bytes, "Smallest message");
   app.add_option("--max-bytes", o.max_bytes, "Largest message (also the staging buffers' size)");
@@ -132,10 +138,10 @@ int run(const Options& o) {
   nlohmann::json j = nlohmann::json::parse((*outcomes)[0].result);
   j["benchmark"] = "allreduce";
   fmt::print("all-reduce, {} GPUs, {}{}: created in {:.2f} s, tuned {} sizes in {:.2f} s ({} decisions)\n", o.gpus,
-             o.dtype, o.zero_copy ? ", zero-copy input" : "", j["create_seconds"].get<double>(), j["sizes"].size(), j["tune_seconds"].get<double>(),
+             o.dtype, o.in_place ? ", in place" : o.zero_copy ? ", zero-copy input" : "", j["create_seconds"].get<double>(), j["sizes"].size(), j["tune_seconds"].get<double>(),
              o.graph ? "graph" : "eager");
-  bench::Table t({"bytes", "chosen", "dispatch", "NCCL", "1-shot", "2-shot", "push", "dispatch graph", "NCCL graph",
-                  "1-shot graph", "2-shot graph", "push graph", "busbw GB/s"});
+  bench::Table t({"bytes", "chosen", "dispatch", "NCCL", "NCCL symm", "1-shot", "2-shot", "push", "dispatch graph",
+                  "NCCL graph", "NCCL symm graph", "1-shot graph", "2-shot graph", "push graph", "busbw GB/s"});
   for (const auto& row : j["sizes"]) {
     const auto& e = row["eager_us"];
     const auto& g2 = row["graph_us"];
@@ -151,8 +157,8 @@ int run(const Options& o) {
       bw = fmt::format("{:.0f}", bytes * 2.0 * (o.gpus - 1) / o.gpus / (e["dispatch"].get<double>() * 1e3));
     }
     t.add({std::to_string(bytes), row["chosen"].get<std::string>().substr(0, 40), us(e, "dispatch"), us(e, "nccl"),
-           us(e, one), us(e, two), us(e, push), us(g2, "dispatch"), us(g2, "nccl"), us(g2, one), us(g2, two),
-           us(g2, push), bw});
+           us(e, "nccl_symmetric"), us(e, one), us(e, two), us(e, push), us(g2, "dispatch"), us(g2, "nccl"),
+           us(g2, "nccl_symmetric"), us(g2, one), us(g2, two), us(g2, push), bw});
   }
   fmt::print("{}\n", t.str());
   bench::Table f({"hidden", "tokens", "chosen", "chosen us", "best fused us", "best unfused us", "fused speedup"});

@@ -19,6 +19,7 @@ struct Options {
   bool graph = false;
   /// The input is already in kiln's peer-mapped buffer (no copy-in per call), as symmetric-memory peers measure.
   bool zero_copy = false;
+  bool in_place = false;  // input and output in kiln's buffer (AllReduceOptions::in_place)
   std::string dtype = "bf16";
   size_t min_bytes = 4096;
   size_t max_bytes = size_t{256} << 20;

@@ -22,6 +22,7 @@
 #include "kiln/templates/kernel_args.h"
 #include "kiln/templates/registry.h"
 #include "nccl_api.h"
+#include "symmetric_window.h"
 
 namespace kiln::runtime {
 
@@ -29,6 +30,7 @@ namespace {
 
 constexpr double kFailed = 1e30;  // a failed choice's figure: larger than any time, survives the max-reduce
 constexpr char kNccl[] = "nccl";
+constexpr char kNcclSymmetric[] = "nccl_symmetric";
 
 // Elements of `dtype` as bytes on the host, from and to floats.
 std::vector<char> encode(templates::DType dtype, const std::vector<float>& v) {
@@ -78,6 +80,7 @@ double median(std::vector<double> v) {
 struct TemplateChoice {
   std::string name;
   bool push = false;  // algo=push: reads the input where it is, writes into the peers' push areas
+  bool in_place = true;  // can reduce the staging buffer in place (not the read one-shot: its peers read it)
   templates::Params params;
   templates::Launch launch;
   templates::TemplatePtr tmpl;
@@ -141,6 +144,7 @@ struct AllReduce::Impl {
   // to one slot; larger ones are bandwidth-bound, where the other algorithms win anyway.
   std::unique_ptr<PeerBuffers> push;
   size_t push_slot_bytes = 0;
+  std::unique_ptr<detail::SymmetricWindow> window;  // "nccl_symmetric"'s; null: no such choice
   std::unique_ptr<PrecompileGate> gate;
   templates::DeviceLimits limits;
   Target target;
@@ -160,8 +164,9 @@ struct AllReduce::Impl {
 
   std::string cache_key(size_t bytes, std::string_view what) const {
     auto info = device_info(comm->device());
-    return fmt::format("{} {} w{} {} {}B", what, templates::dtype_name(options.dtype), comm->world(),
-                       info.ok() ? info->name : std::string("?"), bytes);
+    return fmt::format("{}{} {} w{} {} {}B", what, options.in_place ? " in-place" : "",
+                       templates::dtype_name(options.dtype), comm->world(), info.ok() ? info->name : std::string("?"),
+                       bytes);
   }
 
   KilnAllReduceArgs base_args() const {
@@ -226,22 +231,28 @@ struct AllReduce::Impl {
     }
     KILN_RETURN_IF_ERROR(c.tmpl->check_problem(c.params, templates::Shape{.m = count}));
     KilnAllReduceArgs a = base_args();
+    KILN_RETURN_IF_ERROR(check_output(in, out));
+    if (out == staging->local() && !c.in_place) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("{} cannot reduce in place (its peers read the staging buffer while it writes "
+                                    "it); tune with AllReduceOptions::in_place for in-place calls", c.name));
+    }
     if (c.push) {
       if (bytes > push_slot_bytes) {
         return make_error(ErrorCode::kInvalidArgument,
                           fmt::format("{}: {} bytes exceed its {}-byte slots", c.name, bytes, push_slot_bytes));
       }
-      KILN_RETURN_IF_ERROR(not_in_staging(out, "output"));
       a.in = reinterpret_cast<const void*>(static_cast<uintptr_t>(in));
     } else {
-      KILN_RETURN_IF_ERROR(copy_in(in, out, bytes, stream));
+      KILN_RETURN_IF_ERROR(copy_in(in, bytes, stream));
     }
     a.out = reinterpret_cast<void*>(static_cast<uintptr_t>(out));
     a.count = static_cast<int>(count);
     return (*c.kernel)(c.launch.config(stream), a);
   }
 
-  // Outputs must not be in the staging buffer: the peers read it while the kernel writes.
+  // Outputs must not be in the staging buffer, where the peers read while the kernel writes: except an in-place
+  // call's, which is the whole buffer and the input too.
   Status not_in_staging(CUdeviceptr p, const char* what) const {
     const CUdeviceptr lo = staging->local(), hi = lo + staging->bytes();
     if (p >= lo && p < hi) {
@@ -249,9 +260,12 @@ struct AllReduce::Impl {
     }
     return Status();
   }
-  // The input goes to this rank's staging buffer unless it is there already (zero-copy).
-  Status copy_in(CUdeviceptr in, CUdeviceptr out, size_t bytes, CUstream stream) const {
-    KILN_RETURN_IF_ERROR(not_in_staging(out, "output"));
+  Status check_output(CUdeviceptr in, CUdeviceptr out) const {
+    if (out == staging->local() && in == out) return Status();
+    return not_in_staging(out, "output");
+  }
+  // The input goes to this rank's staging buffer unless it is there already (zero-copy, in place).
+  Status copy_in(CUdeviceptr in, size_t bytes, CUstream stream) const {
     const CUdeviceptr lo = staging->local();
     if (in == lo) return Status();
     KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
@@ -259,11 +273,31 @@ struct AllReduce::Impl {
     return Status();
   }
 
-  // The input a measurement uses: the check pattern itself, or (zero-copy) a copy of it in the staging buffer,
-  // refreshed before every check since two-shot reduces in place.
-  CUdeviceptr bench_input() const { return options.zero_copy ? staging->local() : check_in.ptr(); }
+  // NCCL's symmetric kernels need both buffers in the registered window: the input is copied in and the result
+  // out (a caller's tensor is not in kiln's window), and the all-reduce runs in place there.
+  Status run_symmetric(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const {
+    if (!window) return make_error(ErrorCode::kNotFound, "no nccl_symmetric choice (no symmetric window)");
+    const size_t bytes = static_cast<size_t>(count) * elem_bytes;
+    if (bytes > window->bytes()) {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("nccl_symmetric: {} bytes exceed its {}-byte window",
+                                                                 bytes, window->bytes()));
+    }
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_ASSIGN_OR_RETURN(const detail::NcclApi* n, detail::nccl());
+    KILN_ASSIGN_OR_RETURN(ncclDataType_t t, detail::nccl_dtype(options.dtype));
+    void* w = reinterpret_cast<void*>(static_cast<uintptr_t>(window->ptr()));
+    KILN_CHECK(d->cuMemcpyDtoDAsync(window->ptr(), in, bytes, stream));
+    KILN_CHECK(n->ncclAllReduce(w, w, static_cast<size_t>(count), t, ncclSum, comm->nccl(), stream));
+    KILN_CHECK(d->cuMemcpyDtoDAsync(out, window->ptr(), bytes, stream));
+    return Status();
+  }
+
+  // The input a measurement uses: the check pattern itself, or (zero-copy, in place) a copy of it in the staging
+  // buffer, refreshed before every check since two-shot reduces in place. In place, the output is that buffer.
+  CUdeviceptr bench_input() const { return options.zero_copy || options.in_place ? staging->local() : check_in.ptr(); }
+  CUdeviceptr bench_output() const { return options.in_place ? staging->local() : check_out.ptr(); }
   Status refresh_input(size_t bytes) {
-    if (!options.zero_copy) return Status();
+    if (!options.zero_copy && !options.in_place) return Status();
     KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
     KILN_CHECK(d->cuMemcpyDtoDAsync(staging->local(), check_in.ptr(), bytes, work.get()));
     return work.synchronize();
@@ -280,6 +314,7 @@ struct AllReduce::Impl {
                                   static_cast<size_t>(count), t, ncclSum, comm->nccl(), stream));
       return Status();
     }
+    if (name == kNcclSymmetric) return run_symmetric(in, out, count, stream);
     const TemplateChoice* c = find(choices, name);
     if (!c) return make_error(ErrorCode::kNotFound, fmt::format("no all-reduce choice '{}'", name));
     return launch_template(*c, in, out, count, stream);
@@ -344,7 +379,8 @@ struct AllReduce::Impl {
 
   Status verify_allreduce(int64_t count) {
     std::vector<char> host(static_cast<size_t>(count) * elem_bytes);
-    KILN_RETURN_IF_ERROR(check_out.copy_to_host(host.data(), host.size()));
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_CHECK(d->cuMemcpyDtoH(host.data(), bench_output(), host.size()));
     for (int64_t i : check_positions(count)) {
       float want = 0;
       for (int r = 0; r < comm->world(); ++r) want += pattern(r, i);
@@ -396,8 +432,10 @@ struct AllReduce::Impl {
 
   std::vector<std::string> names_for(int64_t count) const {
     std::vector<std::string> out{kNccl};
+    const size_t bytes = static_cast<size_t>(count) * elem_bytes;
+    if (window && bytes <= window->bytes()) out.push_back(kNcclSymmetric);
     for (const auto& c : choices) {
-      if (!c.kernel || (c.push && static_cast<size_t>(count) * elem_bytes > push_slot_bytes)) continue;
+      if (!c.kernel || (c.push && bytes > push_slot_bytes) || (options.in_place && !c.in_place)) continue;
       if (c.tmpl->check_problem(c.params, templates::Shape{.m = count}).ok()) out.push_back(c.name);
     }
     return out;
@@ -457,6 +495,7 @@ Result<std::vector<TemplateChoice>> render_choices(const std::string& name, cons
     c.name = r->config_name;
     c.params = r->params;
     c.push = templates::get_enum(c.params, "algo") == "push";
+    c.in_place = name != "allreduce" || templates::get_enum(c.params, "algo") != "oneshot";
     // The launch geometry does not depend on the sizes; ask with a shape every configuration can serve.
     const int64_t vec = templates::get_int(c.params, "vec");
     auto l = t->geometry(c.params, name == "allreduce" ? templates::Shape{.m = 64 * vec} : templates::Shape{.m = 1, .n = vec});
@@ -484,6 +523,11 @@ Result<std::unique_ptr<AllReduce>> AllReduce::create(Communicator& comm, AllRedu
   KILN_ASSIGN_OR_RETURN(impl->signals, PeerBuffers::create(comm, KILN_AR_SIGNAL_WORDS * sizeof(unsigned)));
   impl->push_slot_bytes = std::min<size_t>(impl->options.max_bytes, size_t{4} << 20) / 256 * 256;
   KILN_ASSIGN_OR_RETURN(impl->push, PeerBuffers::create(comm, 2 * comm.world() * impl->push_slot_bytes));
+  if (const size_t w = std::min(impl->options.symmetric_bytes, impl->options.max_bytes); w > 0) {
+    auto window = detail::SymmetricWindow::create(comm, w);  // every rank gets the same outcome
+    if (window.ok()) impl->window = std::move(window).value();
+    else spdlog::info("kiln: no nccl_symmetric all-reduce choice: {}", window.status().to_string());
+  }
   KILN_ASSIGN_OR_RETURN(DeviceInfo info, device_info(comm.device()));
   KILN_ASSIGN_OR_RETURN(impl->target, Target::parse(info.arch()));
   impl->limits = templates::DeviceLimits::from_device(info, impl->target);
@@ -535,7 +579,7 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
   if (cached) {
     for (size_t i = 0; i < bucket_bytes.size(); ++i) {
       const std::string& name = (*cached)[i];
-      if (name != kNccl && !s.find(s.choices, name)) {
+      if (name != kNccl && !(name == kNcclSymmetric && s.window) && !s.find(s.choices, name)) {
         cached.reset();  // a stored choice that is not among this build's: every rank sees the same, so all tune
         break;
       }
@@ -560,12 +604,12 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
       KILN_RETURN_IF_ERROR(s.prepare_check(count));
       const std::vector<std::string> names = s.names_for(count);
       auto launch = [&](const std::string& n, CUstream st) {
-        return s.run_named(n, s.bench_input(), s.check_out.ptr(), count, st);
+        return s.run_named(n, s.bench_input(), s.bench_output(), count, st);
       };
       auto check = [&](const std::string& n) -> Status {
         KILN_RETURN_IF_ERROR(s.refresh_input(bytes));
         KILN_RETURN_IF_ERROR(s.check_out.fill_bytes(0xff, s.work.get()));
-        KILN_RETURN_IF_ERROR(s.run_named(n, s.bench_input(), s.check_out.ptr(), count, s.work.get()));
+        KILN_RETURN_IF_ERROR(s.run_named(n, s.bench_input(), s.bench_output(), count, s.work.get()));
         KILN_RETURN_IF_ERROR(s.work.synchronize());
         return s.verify_allreduce(count);
       };
@@ -624,13 +668,13 @@ Result<std::vector<CollectiveTiming>> AllReduce::benchmark(const std::vector<std
   KILN_RETURN_IF_ERROR(s.prepare_check(count));
   auto resolve = [&](const std::string& n) -> const std::string& { return n == "dispatch" ? choice_for(count) : n; };
   auto launch = [&](const std::string& n, CUstream st) -> Status {
-    if (n == "dispatch") return run(s.bench_input(), s.check_out.ptr(), count, st);
-    return s.run_named(n, s.bench_input(), s.check_out.ptr(), count, st);
+    if (n == "dispatch") return run(s.bench_input(), s.bench_output(), count, st);
+    return s.run_named(n, s.bench_input(), s.bench_output(), count, st);
   };
   auto check = [&](const std::string& n) -> Status {
     KILN_RETURN_IF_ERROR(s.refresh_input(bytes));
     KILN_RETURN_IF_ERROR(s.check_out.fill_bytes(0xff, s.work.get()));
-    KILN_RETURN_IF_ERROR(s.run_named(resolve(n), s.bench_input(), s.check_out.ptr(), count, s.work.get()));
+    KILN_RETURN_IF_ERROR(s.run_named(resolve(n), s.bench_input(), s.bench_output(), count, s.work.get()));
     KILN_RETURN_IF_ERROR(s.work.synchronize());
     return s.verify_allreduce(count);
   };
@@ -699,15 +743,15 @@ Status AllReduce::run_fused_choice(const std::string& name, const FusedArgs& a, 
   if (bytes > s.staging->bytes()) return make_error(ErrorCode::kInvalidArgument, "the rows exceed the staging buffers");
   KILN_RETURN_IF_ERROR(c->tmpl->check_problem(c->params, templates::Shape{.m = a.rows, .n = a.cols}));
   KILN_RETURN_IF_ERROR(s.not_in_staging(a.residual_out, "residual output"));
+  KILN_RETURN_IF_ERROR(s.not_in_staging(a.y, "output"));
   KilnAllReduceArgs k = s.base_args();
   if (c->push) {
     if (bytes > s.push_slot_bytes) {
       return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: {} bytes exceed its slots", c->name, bytes));
     }
-    KILN_RETURN_IF_ERROR(s.not_in_staging(a.y, "output"));
     k.in = reinterpret_cast<const void*>(static_cast<uintptr_t>(a.x));
   } else {
-    KILN_RETURN_IF_ERROR(s.copy_in(a.x, a.y, bytes, stream));
+    KILN_RETURN_IF_ERROR(s.copy_in(a.x, bytes, stream));
   }
   k.out = reinterpret_cast<void*>(static_cast<uintptr_t>(a.y));
   k.residual = reinterpret_cast<const void*>(static_cast<uintptr_t>(a.residual));

@@ -4,6 +4,7 @@
 // that fails. Skips without two GPUs. This process never initialises CUDA itself (its children do).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -102,13 +103,34 @@ TEST(CollectiveGpu, EveryChoiceMatchesTheCpuReduction) {
         KILN_RETURN_IF_ERROR(ar->run_choice(name, ar->input_buffer(), out.ptr(), count, nullptr));
         KILN_CHECK(d->cuCtxSynchronize());
         KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, name + " (zero-copy)"));
+        // In place: input and output the staging buffer. Every choice but the read one-shot can; that one is
+        // refused before anything is launched, alike on every rank.
+        KILN_CHECK(d->cuMemcpyDtoD(ar->input_buffer(), in.ptr(), count * 2));
+        Status in_place = ar->run_choice(name, ar->input_buffer(), ar->input_buffer(), count, nullptr);
+        if (name.find("_oneshot_") != std::string::npos) {
+          if (in_place.code() != ErrorCode::kInvalidArgument) {
+            return make_error(ErrorCode::kInternal, name + " accepted an in-place call: " + in_place.to_string());
+          }
+        } else {
+          KILN_RETURN_IF_ERROR(in_place);
+          KILN_CHECK(d->cuCtxSynchronize());
+          KILN_CHECK(d->cuMemcpyDtoD(out.ptr(), ar->input_buffer(), count * 2));
+          KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, name + " (in place)"));
+        }
         ++checked;
       }
     }
+    // NCCL 2.27 and newer register a symmetric window, and its all-reduce is one of the choices.
+    KILN_ASSIGN_OR_RETURN(int version, nccl_version());
+    const auto small = ar->choice_names(1024);
+    const bool symmetric = std::find(small.begin(), small.end(), "nccl_symmetric") != small.end();
+    if (symmetric != (version >= 22700)) {
+      return make_error(ErrorCode::kInternal, fmt::format("NCCL {}: nccl_symmetric offered: {}", version, symmetric));
+    }
     // An output inside the staging buffer is refused (the peers read it while the kernel would write it).
     const auto names = ar->choice_names(1024);
-    if (names.size() < 2) return make_error(ErrorCode::kInternal, "no template choice at 1024 elements");
-    Status aliased = ar->run_choice(names[1], ar->input_buffer(), ar->input_buffer() + 4096, 1024, nullptr);
+    if (names.size() < 3) return make_error(ErrorCode::kInternal, "no template choice at 1024 elements");
+    Status aliased = ar->run_choice(names.back(), ar->input_buffer(), ar->input_buffer() + 4096, 1024, nullptr);
     if (aliased.code() != ErrorCode::kInvalidArgument) return make_error(ErrorCode::kInternal, "aliased output accepted: " + aliased.to_string());
     return std::to_string(checked);
   });
@@ -185,6 +207,43 @@ TEST(CollectiveGpu, DispatcherPicksPerSizeAndRunsInsideACudaGraph) {
     }
     // Above the last bucket: NCCL.
     if (ar->choice_for(int64_t{3} << 20) != "nccl") return make_error(ErrorCode::kInternal, "above the last bucket is not NCCL");
+    return picks;
+  });
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0], results[1]);
+}
+
+TEST(CollectiveGpu, InPlaceTuningLeavesOutTheReadOneShotAndReducesInPlace) {
+  KILN_NEED_TWO_GPUS();
+  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    AllReduceOptions o = small_options();
+    o.in_place = true;
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
+    const std::vector<size_t> buckets{4096, size_t{4} << 20};
+    KILN_ASSIGN_OR_RETURN(auto reports, ar->tune(buckets));
+    std::string picks;
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    for (const auto& r : reports) {
+      bool twoshot = false;
+      for (const auto& c : r.choices) {
+        if (c.name.find("_oneshot_") != std::string::npos) return make_error(ErrorCode::kInternal, "measured " + c.name);
+        twoshot = twoshot || (c.ok && c.name.find("_twoshot_") != std::string::npos);
+      }
+      if (!twoshot) return make_error(ErrorCode::kInternal, fmt::format("no two-shot measured at {} bytes", r.bytes));
+      const int64_t count = static_cast<int64_t>(r.bytes / 2);
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(r.bytes));
+      KILN_RETURN_IF_ERROR(fill_rank_input(in, rank, count));
+      // Twice: the second call's input is written over the first call's result.
+      for (int rep = 0; rep < 2; ++rep) {
+        KILN_CHECK(d->cuMemcpyDtoD(ar->input_buffer(), in.ptr(), r.bytes));
+        KILN_RETURN_IF_ERROR(ar->run(ar->input_buffer(), ar->input_buffer(), count, nullptr));
+        KILN_CHECK(d->cuCtxSynchronize());
+        KILN_ASSIGN_OR_RETURN(DeviceBuffer result, DeviceBuffer::allocate(r.bytes));
+        KILN_CHECK(d->cuMemcpyDtoD(result.ptr(), ar->input_buffer(), r.bytes));
+        KILN_RETURN_IF_ERROR(check_sum(result, comm->world(), count, "in place with " + r.chosen));
+      }
+      picks += r.chosen + ";";
+    }
     return picks;
   });
   ASSERT_EQ(results.size(), 2u);

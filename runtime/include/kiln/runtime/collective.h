@@ -4,8 +4,9 @@
 //   auto reports = (*ar)->tune();                                    // 1 KiB .. 256 MiB, powers of two
 //   (*ar)->run(in, out, count, stream);                              // the bucket's winner; graph-capturable
 //
-// The choices: NCCL's all-reduce (extern) and kiln's one-shot and two-shot templates (templates/collectives/),
-// rendered with the world size, dtype, vector width, threads and blocks. Every rank measures every choice with
+// The choices: NCCL's all-reduce and its symmetric-memory all-reduce on a registered window (extern), and kiln's
+// one-shot (read or push) and two-shot templates (templates/collectives/), rendered with the world size, dtype,
+// vector width, threads and blocks. Every rank measures every choice with
 // the same fixed number of iterations after a barrier; a choice's time is the maximum over ranks of the ranks'
 // medians, and a choice that fails (compile, load, wrong result) on any rank fails on all. The winner per size
 // bucket is computed from those all-reduced figures with a deterministic rule, so every rank holds the same
@@ -50,6 +51,14 @@ struct AllReduceOptions {
   /// Measure (and so decide) with the input already in input_buffer() (no copy-in per call): for callers that
   /// write the tensor to be reduced straight into kiln's buffer, as PyTorch's symmetric memory is used.
   bool zero_copy = false;
+  /// Measure (and so decide) with calls that reduce input_buffer() in place (in == out == input_buffer()), as
+  /// NCCL's in-place all-reduce and PyTorch's two_shot_all_reduce_ are called. The read one-shot cannot run in
+  /// place (its peers read the buffer it would write), so it is left out; the two-shot skips its copy-out.
+  bool in_place = false;
+  /// NCCL's symmetric-memory all-reduce ("nccl_symmetric") serves messages up to this many bytes (and at most
+  /// max_bytes) from a window of that size registered with NCCL_WIN_COLL_SYMMETRIC; it copies the input into
+  /// the window and the result out of it. 0, or an NCCL older than 2.27: no such choice. Default 32 MiB.
+  size_t symmetric_bytes = size_t{32} << 20;
   /// Tests only: rewrites this rank's measured microseconds for a choice before they are exchanged.
   std::function<double(int rank, const std::string& choice, double us)> distort;
 };
@@ -97,7 +106,9 @@ class AllReduce {
   /// it can be captured in a CUDA graph; every rank must call it alike.
   Status run(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
   /// This rank's staging buffer (options().max_bytes, peer-mapped). A call whose input is this buffer skips the
-  /// copy-in: the templates read it where it is. Outputs must not be inside it; it is overwritten by the next call.
+  /// copy-in: the templates read it where it is. A call whose input and output are both this buffer reduces it
+  /// in place (every choice but the read one-shot can; tune with options().in_place for such calls); other
+  /// outputs must not be inside it. It is overwritten by the next call.
   CUdeviceptr input_buffer() const;
   /// The name of the choice run() uses for `count` elements.
   const std::string& choice_for(int64_t count) const;
