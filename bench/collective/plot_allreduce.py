@@ -60,7 +60,9 @@ def main():
         series = [("kiln dispatcher, eager", [ev(r, "dispatch") for r in k["sizes"]], "tab:red", "-o"),
                   ("kiln dispatcher, graph", [gr(r, "dispatch") for r in k["sizes"]], "tab:red", "--o"),
                   ("NCCL via kiln, eager", [ev(r, "nccl") for r in k["sizes"]], "tab:blue", "-s"),
-                  ("NCCL via kiln, graph", [gr(r, "nccl") for r in k["sizes"]], "tab:blue", "--s")]
+                  ("NCCL via kiln, graph", [gr(r, "nccl") for r in k["sizes"]], "tab:blue", "--s"),
+                  ("NCCL symmetric memory via kiln, graph", [gr(r, "nccl_symmetric") for r in k["sizes"]],
+                   "tab:purple", "--x")]
         ps = sorted(peers)
         for n, c, st in (("nccl_us", "tab:gray", "-^"), ("nccl_graph_us", "tab:gray", "--^"),
                          ("symm_one_shot_us", "tab:green", "-D"), ("symm_two_shot_us", "tab:olive", "-v")):
@@ -84,7 +86,7 @@ def main():
         ax1.legend(fontsize=7)
         env = k.get("environment", {})
         fig.suptitle(f"all-reduce, {world}x {env.get('device', 'GPU')}, commit {env.get('commit', '?')}"
-                     f"{', zero-copy input' if k.get('zero_copy') else ''}")
+                     f"{', in place' if k.get('in_place') else ', zero-copy input' if k.get('zero_copy') else ''}")
         fig.tight_layout()
         fig.savefig(a.png, dpi=110)
 

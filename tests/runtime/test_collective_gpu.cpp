@@ -1,4 +1,6 @@
-// kiln's all-reduce on two GPUs, one process per rank (run_local_group): every choice against a CPU reduction,
+// kiln's all-reduce on two GPUs, one process per rank (run_local_group): every choice against a CPU reduction
+// (copy-in, zero-copy and in place; NCCL's symmetric-memory choice offered exactly when NCCL has it), tuning for
+// in-place calls,
 // rank agreement with one rank's timings distorted, the size dispatcher inside a CUDA graph, the fused
 // all-reduce + residual + RMSNorm, decisions reused from the cache by a new group, clean teardown, and a rank
 // that fails. Skips without two GPUs. This process never initialises CUDA itself (its children do).
