@@ -153,6 +153,7 @@ struct AllReduce::Impl {
   Stream work;
   Event start, stop;
   DeviceBuffer check_in, check_out;           // the benchmarks' own buffers
+  DeviceBuffer sync_word;                     // the device-side start of a timed run (align_start)
   // The dispatch table: bounds[i] (bytes, ascending) -> choice name.
   std::vector<size_t> bounds;
   std::vector<std::string> picks;
@@ -320,8 +321,19 @@ struct AllReduce::Impl {
     return launch_template(*c, in, out, count, stream);
   }
 
+  // Enqueues a one-element NCCL all-reduce on the timing stream, so that the ranks' GPUs start a timed run
+  // together: the host barrier alone lets one rank's GPU start up to tens of microseconds before the other's, and
+  // the first timed call then waits for the late rank inside the timed region, a skew the fixed iteration count
+  // spreads over as few as 2 calls at the largest sizes.
+  Status align_start() const {
+    KILN_ASSIGN_OR_RETURN(const detail::NcclApi* n, detail::nccl());
+    void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(sync_word.ptr()));
+    KILN_CHECK(n->ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, comm->nccl(), work.get()));
+    return Status();
+  }
+
   // The rank's median time per call of `launch` over options.runs timed runs of a fixed iteration count, each
-  // after a barrier. Returns the error of a launch that failed; the barriers are taken either way, so that the
+  // after a barrier (on the host, then on the GPUs). Returns the error of a launch that failed; the barriers are taken either way, so that the
   // ranks stay in step.
   Result<double> time_local(const std::function<Status(CUstream)>& launch, size_t bytes) {
     const int iters = collective_iterations(bytes);
@@ -348,7 +360,8 @@ struct AllReduce::Impl {
     for (int run = 0; run < options.runs; ++run) {
       KILN_RETURN_IF_ERROR(comm->barrier());
       if (!st.ok()) continue;
-      st = start.record(work.get());
+      st = align_start();
+      if (st.ok()) st = start.record(work.get());
       if (exec) {
         if (st.ok()) st = to_status(d->cuGraphLaunch(exec, work.get()), "cuGraphLaunch", __FILE__, __LINE__);
       } else {
@@ -561,6 +574,7 @@ Result<std::unique_ptr<AllReduce>> AllReduce::create(Communicator& comm, AllRedu
   KILN_ASSIGN_OR_RETURN(impl->work, Stream::create());
   KILN_ASSIGN_OR_RETURN(impl->start, Event::create());
   KILN_ASSIGN_OR_RETURN(impl->stop, Event::create());
+  KILN_ASSIGN_OR_RETURN(impl->sync_word, DeviceBuffer::allocate(sizeof(float)));
   KILN_RETURN_IF_ERROR(impl->agree(impl->choices));
   return std::unique_ptr<AllReduce>(new AllReduce(std::move(impl)));
 }
