@@ -233,8 +233,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
         }
       }
     }
-    // Every chunk is reduced into every rank's staging, and no peer reads this rank's staging any more, so the
-    // next launch may overwrite it (a peer's next pushes wait for this rank at the next launch's first barrier).
+    // Every peer's reduced chunk is in this rank's staging, and no peer reads this rank's staging any more, so
+    // the next launch may overwrite it (a peer's next pushes wait for this rank at the next launch's first barrier).
     kiln_ar_barrier(a, 1, epoch);
     if (static_cast<const void*>(out) != static_cast<const void*>(mine)) {  // in place: the peers' chunks are there
 #pragma unroll
