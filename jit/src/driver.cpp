@@ -1,6 +1,7 @@
 #include "kiln/jit/driver.h"
 
-#include <dlfcn.h>
+#include "kiln/jit/shared_library.h"
+
 
 #include <cstdlib>
 #include <mutex>
@@ -21,42 +22,26 @@ std::string_view basename_of(std::string_view path) {
 }  // namespace
 
 Result<DriverApi> load_driver(const std::string& library) {
-  // RTLD_NODELETE: function pointers handed out must stay valid for the life of the process.
-  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    return make_error(ErrorCode::kNoDriver,
-                      fmt::format("cannot load {} ({}); GPU work needs the NVIDIA driver, "
-                                  "compiling does not",
-                                  library, why ? why : "unknown reason"));
-  }
+  KILN_ASSIGN_OR_RETURN(SharedLibrary lib,
+                        SharedLibrary::open(library, library, "GPU work needs the NVIDIA driver, compiling does not"));
   // Each entry point is looked up by the name cuda.h maps it to (cuMemAlloc -> cuMemAlloc_v2), exactly as a
   // program linked against libcuda would bind it, so the pointer always has the signature the header
   // declares. cuGetProcAddress(name, CUDA_VERSION) does not give that guarantee: CUDA 13 added
   // cuCtxSynchronize_v2(CUcontext) while cuda.h still declares cuCtxSynchronize(void).
   DriverApi api;
   api.library = library;
-  std::string missing;
 #define KILN_STRINGIFY_INNER(x) #x
 #define KILN_STRINGIFY(x) KILN_STRINGIFY_INNER(x)
-#define KILN_RESOLVE(name)                                                \
-  {                                                                       \
-    void* fn = dlsym(handle, KILN_STRINGIFY(name));                       \
-    if (fn == nullptr) {                                                  \
-      missing += missing.empty() ? "" : ", ";                             \
-      missing += KILN_STRINGIFY(name);                                    \
-    }                                                                     \
-    api.name = reinterpret_cast<decltype(api.name)>(fn);                  \
-  }
+#define KILN_RESOLVE(name) lib.resolve(api.name, KILN_STRINGIFY(name));
   KILN_DRIVER_FUNCTIONS(KILN_RESOLVE)
 #undef KILN_RESOLVE
   if (api.cuGetErrorName == nullptr || api.cuInit == nullptr) {
     return make_error(ErrorCode::kNoDriver,
                       fmt::format("{} is not a CUDA driver library (it has no cuInit)", library));
   }
-  if (!missing.empty()) {
-    return make_error(ErrorCode::kNoDriver,
-                      fmt::format("{} lacks entry points kiln needs ({}); update the driver", library, missing));
+  if (!lib.missing().empty()) {
+    return make_error(ErrorCode::kNoDriver, fmt::format("{} lacks entry points kiln needs ({}); update the driver",
+                                                        library, lib.missing()));
   }
   if (api.cuDriverGetVersion(&api.driver_version) != CUDA_SUCCESS) api.driver_version = 0;
   CUresult init = api.cuInit(0);

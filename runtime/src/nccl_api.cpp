@@ -1,6 +1,7 @@
 #include "nccl_api.h"
 
-#include <dlfcn.h>
+#include "kiln/jit/shared_library.h"
+
 
 #include <atomic>
 #include <cstdlib>
@@ -46,29 +47,16 @@ Status to_status(ncclResult_t result, const char* expr, const char* file, int li
 namespace kiln::runtime::detail {
 
 Result<NcclApi> load_nccl(const std::string& library) {
-  // RTLD_NODELETE: the entry points handed out must stay valid for the life of the process. RTLD_LOCAL: an
-  // application that links its own NCCL keeps its symbols.
-  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    return make_error(ErrorCode::kNoDriver,
-                      fmt::format("cannot load NCCL from {} ({}); kiln's collectives need it (set "
-                                  "KILN_NCCL_LIBRARY to its path), nothing else does",
-                                  library, why ? why : "unknown reason"));
-  }
+  KILN_ASSIGN_OR_RETURN(SharedLibrary lib,
+                        SharedLibrary::open(library, "NCCL from " + library,
+                                            "kiln's collectives need it (set KILN_NCCL_LIBRARY to its path), "
+                                            "nothing else does"));
   NcclApi api;
   api.library = library;
-  std::string missing;
 #define KILN_NCCL_STRINGIFY_INNER(x) #x
 #define KILN_NCCL_STRINGIFY(x) KILN_NCCL_STRINGIFY_INNER(x)
-#define KILN_NCCL_RESOLVE(name) \
-  api.name = reinterpret_cast<decltype(api.name)>(dlsym(handle, KILN_NCCL_STRINGIFY(name)));
-#define KILN_NCCL_RESOLVE_REQUIRED(name)     \
-  KILN_NCCL_RESOLVE(name)                    \
-  if (api.name == nullptr) {                 \
-    missing += missing.empty() ? "" : ", ";  \
-    missing += KILN_NCCL_STRINGIFY(name);    \
-  }
+#define KILN_NCCL_RESOLVE(name) lib.resolve(api.name, KILN_NCCL_STRINGIFY(name), false);
+#define KILN_NCCL_RESOLVE_REQUIRED(name) lib.resolve(api.name, KILN_NCCL_STRINGIFY(name));
   KILN_NCCL_FUNCTIONS(KILN_NCCL_RESOLVE_REQUIRED)
   KILN_NCCL_OPTIONAL_FUNCTIONS(KILN_NCCL_RESOLVE)
 #undef KILN_NCCL_RESOLVE_REQUIRED
@@ -77,10 +65,10 @@ Result<NcclApi> load_nccl(const std::string& library) {
     return make_error(ErrorCode::kNoDriver, fmt::format("{} is not an NCCL library (it has no ncclCommInitRank)",
                                                         library));
   }
-  if (!missing.empty()) {
+  if (!lib.missing().empty()) {
     return make_error(ErrorCode::kNoDriver,
                       fmt::format("{} lacks NCCL entry points kiln needs ({}); install a newer NCCL", library,
-                                  missing));
+                                  lib.missing()));
   }
   if (ncclResult_t r = api.ncclGetVersion(&api.version); r != ncclSuccess) {
     return make_error(ErrorCode::kNoDriver, fmt::format("ncclGetVersion failed in {} (result {})", library,
