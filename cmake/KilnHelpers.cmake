@@ -1,4 +1,5 @@
-# kiln_library(NAME folder SOURCES ...): one static library per folder, exported as kiln::<folder>.
+# kiln_library(NAME folder SOURCES ...): one static library per folder, exported as kiln::<folder>. Its
+# include/ folder holds its public headers (installed); anything internal stays in its src/.
 function(kiln_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
   add_library(kiln_${name} STATIC ${ARG_SOURCES})
@@ -9,6 +10,9 @@ function(kiln_library name)
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_compile_options(kiln_${name} PRIVATE -Wall -Wextra -Wno-missing-field-initializers)
   set_property(GLOBAL APPEND PROPERTY KILN_LIBRARIES kiln_${name})
+  if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    set_property(GLOBAL APPEND PROPERTY KILN_PUBLIC_INCLUDE_DIRS ${CMAKE_CURRENT_SOURCE_DIR}/include)
+  endif()
 endfunction()
 
 # kiln_embed(TARGET target NAMESPACE ns FILES f1 f2 ...): builds text files into the target as a table

@@ -7,10 +7,10 @@ install(TARGETS ${kiln_libs} kiln_kiln EXPORT kilnTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir jit templates pool cache runtime)
-  if(EXISTS ${PROJECT_SOURCE_DIR}/${dir}/include)
-    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-  endif()
+# Only each room's include/ folder: internal headers live in its src/ and are never installed.
+get_property(kiln_include_dirs GLOBAL PROPERTY KILN_PUBLIC_INCLUDE_DIRS)
+foreach(dir ${kiln_include_dirs})
+  install(DIRECTORY ${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()
 install(TARGETS kiln_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT kilnTargets NAMESPACE kiln:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)

@@ -77,7 +77,7 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w) {
   int kernels = 0, cached = 0, failed = 0;
   std::vector<std::string> failures;
   for (const auto& p : w.problems) {
-    auto r = runtime::precompile_problem(p, *target, **gate, options);
+    auto r = runtime::precompile_problem(runtime::default_ops(), p, *target, **gate, options);
     if (!r.ok()) {
       failures.push_back(fmt::format("{}: {}", p.describe(), r.status().to_string()));
       tracker.record(false);
@@ -120,7 +120,7 @@ int run_tune(const TuneArgs& a) {
   options.cache = *cache;
   options.device = a.device;
   options.max_template_configs = a.configs;
-  auto tuner = runtime::Tuner::create(options);
+  auto tuner = runtime::make_tuner(options);
   if (!tuner.ok()) {
     fmt::print(stderr, "kiln tune: {}\n", tuner.status().to_string());
     return 1;
@@ -131,7 +131,7 @@ int run_tune(const TuneArgs& a) {
   for (const auto& p : w->problems) {
     auto decided = (*cache)->lookup_decision((*tuner)->key(p));
     if (decided.ok() && *decided) continue;  // a warm start loads only the decided kernel
-    auto choices = runtime::OpRegistry::global().choices(p, (*tuner)->context());
+    auto choices = runtime::default_ops().choices(p, (*tuner)->context());
     if (!choices.ok()) continue;
     for (const auto& c : *choices) (void)c->precompile((*tuner)->gate(), Priority::kBackground);
   }

@@ -1,7 +1,7 @@
 // The autotuner's targets (issue 6), each a phase of this program so that cold and warm runs are separate
 // processes:
 //   tune      --problem gemm:M,N,K[:epilogue] --cache-dir D [--mode tune|off]
-//             one tune in this process: Tuner::create, tune(), the report (cold with an empty D, warm with a
+//             one tune in this process: make_tuner, tune(), the report (cold with an empty D, warm with a
 //             filled one); cuBLAS's default is among the choices, measured in the same run.
 //   stability --problem ... --runs 20     spawns `tune --mode off` in fresh processes and counts the choices.
 //   dispatch  --problem ...                host cost of Dispatcher::run and Selection::run against a raw
@@ -54,7 +54,7 @@ Result<std::unique_ptr<Tuner>> make_tuner(const std::string& dir, const std::str
   TuneOptions o;
   o.cache = std::move(c);
   o.max_template_configs = configs;
-  return Tuner::create(o);
+  return make_tuner(o);
 }
 
 int phase_tune(const Problem& p, const std::string& dir, const std::string& mode, int configs, const std::string& json) {
@@ -80,7 +80,7 @@ int phase_tune(const Problem& p, const std::string& dir, const std::string& mode
   // The first launch of the ready kernel, synchronised: nothing may be left to set up at this point.
   double first_launch_s = 0;
   {
-    auto def = OpRegistry::global().find(p.op);
+    auto def = default_ops().find(p.op);
     auto bufs = (*def)->buffers(p, 9);
     auto d = driver();
     if (bufs.ok() && d.ok()) {
@@ -191,7 +191,7 @@ int phase_dispatch(const Problem& p, const std::string& dir, int configs, const 
     fmt::print(stderr, "{}\n", dispatcher.status().to_string());
     return 1;
   }
-  auto def = OpRegistry::global().find(p.op);
+  auto def = default_ops().find(p.op);
   auto buffers = (*def)->buffers(p.with_dynamic_size(1), 3);
   auto d = driver();
   auto stream = Stream::create();

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "kiln/jit/cuda_status.h"
-#include "kiln/jit/testing.h"
+#include "testing.h"
 #include "options.h"
 
 #ifndef KILN_DEFAULT_CUDA_INCLUDE

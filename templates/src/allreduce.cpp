@@ -1,6 +1,6 @@
 // All-reduce across GPUs through peer-mapped buffers (templates/collectives/allreduce.cu): one-shot and two-shot
 // sums, and the sum fused with the residual add and RMSNorm that follow it in tensor-parallel inference. The
-// runtime's collectives (runtime/src/collective*.cpp) launch them with KilnAllReduceArgs.
+// runtime's collectives (runtime/collective/src/collective*.cpp) launch them with KilnAllReduceArgs.
 #include <fmt/format.h>
 
 #include "families.h"

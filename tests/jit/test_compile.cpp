@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "kiln/jit/compiler.h"
-#include "kiln/jit/testing.h"
+#include "testing.h"
 #include "kiln_test.h"
 #include "shared_kernels.h"
 

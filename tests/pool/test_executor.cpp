@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "fakes.h"
-#include "kiln/jit/testing.h"
+#include "testing.h"
 #include "kiln_test.h"
 
 namespace kiln {

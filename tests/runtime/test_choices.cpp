@@ -33,7 +33,7 @@ TEST(Choices, GemmOnHopperWithoutAGpu) {
   EXPECT_FALSE(ctx.has_device);
   EXPECT_EQ(ctx.target.arch, "sm_90");
   EXPECT_EQ(ctx.arch_target.arch, "sm_90a");
-  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(decode_gemm(), ctx));
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(decode_gemm(), ctx));
   std::set<std::string> names, families;
   int subgraphs = 0;
   for (const auto& c : choices) {
@@ -56,7 +56,7 @@ TEST(Choices, GemmOnHopperWithoutAGpu) {
 }
 
 TEST(Choices, EpilogueProblemsOfferUnfusedPairs) {
-  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(decode_gemm("bias+gelu"), hopper()));
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(decode_gemm("bias+gelu"), hopper()));
   int unfused = 0;
   for (const auto& c : choices) {
     // One slice: the plain GEMM writes fp32, the reduction kernel applies the epilogue.
@@ -73,7 +73,7 @@ TEST(Choices, LargeProblemsSkipSplitKAndIncludeTheSeededWinners) {
   GemmProblem g;
   g.m = g.n = g.k = 4096;
   g.b_layout = Layout::kColMajor;
-  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(Problem::gemm(g), hopper()));
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(Problem::gemm(g), hopper()));
   bool wgmma_seed = false, mma_seed = false;
   for (const auto& c : choices) {
     EXPECT_NE(c->kind(), ChoiceKind::kSubgraph) << c->name();
@@ -85,7 +85,7 @@ TEST(Choices, LargeProblemsSkipSplitKAndIncludeTheSeededWinners) {
 
 TEST(Choices, AmpereGetsNoHopperTemplates) {
   KILN_ASSERT_OK_AND_ASSIGN(ChoiceContext ctx, choice_context_for_arch(Target{"sm_80"}));
-  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(decode_gemm(), ctx));
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(decode_gemm(), ctx));
   ASSERT_FALSE(choices.empty());
   for (const auto& c : choices) {
     for (const auto& k : c->kernels()) EXPECT_EQ(k.target.arch, "sm_80") << c->name();
@@ -96,14 +96,14 @@ TEST(Choices, MemoryBoundOps) {
   for (const Problem& p : {Problem::norm({.rows = 64, .cols = 4096, .residual = true}),
                            Problem::norm({.layernorm = true, .rows = 64, .cols = 4096, .bias = true}),
                            Problem::softmax({.rows = 64, .cols = 32000})}) {
-    KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(p, hopper()));
+    KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(p, hopper()));
     EXPECT_GE(choices.size(), 3u) << p.describe();
     for (const auto& c : choices) EXPECT_EQ(c->kind(), ChoiceKind::kTemplate) << c->name();
   }
 }
 
 TEST(Choices, ATemplateChoiceAndASubgraphCompile) {
-  KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(decode_gemm("bias+relu"), hopper()));
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(decode_gemm("bias+relu"), hopper()));
   auto executor = make_inline_executor();
   KILN_ASSERT_OK_AND_ASSIGN(auto gate, PrecompileGate::create({.executor = std::move(executor)}));
   bool did_template = false, did_subgraph = false;
@@ -122,13 +122,13 @@ TEST(Choices, ATemplateChoiceAndASubgraphCompile) {
 TEST(Choices, EveryKernelChoiceRebuildsFromItsStoredParameters) {
   // A warm start rebuilds the decided choice from what the decision stored, without generating the others:
   // it must come back as the same choice, compiling the same kernels (and so hitting the same cached binaries).
-  auto gemm_def = OpRegistry::global().find("gemm");
+  auto gemm_def = default_ops().find("gemm");
   ASSERT_TRUE(gemm_def.ok());
   for (const Problem& p : {decode_gemm("bias+gelu"), decode_gemm(), Problem::norm({.rows = 64, .cols = 4096, .residual = true}),
                            Problem::softmax({.rows = 8, .cols = 1000})}) {
-    auto def = OpRegistry::global().find(p.op);
+    auto def = default_ops().find(p.op);
     ASSERT_TRUE(def.ok());
-    KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(p, hopper()));
+    KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(p, hopper()));
     int rebuilt = 0;
     for (const auto& c : choices) {
       auto params = c->parameters();
@@ -167,7 +167,7 @@ TEST(Precompile, FillsTheCacheThenFindsEverythingThere) {
     KILN_ASSERT_OK_AND_ASSIGN(auto cache, open());
     std::shared_ptr<cache::TuningCache> shared(std::move(cache));
     KILN_ASSERT_OK_AND_ASSIGN(auto gate, make_cached_gate(shared, make_inline_executor()));
-    KILN_ASSERT_OK_AND_ASSIGN(PrecompileReport r, precompile_problem(p, Target{"sm_90a"}, *gate, options));
+    KILN_ASSERT_OK_AND_ASSIGN(PrecompileReport r, precompile_problem(default_ops(), p, Target{"sm_90a"}, *gate, options));
     EXPECT_EQ(r.failed, 0) << (r.failures.empty() ? "" : r.failures.front());
     EXPECT_GT(r.kernels, 0);
     EXPECT_EQ(r.cached, 0);
@@ -178,7 +178,7 @@ TEST(Precompile, FillsTheCacheThenFindsEverythingThere) {
     KILN_ASSERT_OK_AND_ASSIGN(auto cache, open());
     std::shared_ptr<cache::TuningCache> shared(std::move(cache));
     KILN_ASSERT_OK_AND_ASSIGN(auto gate, make_cached_gate(shared, make_inline_executor()));
-    KILN_ASSERT_OK_AND_ASSIGN(PrecompileReport r, precompile_problem(p, Target{"sm_90a"}, *gate, options));
+    KILN_ASSERT_OK_AND_ASSIGN(PrecompileReport r, precompile_problem(default_ops(), p, Target{"sm_90a"}, *gate, options));
     EXPECT_EQ(r.kernels, first_kernels);
     EXPECT_EQ(r.cached, first_kernels);
     EXPECT_EQ(gate->counters().compiles, 0u);
@@ -205,7 +205,7 @@ class NamedChoice final : public Choice {
 };
 
 TEST(Registry, CustomOpsAndAddedChoices) {
-  OpRegistry& r = OpRegistry::global();
+  OpRegistry& r = default_ops();
   EXPECT_EQ(r.find("no_such_op").status().code(), ErrorCode::kNotFound);
   EXPECT_EQ(r.add(OpDef{.name = "incomplete"}).code(), ErrorCode::kInvalidArgument);
   OpDef def;
@@ -270,7 +270,7 @@ TEST(Dispatcher, ArbitraryHintsAndRunsTheChosenOne) {
 }  // namespace
 }  // namespace kiln::runtime
 
-// ---- the selection rule (runtime/src/selection_rule.h)
+// ---- the selection rule (runtime/tune/src/selection_rule.h)
 
 #include "selection_rule.h"
 

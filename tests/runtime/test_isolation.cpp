@@ -238,7 +238,7 @@ class IsolationHostTest : public ::testing::Test {
     EXPECT_EQ(log_.count(Kind::kWorkerExited), static_cast<int>(spawned.size()));
     for (const auto& e : spawned) EXPECT_FALSE(alive(e.pid)) << "worker " << e.pid << " is still there";
   }
-  Result<detail::Samples> measure(detail::IsolationHost& h, const std::string& name) {
+  Result<Samples> measure(detail::IsolationHost& h, const std::string& name) {
     auto r = h.check_and_measure(name, binaries_for(name), 0);
     EXPECT_TRUE(r.ok()) << r.status().to_string();  // isolation itself must keep working
     if (!r.ok()) return r.status();
@@ -253,7 +253,7 @@ TEST_F(IsolationHostTest, MeasuresInTheWorkerAndListsWhatItCannotRebuild) {
   KILN_ASSERT_OK_AND_ASSIGN(auto unknown, h->begin(spec({"alpha", "unknown_beta", "wrong"})));
   ASSERT_EQ(unknown.size(), 1u);
   EXPECT_EQ(unknown.begin()->first, "unknown_beta");
-  KILN_ASSERT_OK_AND_ASSIGN(detail::Samples s, measure(*h, "alpha"));
+  KILN_ASSERT_OK_AND_ASSIGN(Samples s, measure(*h, "alpha"));
   EXPECT_EQ(s.us, (std::vector<double>{5, 6}));
   // An ordinary failure reported by the worker fails the choice and keeps the worker.
   auto wrong = measure(*h, "wrong");
@@ -284,7 +284,7 @@ void expect_crash_costs_one_choice(IsolationHostTest& t, EventLog& log, const st
   EXPECT_NE(msg.find("fake worker: running " + fault), std::string::npos) << msg;  // the tail of its stderr
   EXPECT_FALSE(alive(pid));
   // The next choice gets a fresh worker, which is given the problem again and the binaries it lacks.
-  KILN_ASSERT_OK_AND_ASSIGN(detail::Samples s, t.measure(*h, "after"));
+  KILN_ASSERT_OK_AND_ASSIGN(Samples s, t.measure(*h, "after"));
   EXPECT_EQ(s.us.front(), 5);
   EXPECT_NE(h->worker_pid(), pid);
   KILN_ASSERT_OK_AND_ASSIGN(auto tie, h->time_runs("first", binaries_for("first"), 3, false));

@@ -117,20 +117,20 @@ class IsolationGpu : public ::testing::Test {
   }
   std::unique_ptr<Tuner> tuner(TuneOptions o, const std::string& sub = "cache") {
     o.cache = cache(sub);
-    auto t = Tuner::create(o);
+    auto t = make_tuner(o);
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return std::move(t).value();
   }
 
   // Runs `sel` in this process's context on fresh buffers and checks its output against the op's reference.
   void expect_correct(const Selection& sel) {
-    auto def = OpRegistry::global().find(sel.problem().op);
+    auto def = default_ops().find(sel.problem().op);
     ASSERT_TRUE(def.ok());
     KILN_ASSERT_OK_AND_ASSIGN(OpBuffers mine, (*def)->buffers(sel.problem(), 77));
     KILN_ASSERT_OK_AND_ASSIGN(OpBuffers ref, (*def)->buffers(sel.problem(), 77));
     KILN_ASSERT_OK(sel.run(mine.args, nullptr));
     KILN_ASSERT_OK_AND_ASSIGN(auto ctx, choice_context(0));
-    KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(sel.problem(), ctx));
+    KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(sel.problem(), ctx));
     ChoicePtr reference;
     for (const auto& c : choices) {
       if (c->name() == (*def)->reference(sel.problem())) reference = c;
@@ -325,11 +325,11 @@ TEST_F(IsolationGpu, IsolatedTuneAgreesWithInProcessAndReportsItsCost) {
 
 TEST_F(IsolationGpu, OpsTheWorkerCannotRebuildRunInTheHost) {
   // Registered in this process only: the worker does not know the op, so every choice runs here.
-  auto gemm_def = OpRegistry::global().find("gemm");
+  auto gemm_def = default_ops().find("gemm");
   ASSERT_TRUE(gemm_def.ok());
   OpDef def = **gemm_def;
   def.name = "gemm_host_only";
-  KILN_ASSERT_OK(OpRegistry::global().add(def));
+  KILN_ASSERT_OK(default_ops().add(def));
   EventLog log;
   auto t = tuner(options(Isolation::kIsolated, &log));
   Problem p = gemm(32, 512, 256);

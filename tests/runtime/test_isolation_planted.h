@@ -69,12 +69,12 @@ inline Result<std::vector<ChoicePtr>> choices(const Problem&, const ChoiceContex
 
 /// Registers kOp (gemm's OpDef under another name, plus the planted choices) once per process.
 inline Status register_ops() {
-  if (OpRegistry::global().find(kOp).ok()) return Status();
-  KILN_ASSIGN_OR_RETURN(auto gemm, OpRegistry::global().find("gemm"));
+  if (default_ops().find(kOp).ok()) return Status();
+  KILN_ASSIGN_OR_RETURN(auto gemm, default_ops().find("gemm"));
   OpDef def = *gemm;
   def.name = kOp;
-  KILN_RETURN_IF_ERROR(OpRegistry::global().add(def));
-  return OpRegistry::global().add_choices(kOp, choices);
+  KILN_RETURN_IF_ERROR(default_ops().add(def));
+  return default_ops().add_choices(kOp, choices);
 }
 
 }  // namespace kiln::runtime::planted

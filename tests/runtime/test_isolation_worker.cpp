@@ -2,7 +2,7 @@
 // test process registers it. This is how a program isolates its own ops (kiln/runtime/isolation.h).
 #include <cstdio>
 
-#include "kiln/runtime/isolation.h"
+#include "kiln/runtime/bench_worker.h"
 #include "test_isolation_planted.h"
 
 int main(int argc, char** argv) {
@@ -10,5 +10,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "test_isolation_worker: %s\n", s.to_string().c_str());
     return 1;
   }
-  return kiln::runtime::bench_worker_main(argc, argv);
+  return kiln::runtime::bench_worker_main(argc, argv, kiln::runtime::default_ops());
 }

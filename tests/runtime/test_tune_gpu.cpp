@@ -41,7 +41,7 @@ class TuneGpu : public ::testing::Test {
     o.max_template_configs = configs;
     o.max_cublas_algos = 4;
     o.bench.budget_ms = 2;
-    auto t = Tuner::create(o);
+    auto t = make_tuner(o);
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return std::move(t).value();
   }
@@ -49,7 +49,7 @@ class TuneGpu : public ::testing::Test {
   // Runs `sel` on fresh buffers of its problem and checks the output against the op's reference choice.
   // `given`: buffers made by the op with seed 77 for the selection's problem, to check in place.
   void expect_correct(const Selection& sel, OpBuffers* given = nullptr) {
-    auto def = OpRegistry::global().find(sel.problem().op);
+    auto def = default_ops().find(sel.problem().op);
     ASSERT_TRUE(def.ok());
     OpBuffers own;
     if (!given) {
@@ -59,7 +59,7 @@ class TuneGpu : public ::testing::Test {
     KILN_ASSERT_OK_AND_ASSIGN(OpBuffers ref, (*def)->buffers(sel.problem(), 77));
     KILN_ASSERT_OK(sel.run(mine.args, nullptr));
     KILN_ASSERT_OK_AND_ASSIGN(auto ctx, choice_context(0));
-    KILN_ASSERT_OK_AND_ASSIGN(auto choices, OpRegistry::global().choices(sel.problem(), ctx));
+    KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(sel.problem(), ctx));
     ChoicePtr reference;
     for (const auto& c : choices) {
       if (c->name() == (*def)->reference(sel.problem())) reference = c;
@@ -219,12 +219,12 @@ Result<std::vector<ChoicePtr>> planted(const Problem& p, const ChoiceContext& ct
 }
 
 TEST_F(TuneGpu, FailingChoicesAreRecordedAndTheTuneCompletes) {
-  auto gemm_def = OpRegistry::global().find("gemm");
+  auto gemm_def = default_ops().find("gemm");
   ASSERT_TRUE(gemm_def.ok());
   OpDef def = **gemm_def;
   def.name = "gemm_with_planted_faults";
-  KILN_ASSERT_OK(OpRegistry::global().add(def));
-  KILN_ASSERT_OK(OpRegistry::global().add_choices(def.name, planted));
+  KILN_ASSERT_OK(default_ops().add(def));
+  KILN_ASSERT_OK(default_ops().add_choices(def.name, planted));
   Problem p = gemm(64, 256, 128);
   p.op = def.name;
   auto t = tuner(cache::TuneMode::kTune);
@@ -268,7 +268,7 @@ TEST_F(TuneGpu, DeferredSelectionBecomesADispatcherThatWorksInAGraph) {
   KILN_ASSERT_OK(at20.reserve_workspace(s64.choice()->workspace_bytes()));
   expect_correct(at20);
   // The dispatcher inside CUDA-graph capture, replayed.
-  auto def = OpRegistry::global().find("gemm");
+  auto def = default_ops().find("gemm");
   KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(gemm(40, 1024, 1024), 77));
   KILN_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::create());
   KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());

@@ -1,6 +1,7 @@
-// kiln's autotuner in one include.
+// kiln's autotuner and collectives in one include.
 #pragma once
 
+#include "kiln/runtime/builtin.h"
 #include "kiln/runtime/choice.h"
 #include "kiln/runtime/collective.h"
 #include "kiln/runtime/comm.h"

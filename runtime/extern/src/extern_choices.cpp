@@ -1,0 +1,176 @@
+// Extern choices: cuBLAS's default GEMM, cuBLASLt's algorithms, and unfused extern GEMM + epilogue pairs.
+#include <fmt/format.h>
+
+#include "cublas_gemm.h"
+#include "kiln/runtime/extern_choices.h"
+#include "kiln/templates/registry.h"
+
+namespace kiln::runtime {
+
+using detail::cublas_default_gemm;
+using detail::cublas_ready;
+using detail::LtAlgo;
+using detail::LtGemm;
+
+namespace {
+
+class CublasDefaultChoice final : public Choice {
+ public:
+  explicit CublasDefaultChoice(const GemmProblem& p, DType out) : p_(p), out_(out) {}
+  const std::string& name() const override { return name_; }
+  ChoiceKind kind() const override { return ChoiceKind::kExtern; }
+  Status prepare(const Binaries&) override { return cublas_ready(); }
+  Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
+    const auto* a = std::get_if<KilnGemmArgs>(&args);
+    if (a == nullptr) return make_error(ErrorCode::kInvalidArgument, "cublas_default runs GEMMs only");
+    return cublas_default_gemm(p_, out_, *a, stream);
+  }
+  std::map<std::string, std::string> parameters() const override {
+    return {{"library", "cublas"}, {"algo", "CUBLAS_GEMM_DEFAULT"}, {"version", cublas_version()}};
+  }
+
+ private:
+  GemmProblem p_;
+  DType out_;
+  std::string name_ = "cublas_default";
+};
+
+class CublasLtChoice final : public Choice {
+ public:
+  CublasLtChoice(const GemmProblem& p, bool fuse, DType plain_out, std::string algo)
+      : p_(p), fuse_(fuse), plain_out_(plain_out), name_(std::move(algo)) {}
+  const std::string& name() const override { return name_; }
+  ChoiceKind kind() const override { return ChoiceKind::kExtern; }
+  Status prepare(const Binaries&) override {
+    KILN_ASSIGN_OR_RETURN(gemm_, LtGemm::create(p_, fuse_, plain_out_));
+    KILN_ASSIGN_OR_RETURN(LtAlgo a, gemm_->algorithm(name_));
+    algo_ = std::move(a);
+    return Status();
+  }
+  Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
+    const auto* a = std::get_if<KilnGemmArgs>(&args);
+    if (a == nullptr) return make_error(ErrorCode::kInvalidArgument, fmt::format("{} runs GEMMs only", name_));
+    if (!gemm_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name_));
+    return gemm_->run(&algo_, *a, stream);
+  }
+  std::map<std::string, std::string> parameters() const override {
+    return {{"library", "cublasLt"}, {"fused_epilogue", fuse_ ? "true" : "false"}, {"version", cublas_version()}};
+  }
+
+ private:
+  GemmProblem p_;
+  bool fuse_;
+  DType plain_out_;
+  std::string name_;
+  std::unique_ptr<LtGemm> gemm_;
+  LtAlgo algo_;
+};
+
+class UnfusedChoice final : public Choice {
+ public:
+  UnfusedChoice(const GemmProblem& p, ChoicePtr gemm, templates::TemplatePtr reduce, templates::Rendered r, Target t)
+      : p_(p), gemm_(std::move(gemm)), reduce_(std::move(reduce)), rendered_(std::move(r)), target_(std::move(t)) {
+    name_ = fmt::format("unfused_{}_{}", gemm_->name(), rendered_.config_name);
+  }
+  const std::string& name() const override { return name_; }
+  ChoiceKind kind() const override { return ChoiceKind::kSubgraph; }
+  std::vector<CompileRequest> kernels() const override {
+    auto out = gemm_->kernels();
+    out.push_back({rendered_.source, target_});
+    return out;
+  }
+  Status prepare(const Binaries& binaries) override {
+    if (binaries.empty()) return make_error(ErrorCode::kInternal, fmt::format("{}: no binaries", name_));
+    Binaries inner(binaries.begin(), binaries.end() - 1);
+    KILN_RETURN_IF_ERROR(gemm_->prepare(inner));
+    KILN_ASSIGN_OR_RETURN(reduce_kernel_, load_kernel(binaries.back()));
+    return Status();
+  }
+  size_t workspace_bytes() const override { return static_cast<size_t>(p_.m * p_.n) * sizeof(float); }
+  Status run(const OpArgs& args, CUdeviceptr workspace, CUstream stream) const override {
+    const auto* a = std::get_if<KilnGemmArgs>(&args);
+    if (a == nullptr) return make_error(ErrorCode::kInvalidArgument, fmt::format("{} runs GEMMs only", name_));
+    if (!reduce_kernel_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name_));
+    if (workspace == 0) return make_error(ErrorCode::kInvalidArgument, fmt::format("{} needs a workspace", name_));
+    KilnGemmArgs plain = *a;
+    plain.d = reinterpret_cast<void*>(workspace);
+    plain.ldd = a->n;
+    KILN_RETURN_IF_ERROR(gemm_->run(plain, 0, stream));
+    KilnSplitKReduceArgs r{};
+    r.workspace = reinterpret_cast<const float*>(workspace);
+    r.d = a->d;
+    r.m = a->m;
+    r.n = a->n;
+    r.slices = 1;
+    r.slice_stride = static_cast<long long>(a->m) * a->n;
+    r.ldd = a->ldd;
+    r.ep = a->ep;
+    templates::Shape s{a->m, a->n, 1, 1, 1};
+    KILN_ASSIGN_OR_RETURN(templates::Launch g, reduce_->geometry(rendered_.params, s));
+    return templates::launch(*reduce_kernel_, g, r, stream);
+  }
+  std::map<std::string, std::string> parameters() const override {
+    return {{"gemm", gemm_->name()}, {"epilogue_kernel", rendered_.config_name}};
+  }
+
+ private:
+  GemmProblem p_;
+  ChoicePtr gemm_;
+  templates::TemplatePtr reduce_;
+  templates::Rendered rendered_;
+  Target target_;
+  std::string name_;
+  std::optional<Kernel> reduce_kernel_;
+};
+
+}  // namespace
+
+ChoicePtr make_cublas_default_choice(const GemmProblem& p) {
+  return std::make_shared<CublasDefaultChoice>(p, p.epilogue.out);
+}
+
+ChoicePtr make_cublaslt_choice(const GemmProblem& p, bool fuse, DType plain_out, std::string algo_name) {
+  return std::make_shared<CublasLtChoice>(p, fuse, plain_out, std::move(algo_name));
+}
+
+Result<ChoicePtr> make_unfused_choice(const GemmProblem& p, ChoicePtr plain_gemm, const Target& target) {
+  KILN_ASSIGN_OR_RETURN(templates::TemplatePtr reduce, templates::find_template("splitk_reduce"));
+  templates::Params params{{"dtype", templates::Value::dtype(p.epilogue.out)},
+                           {"epilogue", templates::epilogue_value(p.epilogue)},
+                           {"threads", templates::Value::integer(256)},
+                           {"vec", templates::Value::integer(4)}};
+  // Only the tunables this template declares go in; any other problem parameter it has keeps its grid default.
+  templates::Params given;
+  for (const auto& spec : reduce->params()) {
+    if (spec.role == templates::ParamRole::kDerived) continue;
+    if (auto it = params.find(spec.name); it != params.end()) given.emplace(spec.name, it->second);
+    else if (!spec.values.empty()) given.emplace(spec.name, spec.values.front());
+  }
+  KILN_ASSIGN_OR_RETURN(templates::Rendered r, reduce->render(given));
+  return ChoicePtr(std::make_shared<UnfusedChoice>(p, std::move(plain_gemm), std::move(reduce), std::move(r), target));
+}
+
+ChoicePtr make_cublas_default_choice_f32(const GemmProblem& p) {
+  GemmProblem plain = p;
+  plain.epilogue = EpilogueSpec{};
+  plain.epilogue.out = DType::kF32;
+  return make_cublas_default_choice(plain);
+}
+
+Result<std::vector<std::string>> cublaslt_algorithms(const GemmProblem& p, bool fuse, DType plain_out, int max_algos) {
+  KILN_ASSIGN_OR_RETURN(auto gemm, LtGemm::create(p, fuse, plain_out));
+  KILN_ASSIGN_OR_RETURN(std::vector<LtAlgo> algos, gemm->algorithms(max_algos));
+  std::vector<std::string> names;
+  for (const auto& a : algos) names.push_back(a.name);
+  return names;
+}
+
+bool cublaslt_can_fuse(const GemmProblem& p, std::string* why_not) {
+  detail::LtEpilogue e = detail::lt_epilogue(p);
+  if (why_not != nullptr) *why_not = e.why_not;
+  return e.fusable;
+}
+
+std::string cublas_version() { return detail::cublas_version(); }
+
+}  // namespace kiln::runtime

@@ -1,0 +1,35 @@
+// The tuner's fixed helper kernels (runtime/tune/kernels/helpers.cu, built into kiln::tune as a fatbin):
+// random inputs, on-GPU comparison of an output with a reference, and reference norms and softmax. Ops use
+// them to fill their buffers (OpDef::buffers) and for plain reference choices.
+#pragma once
+
+#include <cuda.h>
+
+#include "kiln/jit/module.h"
+#include "kiln/runtime/problem.h"
+#include "kiln/status.h"
+
+namespace kiln::runtime {
+
+struct HelperKernels {
+  Kernel fill_uniform;
+  Kernel compare;
+  Kernel reference_norm;
+  Kernel reference_softmax;
+};
+
+/// The helpers loaded in the current context (loaded on first use per context, kept for the process).
+Result<const HelperKernels*> helper_kernels();
+
+/// Fills `count` elements of `dtype` at `ptr` with uniform values in [lo, hi) from `seed`.
+Status fill_uniform(CUdeviceptr ptr, int64_t count, DType dtype, uint32_t seed, float lo, float hi, CUstream stream);
+
+/// ‖out − ref‖ / ‖ref‖ over a rows x cols region, and how many outputs are not finite. Synchronises `stream`.
+struct Comparison {
+  double relative_error = 0;
+  int64_t non_finite = 0;
+};
+Result<Comparison> compare(CUdeviceptr out, DType out_dtype, int64_t ld_out, CUdeviceptr ref, DType ref_dtype,
+                           int64_t ld_ref, int64_t rows, int64_t cols, CUstream stream);
+
+}  // namespace kiln::runtime

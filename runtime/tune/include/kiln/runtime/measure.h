@@ -1,0 +1,89 @@
+// Measuring choices on the GPU, as the tuner does it: L2 flushed before each timed run, events around the run
+// only, warm-up, repetitions from a time budget, CUDA-graph replays for launch-bound choices, early drop, and
+// correctness against the reference's outputs with poisoned outputs. The tuner uses it in this process and the
+// bench worker (runtime/isolation) in its own.
+#pragma once
+
+#include <cuda.h>
+
+#include <vector>
+
+#include "kiln/jit/device.h"
+#include "kiln/runtime/choice.h"
+#include "kiln/runtime/ops.h"
+
+namespace kiln::runtime {
+
+struct BenchmarkOptions {
+  /// Time to spend on a choice's timed runs; repetitions = budget / estimated run time, within [min_reps,
+  /// max_reps]. Default 10 ms.
+  double budget_ms = 10;
+  int min_reps = 5;    // default 5
+  int max_reps = 100;  // default 100
+  /// >0: exactly this many timed runs for every choice, whatever its speed (where several processes or ranks
+  /// must measure alike). Default 0.
+  int fixed_reps = 0;
+  /// A choice whose first short measurement is over drop_factor x the best median so far stops there: its
+  /// partial timing is recorded and it cannot win. Default 1.5.
+  double drop_factor = 1.5;
+  /// Choices whose medians are within this fraction of the best (or within their measured spread, if wider)
+  /// are re-measured interleaved `tie_rounds` times; what remains tied goes to the lower tie_rank(), then the
+  /// lower name. Default 2% and 3 rounds.
+  double tie_fraction = 0.02;
+  int tie_rounds = 3;
+  /// Flush L2 (a memset of twice its size) before every timed run, outside the timed region. Default true.
+  bool flush_l2 = true;
+  /// Choices estimated under this many microseconds are timed as CUDA-graph replays (launch-bound). Default 20.
+  double graph_below_us = 20;
+};
+
+
+struct Samples {
+  std::vector<double> us;  // one per timed run
+  bool graph = false;
+  bool partial = false;
+};
+
+/// The median, min and percentiles of samples (microseconds).
+struct Summary {
+  double median = 0, min = 0, p10 = 0, p90 = 0;
+};
+Summary summarize(std::vector<double> us);
+
+class BenchRunner {
+ public:
+  /// Needs a current context; allocates the L2 flush buffer and events on `stream`.
+  static Result<std::unique_ptr<BenchRunner>> create(const BenchmarkOptions& options, const DeviceInfo& device);
+  ~BenchRunner();
+
+  CUstream stream() const { return stream_.get(); }
+
+  /// Copies of the outputs the reference choice wrote, to check other choices against.
+  Status capture_reference(const std::vector<OutputRegion>& outputs);
+  /// Poisons the outputs, runs `choice` once, synchronises, and compares every output with the reference.
+  /// kWrongResult naming the output and its error (or how many elements were not written); launch and
+  /// fault errors as run() and the driver report them; kTimeout for a run that does not finish.
+  Result<double> check(const Choice& choice, const OpArgs& args, CUdeviceptr workspace,
+                       const std::vector<OutputRegion>& outputs, double tolerance);
+  /// Times `choice`: a short estimate first; if it is over drop_factor x `best_us` (> 0) the estimate is
+  /// returned as partial; otherwise repetitions from the budget (or fixed_reps), as graph replays when short.
+  Result<Samples> measure(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, double best_us);
+  /// True once a run hit a sticky error or a timeout: nothing may run in this context any more.
+  bool context_lost() const { return context_lost_; }
+  /// `n` timed runs of `choice` as measure() does them, with no estimate (near-tie re-measurement).
+  Result<Samples> time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, int n, bool graph);
+
+ private:
+  BenchRunner() = default;
+  Status synchronize();
+  Status flush();
+
+  BenchmarkOptions options_;
+  Stream stream_;
+  DeviceBuffer flush_buffer_;
+  std::vector<Event> events_;
+  std::vector<DeviceBuffer> reference_;
+  bool context_lost_ = false;
+};
+
+}  // namespace kiln::runtime

@@ -1,0 +1,241 @@
+// The autotuner: picks the fastest correct choice for a problem and remembers it.
+//
+//   auto tuner = kiln::runtime::make_tuner({});                    // kiln/runtime/builtin.h; cache mode from $KILN_TUNE_MODE
+//   auto sel = (*tuner)->tune(Problem::gemm({.m = 16, .n = 4096, .k = 4096}));
+//   (*sel)->run(args, stream);                                     // the winner, ready to launch
+//
+// tune() compiles every choice through the pool's precompile gate, benchmarks each one as soon as its binary
+// is ready (never waiting for all compiles), checks its output against the op's reference choice, drops
+// choices a short first measurement shows to be far slower than the best so far, settles near-ties by
+// re-measuring them interleaved and then by a stable rule, and stores timings, failures and the decision in
+// the cache as they are made. A failing choice (compile error, launch error, wrong output) is recorded with its
+// reason and never stops the tuning; if every choice fails, the reference is used and the report says why.
+//
+// defer() returns a handle that tunes lazily per size hint of the dynamic dimension (M for GEMM, rows for
+// norms) and finalises to one choice or to a Dispatcher that picks per call by size, in O(1) on the host,
+// usable inside CUDA-graph capture.
+#pragma once
+
+#include <cuda.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/cache/tuning.h"
+#include "kiln/pool/executor.h"
+#include "kiln/runtime/choice.h"
+#include "kiln/runtime/isolation.h"
+#include "kiln/runtime/measure.h"
+#include "kiln/runtime/ops.h"
+#include "kiln/runtime/problem.h"
+#include "kiln/runtime/sandbox.h"
+#include "kiln/status.h"
+
+namespace kiln {
+class PrecompileGate;
+}
+
+namespace kiln::runtime {
+
+
+/// Where the benchmarks of choices run. kInProcess (the default) runs them in this process, which is fast and
+/// safe for kiln's own templates and cuBLAS (tested, bounds-checked). kIsolated runs each benchmark in a worker
+/// process per GPU, so that a kernel that faults or hangs cannot poison this process's CUDA context; see
+/// docs/runtime.md for the cost and which choices it covers.
+enum class Isolation { kInProcess, kIsolated };
+
+/// How tune() reports progress on long tunes.
+struct TuneProgress {
+  std::string problem;
+  int compiled = 0, measured = 0, failed = 0, total = 0;
+};
+
+struct TuneOptions {
+  /// The cache and its mode; null (the default): opened with the mode from $KILN_TUNE_MODE (default tune) and
+  /// the default cache folder ($KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or ~/.cache/kiln).
+  std::shared_ptr<cache::TuningCache> cache;
+  /// Where choices compile; null (the default): kiln::make_executor() (the arena, or $KILN_EXECUTOR).
+  std::shared_ptr<Executor> executor;
+  int device = 0;
+  BenchmarkOptions bench;
+  Isolation isolation = Isolation::kInProcess;
+  /// kIsolated: the bench worker, its timeouts and an observer (kiln/runtime/isolation.h).
+  IsolationOptions isolation_options;
+  int max_template_configs = 24;  // per template, a deterministic sample covering every parameter value
+  int max_cublas_algos = 8;
+  bool split_k = true;
+  /// Seed of the random inputs. Default 1.
+  uint32_t seed = 1;
+  /// Called from tune()'s thread as choices compile and are measured. Optional.
+  std::function<void(const TuneProgress&)> progress;
+};
+
+/// One choice's outcome in a tune.
+struct ChoiceResult {
+  std::string name;
+  ChoiceKind kind = ChoiceKind::kTemplate;
+  Status status;                 // ok, or why the choice failed (compile, launch, wrong result)
+  double median_us = 0, min_us = 0, p10_us = 0, p90_us = 0;
+  int reps = 0;
+  bool partial = false;          // dropped after a short first measurement
+  bool from_cache = false;       // the timing was cached, not measured now
+  bool graph = false;            // timed as CUDA-graph replays
+  double error = 0;              // relative error against the reference
+  std::map<std::string, std::string> parameters;
+};
+
+struct TuneReport {
+  std::string problem;           // Problem::describe()
+  std::string key;               // the cache key
+  std::string chosen;
+  std::string reference;
+  std::vector<ChoiceResult> choices;  // sorted: successful by median, then failures
+  int candidates = 0;
+  int failures = 0;
+  bool decision_from_cache = false;
+  double compile_wait_seconds = 0;    // time spent waiting for binaries (compiles overlap benchmarking)
+  double benchmark_seconds = 0;
+  double total_seconds = 0;
+  std::string note;              // e.g. why the reference was used
+
+  /// A table of the top `top` choices (time, % of best, spread) and every failure with its reason.
+  std::string table(int top = 10) const;
+  std::string json() const;
+};
+
+/// A problem's chosen choice, prepared in the tuner's context with its workspace: ready to launch.
+class Selection {
+ public:
+  Selection(Problem problem, ChoicePtr choice, TuneReport report);
+  const Problem& problem() const { return problem_; }
+  const std::string& choice_name() const { return choice_->name(); }
+  const ChoicePtr& choice() const { return choice_; }
+  const TuneReport& report() const { return report_; }
+  /// Runs the chosen choice on `args` on `stream`. Capture-safe (no allocation, no synchronisation) when the
+  /// workspace already fits; it grows outside capture only. Thread-safe.
+  Status run(const OpArgs& args, CUstream stream) const;
+  /// Makes the workspace hold at least `bytes` (call before capturing a graph that needs more).
+  Status reserve_workspace(size_t bytes) const;
+
+ private:
+  Problem problem_;
+  ChoicePtr choice_;
+  TuneReport report_;
+  mutable std::mutex mu_;
+  mutable DeviceBuffer workspace_;
+};
+
+/// Picks a Selection per call from the size of the dynamic dimension (M for GEMM, rows for norms), in O(1).
+class Dispatcher {
+ public:
+  /// `bounds` ascending; selections[i] serves sizes in (bounds[i-1], bounds[i]]; sizes above the last bound
+  /// use the last. kInvalidArgument for empty or unsorted bounds or a count mismatch.
+  static Result<std::shared_ptr<Dispatcher>> create(std::vector<int64_t> bounds,
+                                                    std::vector<std::shared_ptr<Selection>> selections);
+  /// The selection for `size`.
+  const Selection& select(int64_t size) const;
+  /// Runs the selection for the size in `args`. Capture-safe; thread-safe.
+  Status run(const OpArgs& args, CUstream stream) const;
+  const std::vector<int64_t>& bounds() const { return bounds_; }
+  const std::vector<std::shared_ptr<Selection>>& selections() const { return selections_; }
+
+ private:
+  std::vector<int64_t> bounds_;
+  std::vector<std::shared_ptr<Selection>> selections_;
+  bool powers_of_two_ = false;
+  std::vector<uint8_t> by_log2_;  // powers_of_two_: selection index by ceil(log2(size))
+};
+
+/// The size of the dynamic dimension in a call's arguments.
+int64_t dynamic_size_of(const OpArgs& args);
+
+class Tuner;
+
+/// Deferred selection: choice timings per size hint, computed when first asked for, then finalised.
+class DeferredSelection {
+ public:
+  DeferredSelection(Tuner* tuner, Problem problem) : tuner_(tuner), problem_(std::move(problem)) {}
+  const Problem& problem() const { return problem_; }
+  /// The timings of every choice for the problem with its dynamic size = `hint` (tuned on first call,
+  /// then remembered, also across processes through the cache).
+  Result<TuneReport> choice_timings(int64_t hint);
+  /// The best choice at `hint`.
+  Result<std::shared_ptr<Selection>> select(int64_t hint);
+  /// A dispatcher over buckets ending at `hints` (sorted and de-duplicated; default: powers of two from 1 to
+  /// the problem's own size).
+  Result<std::shared_ptr<Dispatcher>> finalize(std::vector<int64_t> hints = {});
+
+ private:
+  Tuner* tuner_;
+  Problem problem_;
+};
+
+/// What the tuning core is given by the rooms above it: the ops it tunes, where isolated benchmarks run, and
+/// the versions of the vendor libraries behind its extern choices. make_tuner() (kiln/runtime/builtin.h) gives
+/// kiln's own; a program may give its own registry or sandbox.
+struct TuneServices {
+  /// The ops to tune; must outlive the tuner. Required.
+  OpRegistry* ops = nullptr;
+  /// Makes the sandbox for Isolation::kIsolated. Empty: kIsolated tunes fail with kFailedPrecondition.
+  BenchSandboxFactory sandbox;
+  /// The extern libraries' versions (e.g. cuBLAS's), part of every cache key. Default empty.
+  std::string library_versions;
+};
+
+class Tuner {
+ public:
+  /// Opens the cache and executor as the options say and loads the device's context (the caller's current
+  /// one, else the device's primary context). Errors: kInvalidArgument without services.ops,
+  /// kNoDriver/kNoDevice, the cache's and executor's.
+  static Result<std::unique_ptr<Tuner>> create(TuneOptions options, TuneServices services);
+  ~Tuner();
+
+  /// Immediate selection (see the top of this header). Thread-safe: concurrent tunes of different problems
+  /// compile concurrently and benchmark one at a time; the same problem twice returns the first Selection.
+  Result<std::shared_ptr<Selection>> tune(const Problem& problem);
+  /// Deferred selection. The choices of the problem's own size start compiling now in the background.
+  Result<std::shared_ptr<DeferredSelection>> defer(const Problem& problem);
+
+  /// The problem's canonical cache key on this tuner's device, with its versions.
+  std::string key(const Problem& problem) const;
+
+  /// The reports of every tune of this tuner, in order.
+  std::vector<TuneReport> reports() const;
+  const ChoiceContext& context() const;
+  cache::TuningCache& cache() const;
+  PrecompileGate& gate() const;
+  const TuneOptions& options() const;
+  const OpRegistry& ops() const;
+
+ private:
+  struct Impl;
+  explicit Tuner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A precompile gate over `executor` whose binaries come from and go to `cache` (a key already cached never
+/// reaches a compiler; fresh binaries are stored as they finish).
+Result<std::unique_ptr<PrecompileGate>> make_cached_gate(std::shared_ptr<cache::TuningCache> cache,
+                                                         std::shared_ptr<Executor> executor);
+
+/// Compiles every choice of `problem` for `arch` into `cache` without a GPU (a build machine warming a fleet's
+/// cache): template configurations and subgraphs; externs need no compile. Returns how many kernels were
+/// compiled (or found cached) and the failures.
+struct PrecompileReport {
+  std::string problem;
+  int kernels = 0;
+  int cached = 0;
+  int failed = 0;
+  std::vector<std::string> failures;
+  double seconds = 0;
+};
+Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem& problem, const Target& arch,
+                                            PrecompileGate& gate, const TuneOptions& options);
+
+}  // namespace kiln::runtime

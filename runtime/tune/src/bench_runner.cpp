@@ -1,0 +1,211 @@
+#include "kiln/runtime/measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "kiln/runtime/helper_kernels.h"
+#include "kiln/jit/driver.h"
+
+namespace kiln::runtime {
+namespace {
+
+double percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  double pos = q * (sorted.size() - 1);
+  size_t lo = static_cast<size_t>(pos);
+  size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+}
+
+// A CUDA graph of one run of a choice, and its executable instance.
+struct Graph {
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  ~Graph() {
+    auto d = driver();
+    if (!d.ok()) return;
+    if (exec) (void)(*d)->cuGraphExecDestroy(exec);
+    if (graph) (void)(*d)->cuGraphDestroy(graph);
+  }
+};
+
+// Captures one run of `choice` on `stream` (relaxed mode: compile threads may use the driver meanwhile).
+Result<std::unique_ptr<Graph>> capture(const Choice& choice, const OpArgs& args, CUdeviceptr ws, CUstream stream) {
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  auto g = std::make_unique<Graph>();
+  KILN_CHECK(d->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+  Status ran = choice.run(args, ws, stream);
+  CUresult end = d->cuStreamEndCapture(stream, &g->graph);
+  KILN_RETURN_IF_ERROR(ran);
+  KILN_CHECK(end);
+  KILN_CHECK(d->cuGraphInstantiateWithFlags(&g->exec, g->graph, 0));
+  return g;
+}
+
+// Errors after which the context cannot be used again: the process must not go on benchmarking in it.
+bool sticky(const Status& s) {
+  const std::string& m = s.message();
+  for (const char* e : {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+                        "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_HARDWARE_STACK_ERROR",
+                        "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT"}) {
+    if (m.find(e) != std::string::npos) return true;
+  }
+  return false;
+}
+
+constexpr auto kRunTimeout = std::chrono::seconds(20);
+
+}  // namespace
+
+Summary summarize(std::vector<double> us) {
+  Summary s;
+  if (us.empty()) return s;
+  std::sort(us.begin(), us.end());
+  s.min = us.front();
+  s.median = percentile(us, 0.5);
+  s.p10 = percentile(us, 0.1);
+  s.p90 = percentile(us, 0.9);
+  return s;
+}
+
+Result<std::unique_ptr<BenchRunner>> BenchRunner::create(const BenchmarkOptions& options, const DeviceInfo& device) {
+  std::unique_ptr<BenchRunner> r(new BenchRunner());
+  r->options_ = options;
+  KILN_ASSIGN_OR_RETURN(r->stream_, Stream::create());
+  if (options.flush_l2) {
+    KILN_ASSIGN_OR_RETURN(r->flush_buffer_, DeviceBuffer::allocate(std::max<size_t>(2 * device.l2_bytes, 8 << 20)));
+  }
+  const int events = 2 * std::max({options.max_reps, options.fixed_reps, options.min_reps, 8});
+  for (int i = 0; i < events; ++i) {
+    KILN_ASSIGN_OR_RETURN(Event e, Event::create());
+    r->events_.push_back(std::move(e));
+  }
+  return r;
+}
+
+BenchRunner::~BenchRunner() = default;
+
+// Waits for the stream with a deadline, so a hung kernel is reported instead of blocking forever. Polling
+// with short naps is deliberate here: the driver has no timed wait.
+Status BenchRunner::synchronize() {
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
+  for (;;) {
+    CUresult rc = d->cuStreamQuery(stream_.get());
+    if (rc == CUDA_SUCCESS) return Status();
+    if (rc != CUDA_ERROR_NOT_READY) return to_status(rc, "cuStreamQuery", __FILE__, __LINE__);
+    if (std::chrono::steady_clock::now() > deadline) {
+      return make_error(ErrorCode::kTimeout,
+                        fmt::format("a run did not finish within {} s; the context is no longer usable "
+                                    "(run untrusted choices with Isolation::kIsolated)",
+                                    kRunTimeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+Status BenchRunner::flush() {
+  if (!options_.flush_l2 || flush_buffer_.size() == 0) return Status();
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  KILN_CHECK(d->cuMemsetD32Async(flush_buffer_.ptr(), 0x5a5a5a5a, flush_buffer_.size() / 4, stream_.get()));
+  return Status();
+}
+
+Status BenchRunner::capture_reference(const std::vector<OutputRegion>& outputs) {
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  reference_.clear();
+  for (const auto& o : outputs) {
+    size_t bytes = static_cast<size_t>(o.rows) * o.ld * templates::dtype_bytes(o.dtype);
+    KILN_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::allocate(bytes));
+    KILN_CHECK(d->cuMemcpyDtoDAsync(b.ptr(), o.ptr, bytes, stream_.get()));
+    reference_.push_back(std::move(b));
+  }
+  return synchronize();
+}
+
+Result<double> BenchRunner::check(const Choice& choice, const OpArgs& args, CUdeviceptr ws,
+                                  const std::vector<OutputRegion>& outputs, double tolerance) {
+  if (reference_.size() != outputs.size()) return make_error(ErrorCode::kInternal, "no reference outputs captured");
+  for (const auto& o : outputs) {
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    size_t bytes = static_cast<size_t>(o.rows) * o.ld * templates::dtype_bytes(o.dtype);
+    KILN_CHECK(d->cuMemsetD8Async(o.ptr, 0xff, bytes, stream_.get()));  // NaN in every float format
+  }
+  KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
+  if (Status s = synchronize(); !s.ok()) {
+    if (sticky(s) || s.code() == ErrorCode::kTimeout) {
+      context_lost_ = true;
+      s.with_context("the CUDA context is now unusable; later choices cannot run in this process");
+    }
+    return s;
+  }
+  double worst = 0;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& o = outputs[i];
+    KILN_ASSIGN_OR_RETURN(Comparison c, compare(o.ptr, o.dtype, o.ld, reference_[i].ptr(), o.dtype, o.ld, o.rows,
+                                                o.cols, stream_.get()));
+    if (c.non_finite > 0) {
+      return make_error(ErrorCode::kWrongResult,
+                        fmt::format("{} of {} elements of output '{}' were not written or are not finite",
+                                    c.non_finite, o.rows * o.cols, o.name));
+    }
+    if (!(c.relative_error <= tolerance)) {
+      return make_error(ErrorCode::kWrongResult,
+                        fmt::format("output '{}' differs from the reference: relative error {:.3g} > {:.3g}", o.name,
+                                    c.relative_error, tolerance));
+    }
+    worst = std::max(worst, c.relative_error);
+  }
+  return worst;
+}
+
+Result<Samples> BenchRunner::time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr ws, int n, bool graph) {
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  std::unique_ptr<Graph> g;
+  if (graph) {
+    auto captured = capture(choice, args, ws, stream_.get());
+    if (captured.ok()) g = std::move(captured).value();  // a choice that cannot be captured is timed eagerly
+  }
+  Samples out;
+  out.graph = g != nullptr;
+  n = std::clamp(n, 1, static_cast<int>(events_.size() / 2));
+  for (int i = 0; i < n; ++i) {
+    KILN_RETURN_IF_ERROR(flush());
+    KILN_RETURN_IF_ERROR(events_[2 * i].record(stream_.get()));
+    if (g) KILN_CHECK(d->cuGraphLaunch(g->exec, stream_.get()));
+    else KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
+    KILN_RETURN_IF_ERROR(events_[2 * i + 1].record(stream_.get()));
+  }
+  if (Status s = synchronize(); !s.ok()) {
+    if (sticky(s) || s.code() == ErrorCode::kTimeout) context_lost_ = true;
+    return s;
+  }
+  for (int i = 0; i < n; ++i) {
+    KILN_ASSIGN_OR_RETURN(float ms, events_[2 * i + 1].elapsed_ms_since(events_[2 * i]));
+    out.us.push_back(ms * 1e3);
+  }
+  return out;
+}
+
+Result<Samples> BenchRunner::measure(const Choice& choice, const OpArgs& args, CUdeviceptr ws, double best_us) {
+  // Warm-up: caches, clocks and lazily loaded code settle before anything counts.
+  for (int i = 0; i < 2; ++i) KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
+  KILN_ASSIGN_OR_RETURN(Samples estimate, time_runs(choice, args, ws, 3, false));
+  const double est = summarize(estimate.us).median;
+  if (best_us > 0 && est > options_.drop_factor * best_us && options_.fixed_reps == 0) {
+    estimate.partial = true;
+    return estimate;
+  }
+  int reps = options_.fixed_reps;
+  if (reps <= 0) {
+    reps = static_cast<int>(options_.budget_ms * 1e3 / std::max(est, 1.0));
+    reps = std::clamp(reps, options_.min_reps, options_.max_reps);
+  }
+  return time_runs(choice, args, ws, reps, est < options_.graph_below_us);
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,524 @@
+#include "kiln/runtime/tuner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "kiln/runtime/measure.h"
+#include "selection_rule.h"
+#include "kiln/cache/store.h"
+#include "kiln/jit/driver.h"
+#include "kiln/pool/gate.h"
+#include "kiln/version.h"
+
+namespace kiln::runtime {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+ChoiceResult cached_result(const Choice& c, const cache::TimingRecord& t) {
+  ChoiceResult r;
+  r.name = c.name();
+  r.kind = c.kind();
+  r.from_cache = true;
+  r.parameters = c.parameters();
+  if (!t.ok) {
+    r.status = make_error(t.error == ErrorCode::kOk ? ErrorCode::kWrongResult : t.error, "cached failure: " + t.reason);
+    return r;
+  }
+  r.median_us = t.median_us;
+  r.min_us = t.min_us;
+  r.p90_us = t.p90_us;
+  r.reps = static_cast<int>(t.samples);
+  return r;
+}
+}  // namespace
+
+struct Tuner::Impl {
+  TuneOptions options;
+  TuneServices services;
+  std::shared_ptr<cache::TuningCache> cache;
+  std::shared_ptr<Executor> executor;
+  std::unique_ptr<PrecompileGate> gate;
+  ChoiceContext ctx;
+  cache::DeviceFingerprint fingerprint;
+  cache::VersionStamp versions;
+  CUcontext context = nullptr;
+
+  std::mutex bench_mu;  // one benchmark at a time on the device
+  std::unique_ptr<BenchRunner> bench;
+  // Isolation::kIsolated: where choices are measured (the bench worker process for this tuner's device),
+  // made on the first tune that measures anything.
+  std::unique_ptr<BenchSandbox> sandbox;
+
+  mutable std::mutex mu;
+  std::map<std::string, std::shared_ptr<Selection>> selections;  // by cache key
+  std::vector<TuneReport> reports;
+
+  std::string key_of(const Problem& p) const { return p.key(fingerprint, versions).canonical(); }
+  void progress(const TuneProgress& p) const {
+    if (options.progress) options.progress(p);
+  }
+  Result<Binaries> compile(const Choice& c, Priority priority) {
+    Future<Binaries> f = c.precompile(*gate, priority);
+    return f.get();
+  }
+  Result<std::shared_ptr<Selection>> finish(const Problem& problem, ChoicePtr choice, TuneReport report,
+                                            const std::string& key);
+  Result<std::shared_ptr<Selection>> run_tune(const Problem& problem, const std::string& key,
+                                              std::shared_ptr<const OpDef> def, std::vector<ChoicePtr> choices,
+                                              TuneReport report, Clock::time_point start);
+};
+
+Tuner::Tuner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tuner::~Tuner() = default;
+
+Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices services) {
+  if (services.ops == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument, "Tuner::create needs an op registry (TuneServices::ops)");
+  }
+  auto impl = std::make_unique<Impl>();
+  KILN_ASSIGN_OR_RETURN(impl->context, ensure_context(options.device));
+  KILN_ASSIGN_OR_RETURN(impl->ctx, choice_context(options.device));
+  impl->ctx.max_template_configs = options.max_template_configs;
+  impl->ctx.max_cublas_algos = options.max_cublas_algos;
+  impl->ctx.split_k = options.split_k;
+  impl->fingerprint = cache::DeviceFingerprint::from(impl->ctx.device);
+  impl->versions = cache::VersionStamp::current(services.library_versions);
+  if (options.cache) {
+    impl->cache = options.cache;
+  } else {
+    KILN_ASSIGN_OR_RETURN(cache::TuneMode mode, cache::tune_mode_from_env());
+    KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode));
+    impl->cache = std::move(opened);
+  }
+  if (options.executor) {
+    impl->executor = options.executor;
+  } else {
+    KILN_ASSIGN_OR_RETURN(impl->executor, make_executor());
+  }
+  KILN_ASSIGN_OR_RETURN(impl->gate, make_cached_gate(impl->cache, impl->executor));
+  impl->options = std::move(options);
+  impl->services = std::move(services);
+  return std::unique_ptr<Tuner>(new Tuner(std::move(impl)));
+}
+
+const ChoiceContext& Tuner::context() const { return impl_->ctx; }
+std::string Tuner::key(const Problem& problem) const { return impl_->key_of(problem); }
+cache::TuningCache& Tuner::cache() const { return *impl_->cache; }
+PrecompileGate& Tuner::gate() const { return *impl_->gate; }
+const TuneOptions& Tuner::options() const { return impl_->options; }
+const OpRegistry& Tuner::ops() const { return *impl_->services.ops; }
+
+std::vector<TuneReport> Tuner::reports() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->reports;
+}
+
+Result<std::shared_ptr<Selection>> Tuner::Impl::finish(const Problem& problem, ChoicePtr choice, TuneReport report,
+                                                        const std::string& key) {
+  auto sel = std::make_shared<Selection>(problem, std::move(choice), std::move(report));
+  KILN_RETURN_IF_ERROR(sel->reserve_workspace(sel->choice()->workspace_bytes()));
+  std::lock_guard lock(mu);
+  auto [it, inserted] = selections.emplace(key, sel);
+  reports.push_back(it->second->report());
+  return it->second;
+}
+
+Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
+  Impl& s = *impl_;
+  const Clock::time_point start = Clock::now();
+  KILN_RETURN_IF_ERROR(problem.validate());
+  const std::string key = s.key_of(problem);
+  {
+    std::lock_guard lock(s.mu);
+    if (auto it = s.selections.find(key); it != s.selections.end()) return it->second;
+  }
+  KILN_ASSIGN_OR_RETURN(auto def, s.services.ops->find(problem.op));
+  TuneReport report;
+  report.problem = problem.describe();
+  report.key = key;
+  report.reference = def->reference(problem);
+
+  // A cached decision: rebuild (or find) the chosen choice, compile it (normally a binary-cache hit) and
+  // prepare it; measure nothing.
+  KILN_ASSIGN_OR_RETURN(auto decision, s.cache->lookup_decision(key));
+  std::vector<ChoicePtr> choices;
+  bool generated = false;
+  auto generate = [&]() -> Status {
+    if (generated) return Status();
+    KILN_ASSIGN_OR_RETURN(choices, s.services.ops->choices(problem, s.ctx));
+    report.candidates = static_cast<int>(choices.size());
+    generated = true;
+    return Status();
+  };
+  auto by_name = [&](const std::string& name) -> ChoicePtr {
+    for (const auto& c : choices) {
+      if (c->name() == name) return c;
+    }
+    return nullptr;
+  };
+  if (decision) {
+    ChoicePtr c;
+    if (def->rebuild) {
+      auto rebuilt = def->rebuild(problem, decision->choice, decision->params, s.ctx);
+      if (rebuilt.ok()) c = std::move(rebuilt).value();
+    }
+    if (!c) {
+      KILN_RETURN_IF_ERROR(generate());
+      c = by_name(decision->choice);
+    }
+    if (c) {
+      auto binaries = s.compile(*c, Priority::kOnDemand);
+      Status ready = binaries.ok() ? c->prepare(*binaries) : binaries.status();
+      if (ready.ok()) {
+        report.chosen = c->name();
+        report.decision_from_cache = true;
+        report.total_seconds = seconds_since(start);
+        return s.finish(problem, c, std::move(report), key);
+      }
+      spdlog::warn("kiln: cached decision '{}' for {} cannot be used ({}); choosing again", decision->choice,
+                   report.problem, ready.to_string());
+    } else {
+      spdlog::warn("kiln: cached decision '{}' for {} is not among its choices now; choosing again",
+                   decision->choice, report.problem);
+    }
+    if (s.cache->mode() == cache::TuneMode::kStrict) {
+      return make_error(ErrorCode::kNotFound,
+                        fmt::format("strict mode: the cached decision for {} cannot be used", report.problem));
+    }
+  }
+  KILN_RETURN_IF_ERROR(generate());
+  if (s.cache->mode() == cache::TuneMode::kUse || s.cache->mode() == cache::TuneMode::kStrict) {
+    ChoicePtr ref = by_name(report.reference);
+    if (!ref) return make_error(ErrorCode::kInternal, fmt::format("{} has no reference choice", report.problem));
+    KILN_ASSIGN_OR_RETURN(Binaries b, s.compile(*ref, Priority::kOnDemand));
+    KILN_RETURN_IF_ERROR(ref->prepare(b));
+    report.chosen = ref->name();
+    report.note = "no cached decision and this mode never measures: using the reference choice";
+    report.total_seconds = seconds_since(start);
+    return s.finish(problem, ref, std::move(report), key);
+  }
+  return s.run_tune(problem, key, def, std::move(choices), std::move(report), start);
+}
+
+Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem, const std::string& key,
+                                                          std::shared_ptr<const OpDef> def,
+                                                          std::vector<ChoicePtr> choices, TuneReport report,
+                                                          Clock::time_point start) {
+  // Every choice that needs measuring starts compiling now; benchmarking takes them as they arrive.
+  std::vector<ChoicePtr> to_measure;
+  std::vector<Future<Binaries>> futures;
+  std::vector<ChoiceResult> results;
+  ChoicePtr reference;
+  for (const auto& c : choices) {
+    if (c->name() == report.reference) reference = c;
+    if (cache->should_measure(key, c->name())) {
+      to_measure.push_back(c);
+      futures.push_back(c->precompile(*gate, Priority::kNormal));
+    } else if (auto t = cache->cached_timing(key, c->name())) {
+      results.push_back(cached_result(*c, *t));
+    }
+  }
+  if (!reference) return make_error(ErrorCode::kInternal, fmt::format("{} has no reference choice", report.problem));
+
+  std::lock_guard bench_lock(bench_mu);
+  // Created on the first measurement: a warm start that only loads decisions never pays for it.
+  if (!bench) {
+    KILN_ASSIGN_OR_RETURN(bench, BenchRunner::create(options.bench, ctx.device));
+  }
+  // Isolation: the worker starts now, so its start-up overlaps the compiles and the reference run below
+  // (never for a tune with nothing to measure).
+  if (options.isolation == Isolation::kIsolated && !sandbox && !to_measure.empty()) {
+    if (!services.sandbox) {
+      return make_error(ErrorCode::kFailedPrecondition, "isolated benchmarks asked for, but this tuner has no sandbox");
+    }
+    KILN_ASSIGN_OR_RETURN(sandbox, services.sandbox(options.isolation_options, options.device));
+  }
+  const Clock::time_point bench_start = Clock::now();
+  double compile_wait = 0;
+  KILN_ASSIGN_OR_RETURN(OpBuffers buffers, def->buffers(problem, options.seed));
+  {
+    // An op fills its buffers on any stream (the built-ins use the legacy one); the benchmark stream is
+    // non-blocking, so the inputs must be complete before anything runs on it.
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_CHECK(d->cuCtxSynchronize());
+  }
+  size_t workspace_bytes = 0;
+  for (const auto& c : choices) workspace_bytes = std::max(workspace_bytes, c->workspace_bytes());
+  KILN_ASSIGN_OR_RETURN(DeviceBuffer workspace, DeviceBuffer::allocate(workspace_bytes));
+
+  // The reference first: every other choice is checked against its output.
+  {
+    auto t = Clock::now();
+    KILN_ASSIGN_OR_RETURN(Binaries b, compile(*reference, Priority::kOnDemand));
+    compile_wait += seconds_since(t);
+    Status ready = reference->prepare(b);
+    if (ready.ok()) ready = reference->run(buffers.args, workspace.ptr(), bench->stream());
+    if (ready.ok()) ready = bench->capture_reference(buffers.outputs);
+    if (!ready.ok()) return ready.with_context(fmt::format("running the reference {} of {}", reference->name(), report.problem));
+  }
+  const double tolerance = def->tolerance(std::get_if<GemmProblem>(&problem.desc)
+                                              ? std::get<GemmProblem>(problem.desc).epilogue.out
+                                              : buffers.outputs.front().dtype);
+
+  // Isolation: the choices the bench worker can rebuild are checked and measured there, so that a fault or a
+  // hang costs a worker, not this context; the rest are measured in this process as below.
+  std::unique_ptr<BenchSession> isolated;
+  if (options.isolation == Isolation::kIsolated && !to_measure.empty()) {
+    KILN_ASSIGN_OR_RETURN(Binaries reference_binaries, compile(*reference, Priority::kOnDemand));
+    KILN_ASSIGN_OR_RETURN(isolated, sandbox->begin(options, problem, *reference, reference_binaries, to_measure));
+  }
+
+  TuneProgress progress_state{report.problem, 0, 0, 0, static_cast<int>(to_measure.size())};
+  double best_us = 0;
+  for (const auto& r : results) {
+    if (r.status.ok() && !r.partial && (best_us == 0 || r.median_us < best_us)) best_us = r.median_us;
+  }
+  std::vector<ChoicePtr> measured_choices;  // prepared, measured successfully, in results order
+  auto order = in_completion_order(futures);
+  for (;;) {
+    auto t = Clock::now();
+    std::optional<size_t> next = order.next();
+    compile_wait += seconds_since(t);
+    if (!next) break;
+    const ChoicePtr& c = to_measure[*next];
+    ChoiceResult r;
+    r.name = c->name();
+    r.kind = c->kind();
+    r.parameters = c->parameters();
+    ++progress_state.compiled;
+    const Result<Binaries>& binaries = futures[*next].get();
+    Status status = binaries.status();
+    const bool in_worker = status.ok() && isolated && isolated->covers(*c);  // Isolation
+    Result<Samples> samples = make_error(ErrorCode::kInternal, "not measured");
+    if (in_worker) {
+      KILN_ASSIGN_OR_RETURN(samples, isolated->check_and_measure(*c, *binaries, best_us, &r.error));
+    } else {
+      if (status.ok() && c.get() != reference.get()) status = c->prepare(*binaries);
+      if (status.ok()) {
+        auto error = bench->check(*c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
+        if (error.ok()) r.error = *error;
+        status = error.status();
+      }
+      samples = status.ok() ? bench->measure(*c, buffers.args, workspace.ptr(), best_us)
+                            : Result<Samples>(status);
+    }
+    if (samples.ok()) {
+      Summary sum = summarize(samples->us);
+      r.median_us = sum.median;
+      r.min_us = sum.min;
+      r.p10_us = sum.p10;
+      r.p90_us = sum.p90;
+      r.reps = static_cast<int>(samples->us.size());
+      r.partial = samples->partial;
+      r.graph = samples->graph;
+      if (!r.partial && (best_us == 0 || r.median_us < best_us)) best_us = r.median_us;
+      cache::TimingRecord rec;
+      rec.problem = key;
+      rec.choice = r.name;
+      // A partial (early-dropped) timing is stored too: it proves the choice far slower, so it is not
+      // measured again on the next start.
+      rec.median_us = r.median_us;
+      rec.min_us = r.min_us;
+      rec.p90_us = r.p90_us;
+      rec.samples = static_cast<uint32_t>(r.reps);
+      if (Status st = cache->record_timing(std::move(rec)); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
+      if (!r.partial) measured_choices.push_back(c);
+      ++progress_state.measured;
+    } else {
+      r.status = samples.status().with_context(fmt::format("choice {}", r.name));
+      if (Status st = cache->record_failure(key, r.name, r.status); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
+      ++progress_state.failed;
+      // (A choice that failed in the bench worker cost that worker only: this context is fine.)
+      if (!in_worker && bench->context_lost()) {
+        // Nothing more can run in this context: stop here, with what was measured.
+        results.push_back(std::move(r));
+        report.note = "stopped early: a choice left the CUDA context unusable";
+        for (auto& f : futures) f.cancel();
+        break;
+      }
+    }
+    results.push_back(std::move(r));
+    progress(progress_state);
+  }
+
+  // Near-ties: re-measure the choices within noise of the best, interleaved, so drift hits them alike.
+  auto is_ok = [](const ChoiceResult& r) { return r.status.ok() && !r.partial; };
+  auto best_it = std::min_element(results.begin(), results.end(), [&](const ChoiceResult& a, const ChoiceResult& b) {
+    if (is_ok(a) != is_ok(b)) return is_ok(a);
+    return a.median_us < b.median_us;
+  });
+  if (best_it != results.end() && is_ok(*best_it)) {
+    const double best = best_it->median_us;
+    std::vector<std::pair<ChoicePtr, ChoiceResult*>> tied;
+    for (auto& r : results) {
+      if (!is_ok(r)) continue;
+      double window = detail::tie_window(*best_it, options.bench.tie_fraction);
+      if (r.median_us > best + window) continue;
+      for (const auto& c : measured_choices) {
+        if (c->name() == r.name) tied.push_back({c, &r});
+      }
+    }
+    if (tied.size() > 1) {
+      std::map<std::string, std::vector<double>> again;
+      const int per_round = std::max(3, options.bench.min_reps);
+      for (int round = 0; round < options.bench.tie_rounds; ++round) {
+        for (auto& [c, r] : tied) {
+          Result<Samples> samples = make_error(ErrorCode::kInternal, "not measured");
+          if (isolated && isolated->covers(*c)) {  // Isolation: re-measured where it was measured
+            KILN_ASSIGN_OR_RETURN(samples, isolated->time_runs(*c, per_round, r->graph));
+          } else {
+            samples = bench->time_runs(*c, buffers.args, workspace.ptr(), per_round, r->graph);
+          }
+          if (samples.ok()) again[r->name].insert(again[r->name].end(), samples->us.begin(), samples->us.end());
+        }
+      }
+      for (auto& [c, r] : tied) {
+        if (again[r->name].empty()) continue;
+        Summary sum = summarize(again[r->name]);
+        r->median_us = sum.median;
+        r->min_us = sum.min;
+        r->p10_us = sum.p10;
+        r->p90_us = sum.p90;
+        r->reps += static_cast<int>(again[r->name].size());
+      }
+    }
+  }
+  report.benchmark_seconds = seconds_since(bench_start) - compile_wait;
+  report.compile_wait_seconds = compile_wait;
+
+  // The winner: the fastest; what stays within the tie window of it goes to the lower tie rank, then name.
+  std::map<std::string, ChoicePtr> choice_by_name;
+  for (const auto& c : choices) choice_by_name[c->name()] = c;
+  std::stable_sort(results.begin(), results.end(), [&](const ChoiceResult& a, const ChoiceResult& b) {
+    if (is_ok(a) != is_ok(b)) return is_ok(a);
+    if (!is_ok(a)) return a.name < b.name;
+    return a.median_us < b.median_us;
+  });
+  ChoicePtr winner;
+  const int pick = detail::pick_winner(
+      results, [&](const std::string& name) { return choice_by_name[name]->tie_rank(); }, options.bench.tie_fraction);
+  if (pick >= 0) winner = choice_by_name[results[pick].name];
+  report.failures = static_cast<int>(std::count_if(results.begin(), results.end(), [](const ChoiceResult& r) { return !r.status.ok(); }));
+  report.choices = std::move(results);
+  if (!winner) {
+    winner = reference;
+    report.note = report.note.empty() ? "every choice failed: using the reference choice" : report.note;
+  }
+  // A winner known only from a cached timing was not prepared in this process yet.
+  // (Isolation: a winner measured in the bench worker is not prepared here either.)
+  const bool prepared_here = std::find(measured_choices.begin(), measured_choices.end(), winner) !=
+                                 measured_choices.end() && !(isolated && isolated->covers(*winner));
+  if (!prepared_here && winner != reference) {
+    KILN_ASSIGN_OR_RETURN(Binaries b, compile(*winner, Priority::kOnDemand));
+    KILN_RETURN_IF_ERROR(winner->prepare(b));
+  }
+  report.chosen = winner->name();
+  cache::Decision decision;
+  decision.problem = key;
+  decision.choice = winner->name();
+  for (const auto& [k, v] : winner->parameters()) decision.params.emplace_back(k, v);
+  if (auto kernels = winner->kernels(); kernels.size() == 1) decision.kernel = make_key(kernels[0].source, kernels[0].target);
+  for (const auto& r : report.choices) {
+    if (r.name == winner->name()) decision.median_us = r.median_us;
+  }
+  if (Status st = cache->record_decision(std::move(decision)); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
+  report.total_seconds = seconds_since(start);
+  return finish(problem, winner, std::move(report), key);
+}
+
+Result<std::shared_ptr<DeferredSelection>> Tuner::defer(const Problem& problem) {
+  KILN_RETURN_IF_ERROR(problem.validate());
+  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
+  // Sizes are run-time arguments of the templates, so these binaries serve every hint: start them now.
+  for (const auto& c : choices) (void)c->precompile(*impl_->gate, Priority::kBackground);
+  return std::make_shared<DeferredSelection>(this, problem);
+}
+
+// ---- DeferredSelection
+
+Result<TuneReport> DeferredSelection::choice_timings(int64_t hint) {
+  KILN_ASSIGN_OR_RETURN(auto sel, select(hint));
+  return sel->report();
+}
+
+Result<std::shared_ptr<Selection>> DeferredSelection::select(int64_t hint) {
+  if (hint <= 0) return make_error(ErrorCode::kInvalidArgument, fmt::format("size hint {} is not positive", hint));
+  return tuner_->tune(problem_.with_dynamic_size(hint));
+}
+
+Result<std::shared_ptr<Dispatcher>> DeferredSelection::finalize(std::vector<int64_t> hints) {
+  if (hints.empty()) {
+    for (int64_t h = 1; h < problem_.dynamic_size(); h *= 2) hints.push_back(h);
+    hints.push_back(problem_.dynamic_size());
+  }
+  std::sort(hints.begin(), hints.end());
+  hints.erase(std::unique(hints.begin(), hints.end()), hints.end());
+  std::vector<std::shared_ptr<Selection>> selections;
+  for (int64_t h : hints) {
+    KILN_ASSIGN_OR_RETURN(auto sel, select(h));
+    selections.push_back(std::move(sel));
+  }
+  return Dispatcher::create(std::move(hints), std::move(selections));
+}
+
+Result<std::unique_ptr<PrecompileGate>> make_cached_gate(std::shared_ptr<cache::TuningCache> cache,
+                                                         std::shared_ptr<Executor> executor) {
+  GateOptions gate;
+  gate.executor = std::move(executor);
+  std::weak_ptr<cache::TuningCache> weak = cache;
+  gate.lookup = [weak](const KernelKey& key) -> std::optional<Result<Binary>> {
+    auto c = weak.lock();
+    if (!c) return std::nullopt;
+    auto hit = c->lookup_binary(key);
+    if (!hit.ok()) return std::nullopt;
+    return Result<Binary>(**hit);
+  };
+  gate.on_compiled = [weak](const Binary& b) {
+    if (auto c = weak.lock()) {
+      if (Status s = c->record_binary(b); !s.ok()) spdlog::warn("kiln: could not cache {}: {}", b.name, s.to_string());
+    }
+  };
+  return PrecompileGate::create(std::move(gate));
+}
+
+// ---- precompile without a GPU
+
+Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem& problem, const Target& arch,
+                                            PrecompileGate& gate, const TuneOptions& options) {
+  const Clock::time_point start = Clock::now();
+  KILN_ASSIGN_OR_RETURN(ChoiceContext ctx, choice_context_for_arch(arch));
+  ctx.max_template_configs = options.max_template_configs;
+  ctx.split_k = options.split_k;
+  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, ops.choices(problem, ctx));
+  PrecompileReport report;
+  report.problem = problem.describe();
+  std::vector<Future<Binary>> futures;
+  std::vector<std::string> names;
+  const uint64_t hits_before = gate.counters().cache_hits;
+  for (const auto& c : choices) {
+    for (auto& k : c->kernels()) {
+      names.push_back(k.source.name);
+      futures.push_back(gate.precompile(k.source, k.target, Priority::kBackground));
+    }
+  }
+  for (size_t i = 0; i < futures.size(); ++i) {
+    const Result<Binary>& r = futures[i].get();
+    ++report.kernels;
+    if (!r.ok()) {
+      ++report.failed;
+      report.failures.push_back(fmt::format("{}: {}", names[i], r.status().to_string()));
+    }
+  }
+  report.cached = static_cast<int>(gate.counters().cache_hits - hits_before);
+  report.seconds = seconds_since(start);
+  return report;
+}
+
+}  // namespace kiln::runtime
