@@ -19,8 +19,8 @@ struct CommandRegistrar {
   explicit CommandRegistrar(AddCommand add) { command_registry().push_back(add); }
 };
 
-/// The `kiln NAME` group subcommand (e.g. "bench", "cache"), created on first use, so that several files
-/// can add `kiln bench pool`, `kiln bench allreduce`, ...
+/// The `kiln NAME` group subcommand (e.g. "cache"), created on first use, so that several files can add
+/// subcommands to one group (`kiln cache stats`, `kiln cache export`, ...).
 CLI::App& group(CLI::App& root, const std::string& name, const std::string& description);
 
 /// Throw from a callback to exit with `code` after printing the error yourself.

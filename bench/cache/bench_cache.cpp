@@ -43,22 +43,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
-
-[[noreturn]] void die(const std::string& what, const Status& s) {
-  fmt::print(stderr, "bench_cache: {}: {}\n", what, s.to_string_with_detail());
-  std::exit(1);
-}
-template <class T>
-T must(Result<T> r, const std::string& what) {
-  if (!r.ok()) die(what, r.status());
-  return std::move(r).value();
-}
-void must(const Status& s, const std::string& what) {
-  if (!s.ok()) die(what, s);
-}
+using bench::Clock;
+using bench::us_since;
 
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> out;
@@ -108,7 +94,7 @@ struct RawDb {
     std::vector<rocksdb::ColumnFamilyDescriptor> d;
     for (const char* n : {"default", "binaries", "timings", "decisions"}) d.emplace_back(n, rocksdb::ColumnFamilyOptions());
     auto s = rocksdb::DB::Open(o, path, d, &cfs, &db);
-    if (!s.ok()) die("raw RocksDB", make_error(ErrorCode::kLibraryError, s.ToString()));
+    if (!s.ok()) bench::fail(make_error(ErrorCode::kLibraryError, s.ToString()), "raw RocksDB");
   }
   ~RawDb() {
     for (auto* h : cfs) (void)db->DestroyColumnFamilyHandle(h);
@@ -143,11 +129,11 @@ extern "C" __global__ void preload_kernel(unsigned* out, const float* in, int n)
 }}
 )",
                              kTag[0], kTag[1], kTag[2], kTag[3], unroll, k + 1, k + 3);
-    auto bin = must(compile(src, target), "compiling " + src.name);
+    auto bin = bench::must(compile(src, target), "compiling " + src.name);
     std::string tag(reinterpret_cast<const char*>(kTag), sizeof kTag);
     size_t at = bin.cubin.find(tag);
     if (at == std::string::npos || bin.cubin.find(tag, at + 1) != std::string::npos) {
-      die("patching", make_error(ErrorCode::kInternal, "the tag is not in the cubin exactly once"));
+      bench::fail(make_error(ErrorCode::kInternal, "the tag is not in the cubin exactly once"), "patching");
     }
     out[k] = {std::move(bin), at};
   });
@@ -204,7 +190,7 @@ int main(int argc, char** argv) {
     StoreOptions so;
     so.dir = dir;
     so.ingest_interval = std::chrono::milliseconds(0);
-    auto store = must(Store::open(so), "open");
+    auto store = bench::must(Store::open(so), "open");
     RawDb raw(raw_dir);
     DeviceFingerprint dev{"NVIDIA H200", 132, 9, 0};
     VersionStamp ver = VersionStamp::current();
@@ -231,7 +217,7 @@ int main(int argc, char** argv) {
     std::vector<double> kp, rp;
     for (int i = 0; i < n; ++i) {
       auto t0 = Clock::now();
-      must(store->put_timing(recs[i]), "put_timing");
+      bench::check(store->put_timing(recs[i]), "put_timing");
       kp.push_back(us_since(t0) * 1e3);
       std::string v = encode_timing(recs[i]);
       t0 = Clock::now();
@@ -247,7 +233,7 @@ int main(int argc, char** argv) {
       d.choice = "mma_128x128x32_w8_s3";
       d.params = {{"tile_m", "128"}, {"tile_n", "128"}, {"stages", "3"}};
       d.kernel = KernelKey{1, uint64_t(i)};
-      must(store->put_decision(d), "put_decision");
+      bench::check(store->put_decision(d), "put_decision");
       d.decided_at_ns = now_ns();
       d.toolchain = Toolchain::current();
       (void)raw.db->Put(rocksdb::WriteOptions(), raw.cfs[3], d.problem, encode_decision(d));
@@ -310,7 +296,7 @@ int main(int argc, char** argv) {
     std::vector<double> kb, rb, kg, rg, km;
     for (auto& b : bins) {
       auto t0 = Clock::now();
-      must(store->put_binary(b), "put_binary");
+      bench::check(store->put_binary(b), "put_binary");
       kb.push_back(us_since(t0) * 1e3);
       std::string v = encode_binary(b, now_ns());
       t0 = Clock::now();
@@ -319,13 +305,13 @@ int main(int argc, char** argv) {
     }
     // Reopen, so that reads come from RocksDB and not from the in-memory layer that put_binary filled.
     store.reset();
-    store = must(Store::open(so), "reopen");
+    store = bench::must(Store::open(so), "reopen");
     (void)raw.db->Flush(rocksdb::FlushOptions(), raw.cfs[1]);
     for (auto& b : bins) {
       auto t0 = Clock::now();
       auto got = store->get_binary(b.key, {}, false);
       kg.push_back(us_since(t0) * 1e3);
-      if (!got.ok() || (*got)->cubin != b.cubin) die("get_binary", got.status());
+      if (!got.ok() || (*got)->cubin != b.cubin) bench::fail(got.status(), "get_binary");
       rocksdb::PinnableSlice ps;
       t0 = Clock::now();
       (void)raw.db->Get(rocksdb::ReadOptions(), raw.cfs[1], binary_key(b.key), &ps);
@@ -343,18 +329,18 @@ int main(int argc, char** argv) {
 
     // A reader's write (staged as an SST batch) against the writer's direct write, and ingestion.
     {
-      auto reader = must(Store::open(so), "open reader");
+      auto reader = bench::must(Store::open(so), "open reader");
       std::vector<double> staged;
       int m = quick ? 50 : 200;
       for (int i = 0; i < m; ++i) {
         TimingRecord r = recs[i];
         r.choice = "staged";
         auto t0 = Clock::now();
-        must(reader->put_timing(r), "staged put");
+        bench::check(reader->put_timing(r), "staged put");
         staged.push_back(us_since(t0) * 1e3);
       }
       auto t0 = Clock::now();
-      must(store->sync(), "ingest");
+      bench::check(store->sync(), "ingest");
       double ingest = us_since(t0) * 1e3 / m;
       row("put timing from a reader (staged)", bench::stats(staged), bench::stats(kp), "writer's direct put", "us");
       row("ingest one staged batch (writer)", bench::stats({ingest}), {}, "", "us");
@@ -369,7 +355,7 @@ int main(int argc, char** argv) {
   }
 
   // ================= preload =================
-  Target target = gpu ? must(Target::from_device(0), "target") : Target{"sm_90"};
+  Target target = gpu ? bench::must(Target::from_device(0), "target") : Target{"sm_90"};
   auto t_compile = Clock::now();
   auto bases = compile_bases(target);
   double compile_ms = us_since(t_compile) / 1e3;
@@ -379,29 +365,29 @@ int main(int argc, char** argv) {
              min_cubin, max_cubin);
   out["preload_kernels"] = {{"arch", target.arch}, {"bases", 16}, {"cubin_min_bytes", min_cubin}, {"cubin_max_bytes", max_cubin}};
 
-  DeviceFingerprint dev = gpu ? must(DeviceFingerprint::of_device(0), "device") : DeviceFingerprint{"NVIDIA H200", 132, 9, 0};
+  DeviceFingerprint dev = gpu ? bench::must(DeviceFingerprint::of_device(0), "device") : DeviceFingerprint{"NVIDIA H200", 132, 9, 0};
   VersionStamp ver = VersionStamp::current();
-  const DriverApi* d = gpu ? must(driver(), "driver") : nullptr;
-  CUcontext ctx = gpu ? must(current_context(), "context") : nullptr;
+  const DriverApi* d = gpu ? bench::must(driver(), "driver") : nullptr;
+  CUcontext ctx = gpu ? bench::must(current_context(), "context") : nullptr;
 
   // Correct first: a few patched variants, launched, return their own bytes.
   if (gpu) {
-    auto dout = must(DeviceBuffer::allocate(32 * sizeof(unsigned)), "alloc");
-    auto din = must(DeviceBuffer::allocate(1024 * sizeof(float)), "alloc");
-    must(din.fill_bytes(0), "fill");
+    auto dout = bench::must(DeviceBuffer::allocate(32 * sizeof(unsigned)), "alloc");
+    auto din = bench::must(DeviceBuffer::allocate(1024 * sizeof(float)), "alloc");
+    bench::check(din.fill_bytes(0), "fill");
     for (int v : {0, 1, 17, 999}) {
       Binary b = variant(bases[v % 16], v);
-      auto k = must(load_kernel(b), "load variant");
-      must(dout.fill_bytes(0xff), "poison");
+      auto k = bench::must(load_kernel(b), "load variant");
+      bench::check(dout.fill_bytes(0xff), "poison");
       LaunchConfig lc;
       lc.grid = {1, 1, 1};
       lc.block = {32, 1, 1};
-      must(k(lc, dout.ptr(), din.ptr(), 1024), "launch");
+      bench::check(k(lc, dout.ptr(), din.ptr(), 1024), "launch");
       unsigned host[32];
-      must(dout.copy_to_host(host, sizeof host), "copy");
+      bench::check(dout.copy_to_host(host, sizeof host), "copy");
       for (int w = 1; w < 4; ++w) {
         if (host[w] != unsigned(variant_word(v, w) >> 8)) {
-          die("check", make_error(ErrorCode::kWrongResult, fmt::format("variant {} word {} returned {:x}", v, w, host[w])));
+          bench::fail(make_error(ErrorCode::kWrongResult, fmt::format("variant {} word {} returned {:x}", v, w, host[w])), "check");
         }
       }
     }
@@ -418,7 +404,7 @@ int main(int argc, char** argv) {
       StoreOptions so;
       so.dir = dir;
       so.ingest_interval = std::chrono::milliseconds(0);
-      auto store = must(Store::open(so), "open");
+      auto store = bench::must(Store::open(so), "open");
       std::vector<Binary> chunk;
       std::vector<Decision> decisions;
       for (int v = 0; v < n; ++v) {
@@ -432,19 +418,19 @@ int main(int argc, char** argv) {
         decisions.push_back(dec);
         chunk.push_back(std::move(b));
         if (chunk.size() == 512 || v == n - 1) {
-          must(store->put_all({}, std::move(decisions), chunk), "put_all");
+          bench::check(store->put_all({}, std::move(decisions), chunk), "put_all");
           chunk.clear();
           decisions.clear();
         }
       }
-      must(store->flush(), "flush");
+      bench::check(store->flush(), "flush");
     }
     json entry = {{"kernels", n}, {"cubin_bytes", bytes}};
     StoreOptions so;
     so.dir = dir;
     so.ingest_interval = std::chrono::milliseconds(0);
     auto t_open = Clock::now();
-    auto store = must(Store::open(so), "reopen");
+    auto store = bench::must(Store::open(so), "reopen");
     entry["open_ms"] = us_since(t_open) / 1e3;
     int r = n >= 10000 ? std::max(2, reps / 2) : reps;
 
@@ -453,7 +439,7 @@ int main(int argc, char** argv) {
     for (int t : thread_counts) {
       std::vector<double> ms;
       auto decs = store->decisions(environment_prefix(dev, ver));
-      if (decs.size() != size_t(n)) die("select", make_error(ErrorCode::kInternal, fmt::format("{} decisions", decs.size())));
+      if (decs.size() != size_t(n)) bench::fail(make_error(ErrorCode::kInternal, fmt::format("{} decisions", decs.size())), "select");
       for (int rep = 0; rep < r; ++rep) {
         std::atomic<size_t> next{0};
         auto t0 = Clock::now();
@@ -462,7 +448,7 @@ int main(int argc, char** argv) {
           th.emplace_back([&] {
             for (size_t j = next++; j < decs.size(); j = next++) {
               auto b = store->get_binary(*decs[j]->kernel, {}, false);
-              if (!b.ok()) die("read", b.status());
+              if (!b.ok()) bench::fail(b.status(), "read");
             }
           });
         }
@@ -501,7 +487,7 @@ int main(int argc, char** argv) {
           }
           ms.push_back(us_since(t0) / 1e3);
           for (auto m : mods) (void)d->cuModuleUnload(m);
-          if (errors) die("raw load", make_error(ErrorCode::kCudaError, "cuModuleLoadData failed"));
+          if (errors) bench::fail(make_error(ErrorCode::kCudaError, "cuModuleLoadData failed"), "raw load");
         }
         auto s = bench::stats(ms);
         entry["raw_load_ms"][std::to_string(t)] = bench::to_json(s);
@@ -517,11 +503,11 @@ int main(int argc, char** argv) {
           po.threads = t;
           po.touch = false;
           auto t0 = Clock::now();
-          auto loaded = must(preload(*store, po), "preload");
+          auto loaded = bench::must(preload(*store, po), "preload");
           ms.push_back(us_since(t0) / 1e3);
           if (loaded.size() != size_t(n)) {
-            die("preload", make_error(ErrorCode::kInternal, fmt::format("{} of {} loaded: {}", loaded.size(), n,
-                                                                       loaded.report().errors.empty() ? "" : loaded.report().errors[0])));
+            bench::fail(make_error(ErrorCode::kInternal, fmt::format("{} of {} loaded: {}", loaded.size(), n,
+                                                                       loaded.report().errors.empty() ? "" : loaded.report().errors[0])), "preload");
           }
         }
         auto s = bench::stats(ms);
@@ -541,7 +527,7 @@ int main(int argc, char** argv) {
           PreloadOptions po;
           po.touch = false;
           auto t0 = Clock::now();
-          auto loaded = must(preload(*store, po), "preload");
+          auto loaded = bench::must(preload(*store, po), "preload");
           ms.push_back(us_since(t0) / 1e3);
         }
         entry["kiln_preload_default_ms"] = bench::to_json(bench::stats(ms));
@@ -567,7 +553,7 @@ int main(int argc, char** argv) {
     StoreOptions so;
     so.dir = dir;
     so.ingest_interval = std::chrono::milliseconds(0);
-    auto store = must(Store::open(so), "open");
+    auto store = bench::must(Store::open(so), "open");
     const int m = 64;
     for (int v = 0; v < m; ++v) {
       Binary b = variant(bases[v % 16], 20000 + v);
@@ -575,13 +561,13 @@ int main(int argc, char** argv) {
       dec.problem = problem_for(20000 + v, dev, ver).canonical();
       dec.choice = b.name;
       dec.kernel = b.key;
-      must(store->put_binary(b), "put");
-      must(store->put_decision(dec), "put");
+      bench::check(store->put_binary(b), "put");
+      bench::check(store->put_decision(dec), "put");
     }
-    auto loaded = must(preload(*store, {}), "preload");
-    auto dout = must(DeviceBuffer::allocate(32 * sizeof(unsigned)), "alloc");
-    auto din = must(DeviceBuffer::allocate(1024 * sizeof(float)), "alloc");
-    must(din.fill_bytes(0), "fill");
+    auto loaded = bench::must(preload(*store, {}), "preload");
+    auto dout = bench::must(DeviceBuffer::allocate(32 * sizeof(unsigned)), "alloc");
+    auto din = bench::must(DeviceBuffer::allocate(1024 * sizeof(float)), "alloc");
+    bench::check(din.fill_bytes(0), "fill");
     std::vector<double> first, second;
     for (const auto& dec : store->decisions(environment_prefix(dev, ver))) {
       const Kernel* k = loaded.find(dec->problem);
@@ -591,8 +577,8 @@ int main(int argc, char** argv) {
       lc.block = {32, 1, 1};
       for (auto* sink : {&first, &second}) {
         auto t0 = Clock::now();
-        must((*k)(lc, dout.ptr(), din.ptr(), 1024), "launch");
-        must(Status(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync")), "sync");
+        bench::check((*k)(lc, dout.ptr(), din.ptr(), 1024), "launch");
+        bench::check(Status(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync")), "sync");
         sink->push_back(us_since(t0));
       }
     }

@@ -48,15 +48,15 @@ Result<std::string> rank_main(const Options& o, int rank, runtime::Communicator*
   }
   nlohmann::json out;
   if (rank == 0) out["environment"] = bench::environment();
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = bench::Clock::now();
   KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, ao));
-  const double create_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double create_s = bench::seconds_since(t0);
   std::vector<size_t> buckets;
   for (size_t b = o.min_bytes; b <= o.max_bytes; b *= 2) buckets.push_back(b);
-  t0 = std::chrono::steady_clock::now();
+  t0 = bench::Clock::now();
   KILN_ASSIGN_OR_RETURN(auto reports, ar->tune(buckets));
   out["create_seconds"] = create_s;
-  out["tune_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out["tune_seconds"] = bench::seconds_since(t0);
   out["world"] = comm->world();
   out["graph_decisions"] = o.graph;
   out["zero_copy"] = o.zero_copy;
@@ -124,7 +124,7 @@ int run(const Options& o) {
     return rank_main(o, rank, comm);
   });
   if (!outcomes.ok()) {
-    fmt::print(stderr, "kiln bench allreduce: {}\n", outcomes.status().to_string());
+    fmt::print(stderr, "kiln-bench allreduce: {}\n", outcomes.status().to_string());
     return 1;
   }
   int failed = 0;

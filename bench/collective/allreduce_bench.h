@@ -1,7 +1,7 @@
-// The all-reduce benchmark behind `kiln bench allreduce` and build/bin/bench_allreduce: starts one process per
-// GPU, tunes kiln's all-reduce over 4 KiB..256 MiB, and prints latency and bus bandwidth per size for every
-// choice (NCCL included, the reference) and for the tuned dispatcher, eager and as CUDA-graph replays; then
-// the fused all-reduce + residual + RMSNorm against the unfused pairs at decode sizes. Writes JSON.
+// The all-reduce benchmark behind `kiln-bench allreduce` (bench/cli/): starts one process per GPU, tunes
+// kiln's all-reduce over 4 KiB..256 MiB, and prints latency and bus bandwidth per size for every choice (NCCL
+// included, the reference) and for the tuned dispatcher, eager and as CUDA-graph replays; then the fused
+// all-reduce + residual + RMSNorm against the unfused pairs at decode sizes. Writes JSON.
 #pragma once
 
 #include <string>

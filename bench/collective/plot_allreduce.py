@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots a `kiln bench allreduce --json` file beside the peers' anchor lines (../shared/device/allreduce_anchor.py
+"""Plots a `kiln-bench allreduce --json` file beside the peers' anchor lines (../shared/device/allreduce_anchor.py
 output, same machine and call): latency per size (log-log) and bus bandwidth, eager and in CUDA graphs, and
 prints a markdown table of kiln's dispatcher against the best peer at each size.
 

@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -45,14 +44,6 @@ using namespace kiln::templates;
 
 namespace {
 
-#define CHECK_OK(expr)                                                         \
-  do {                                                                         \
-    ::kiln::Status s_ = ::kiln::detail::as_status((expr));                     \
-    if (!s_.ok()) {                                                            \
-      fmt::print(stderr, "bench_gemm: {}\n", s_.to_string_with_detail());      \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 #define CHECK_BLAS(expr)                                                                 \
   do {                                                                                   \
     int st_ = static_cast<int>(expr);                                                    \
@@ -61,12 +52,6 @@ namespace {
       std::exit(1);                                                                      \
     }                                                                                    \
   } while (0)
-
-template <class T>
-T must(Result<T> r) {
-  CHECK_OK(r.status());
-  return std::move(r).value();
-}
 
 const char* kHelpers = R"(
 #include <cuda_bf16.h>
@@ -154,14 +139,14 @@ Operands make_operands(Ctx& c, const Problem& p) {
   o.sets = std::max(2, static_cast<int>(std::ceil(3.0 * c.info.l2_bytes / bytes)));
   o.sets = std::min(o.sets, 16);
   for (int s = 0; s < o.sets; ++s) {
-    o.a.push_back(must(DeviceBuffer::allocate(static_cast<size_t>(p.m * p.k) * 2)));
-    o.b.push_back(must(DeviceBuffer::allocate(static_cast<size_t>(p.k * p.n) * 2)));
-    CHECK_OK(fill_random(c, o.a.back(), p.m * p.k, 2 * s + 1));
-    CHECK_OK(fill_random(c, o.b.back(), p.k * p.n, 2 * s + 2));
+    o.a.push_back(bench::must(DeviceBuffer::allocate(static_cast<size_t>(p.m * p.k) * 2)));
+    o.b.push_back(bench::must(DeviceBuffer::allocate(static_cast<size_t>(p.k * p.n) * 2)));
+    bench::check(fill_random(c, o.a.back(), p.m * p.k, 2 * s + 1));
+    bench::check(fill_random(c, o.b.back(), p.k * p.n, 2 * s + 2));
   }
-  o.d = must(DeviceBuffer::allocate(static_cast<size_t>(p.m * p.n) * 4));
-  o.bias = must(DeviceBuffer::allocate(static_cast<size_t>(p.n) * 2));
-  CHECK_OK(fill_random(c, o.bias, p.n, 99));
+  o.d = bench::must(DeviceBuffer::allocate(static_cast<size_t>(p.m * p.n) * 4));
+  o.bias = bench::must(DeviceBuffer::allocate(static_cast<size_t>(p.n) * 2));
+  bench::check(fill_random(c, o.bias, p.n, 99));
   return o;
 }
 
@@ -175,8 +160,8 @@ GemmArgs args_for(const Problem& p, const Operands& o, int set) {
   a.k = static_cast<int>(p.k);
   a.split_k = 1;
   a.k_per_split = static_cast<int>(p.k);
-  a.lda = p.la == Layout::kRowMajor ? p.k : p.m;
-  a.ldb = p.lb == Layout::kRowMajor ? p.n : p.k;
+  a.lda = dense_lda(p.la, {p.m, p.n, p.k});
+  a.ldb = dense_ldb(p.lb, {p.m, p.n, p.k});
   a.ldd = p.n;
   a.ep = default_epilogue_args();
   a.ep.bias = o.bias.as<void>();
@@ -266,38 +251,33 @@ using Op = std::function<Status(const GemmArgs&)>;
 
 // Median of `samples` batches of `reps` launches (microseconds per launch), inputs rotating over the sets.
 bench::Stats time_op(Ctx& c, const Problem& p, const Operands& o, const Op& op, int samples, int reps) {
-  Event start = must(Event::create()), stop = must(Event::create());
+  Event start = bench::must(Event::create()), stop = bench::must(Event::create());
   int set = 0;
   auto batch = [&] {
     for (int r = 0; r < reps; ++r) {
-      CHECK_OK(op(args_for(p, o, set)));
+      bench::check(op(args_for(p, o, set)));
       set = (set + 1) % o.sets;
     }
   };
   batch();  // warm-up
-  CHECK_OK(c.api->cuStreamSynchronize(c.stream) == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync"));
+  bench::check(c.api->cuStreamSynchronize(c.stream) == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync"));
   std::vector<double> us;
   for (int s = 0; s < samples; ++s) {
-    CHECK_OK(start.record(c.stream));
+    bench::check(start.record(c.stream));
     batch();
-    CHECK_OK(stop.record(c.stream));
-    CHECK_OK(stop.synchronize());
-    us.push_back(must(stop.elapsed_ms_since(start)) * 1e3 / reps);
+    bench::check(stop.record(c.stream));
+    bench::check(stop.synchronize());
+    us.push_back(bench::must(stop.elapsed_ms_since(start)) * 1e3 / reps);
   }
   return bench::stats(us);
 }
 
 std::vector<uint16_t> output_bits(const Operands& o, const Problem& p) {
   std::vector<uint16_t> v(static_cast<size_t>(p.m * p.n));
-  CHECK_OK(o.d.copy_to_host(v.data(), v.size() * 2));
+  bench::check(o.d.copy_to_host(v.data(), v.size() * 2));
   return v;
 }
-double bf16(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+double bf16(uint16_t b) { return load_element(DType::kBF16, &b); }
 double rel_error(const std::vector<uint16_t>& out, const std::vector<uint16_t>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -330,7 +310,7 @@ Params with(Params p, std::initializer_list<std::pair<const char*, Value>> kv) {
 Value I(int64_t v) { return Value::integer(v); }
 
 DeviceLimits device_limits(const std::string& arch) {
-  return DeviceLimits::from_device(must(device_info(0)), Target{arch});
+  return DeviceLimits::from_device(bench::must(device_info(0)), Target{arch});
 }
 
 void add_candidate(std::vector<Candidate>& out, const std::string& family, const TemplatePtr& t, const Params& params,
@@ -347,7 +327,7 @@ void add_candidate(std::vector<Candidate>& out, const std::string& family, const
     auto r = t->render(params);
     if (!r.ok()) return;
     if (!t->check_problem(params, shape).ok()) return;
-    c.geometry = must(t->geometry(params, shape));
+    c.geometry = bench::must(t->geometry(params, shape));
     c.name = r->config_name;
     c.rendered.push_back(std::move(*r));
     c.targets.push_back(Target{arch});
@@ -361,8 +341,8 @@ void add_candidate(std::vector<Candidate>& out, const std::string& family, const
     c.name = g->name;
     c.rendered.push_back(g->steps[0].kernel);
     c.rendered.push_back(g->steps[1].kernel);
-    c.targets = {Target{arch}, must(Target::from_device(0))};
-    c.workspace = must(DeviceBuffer::allocate(g->workspace_bytes));
+    c.targets = {Target{arch}, bench::must(Target::from_device(0))};
+    c.workspace = bench::must(DeviceBuffer::allocate(g->workspace_bytes));
     c.graph = std::move(*g);
   }
   out.push_back(std::move(c));
@@ -435,9 +415,9 @@ Op kiln_op(Ctx& ctx, Candidate& c) {
 
 // The configurations each row sweeps.
 void square_candidates(std::vector<Candidate>& out, const Problem& p, bool quick) {
-  const TemplatePtr sm80 = must(find_template("gemm_mma_sm80"));
-  const TemplatePtr sm90 = must(find_template("gemm_wgmma_sm90"));
-  EpilogueSpec none = must(parse_epilogue("", DType::kBF16));
+  const TemplatePtr sm80 = bench::must(find_template("gemm_mma_sm80"));
+  const TemplatePtr sm90 = bench::must(find_template("gemm_wgmma_sm90"));
+  EpilogueSpec none = bench::must(parse_epilogue("", DType::kBF16));
   Params base = gemm_problem_params(DType::kBF16, p.la, p.lb, none, false);
   Params b80 = with(base, {{"align", I(8)}, {"group_m", I(8)}});
   struct T80 { int bm, bn, bk, wm, wn, s; };
@@ -446,7 +426,7 @@ void square_candidates(std::vector<Candidate>& out, const Problem& p, bool quick
                           {128, 64, 32, 2, 2, 4},  {64, 128, 32, 2, 2, 4},  {128, 64, 64, 2, 2, 3},
                           {256, 128, 32, 4, 2, 3}, {128, 256, 32, 2, 4, 3}, {256, 128, 64, 4, 2, 3}};
   if (quick) t80.resize(3);
-  const std::string dev_arch = must(Target::from_device(0)).arch;
+  const std::string dev_arch = bench::must(Target::from_device(0)).arch;
   for (auto& t : t80) {
     for (int g : {8, 16}) {
       if (g == 16 && (quick || t.bm != 128 || t.bn != 128 || t.wm != 2 || t.wn != 2)) continue;
@@ -471,11 +451,11 @@ void square_candidates(std::vector<Candidate>& out, const Problem& p, bool quick
 }
 
 void decode_candidates(std::vector<Candidate>& out, const Problem& p, bool quick) {
-  const TemplatePtr sm80 = must(find_template("gemm_mma_sm80"));
-  const TemplatePtr sm90 = must(find_template("gemm_wgmma_sm90"));
-  EpilogueSpec ep = must(parse_epilogue("bias+gelu", DType::kBF16));
+  const TemplatePtr sm80 = bench::must(find_template("gemm_mma_sm80"));
+  const TemplatePtr sm90 = bench::must(find_template("gemm_wgmma_sm90"));
+  EpilogueSpec ep = bench::must(parse_epilogue("bias+gelu", DType::kBF16));
   Params base = gemm_problem_params(DType::kBF16, p.la, p.lb, ep, false);
-  const std::string dev_arch = must(Target::from_device(0)).arch;
+  const std::string dev_arch = bench::must(Target::from_device(0)).arch;
   const std::vector<int> splits = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8};
   const int bm80 = p.m <= 16 ? 16 : (p.m <= 32 ? 32 : 64);
   struct T80 { int bn, bk, wm, wn, s; };
@@ -519,9 +499,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   Ctx c;
-  CHECK_OK(ensure_context(0).status());
-  c.info = must(device_info(0));
-  c.api = must(driver());
+  bench::check(ensure_context(0).status());
+  c.info = bench::must(device_info(0));
+  c.api = bench::must(driver());
   if (c.info.cc_major < 9) {
     fmt::print(stderr, "bench_gemm: needs a Hopper GPU (sm_90a) for the wgmma rows\n");
     return 1;
@@ -529,30 +509,30 @@ int main(int argc, char** argv) {
   CHECK_BLAS(cublasCreate(&c.blas));
   CHECK_BLAS(cublasSetStream(c.blas, c.stream));
   CHECK_BLAS(cublasLtCreate(&c.lt));
-  c.lt_workspace = must(DeviceBuffer::allocate(64 << 20));
+  c.lt_workspace = bench::must(DeviceBuffer::allocate(64 << 20));
   {
     KernelSource src{"bench_gemm_helpers", "bench_fill", kHelpers, {}, {}, {}, {}};
-    Binary b = must(compile(src, must(Target::from_device(0))));
-    Module m = must(Module::load(b));
-    c.fill = std::make_unique<Kernel>(must(m.kernel("bench_fill")));
-    c.bias_gelu = std::make_unique<Kernel>(must(m.kernel("bench_bias_gelu")));
-    c.mma_peak = std::make_unique<Kernel>(must(m.kernel("bench_mma_peak")));
+    Binary b = bench::must(compile(src, bench::must(Target::from_device(0))));
+    Module m = bench::must(Module::load(b));
+    c.fill = std::make_unique<Kernel>(bench::must(m.kernel("bench_fill")));
+    c.bias_gelu = std::make_unique<Kernel>(bench::must(m.kernel("bench_bias_gelu")));
+    c.mma_peak = std::make_unique<Kernel>(bench::must(m.kernel("bench_mma_peak")));
   }
   // What mma.sync itself can do on this GPU (the gemm_mma_sm80 family's ceiling), from registers only.
   double mma_peak_tflops = 0;
   {
-    DeviceBuffer sink = must(DeviceBuffer::allocate(4096));
+    DeviceBuffer sink = bench::must(DeviceBuffer::allocate(4096));
     const int iters = 4096, blocks = c.info.sm_count * 4, threads = 256;
     LaunchConfig cfg{{static_cast<unsigned>(blocks), 1, 1}, {threads, 1, 1}, 0, c.stream, {1, 1, 1}};
-    Event e0 = must(Event::create()), e1 = must(Event::create());
+    Event e0 = bench::must(Event::create()), e1 = bench::must(Event::create());
     std::vector<double> tf;
     for (int rep = 0; rep < 6; ++rep) {
-      CHECK_OK(e0.record(c.stream));
-      CHECK_OK((*c.mma_peak)(cfg, sink.as<float>(), iters));
-      CHECK_OK(e1.record(c.stream));
-      CHECK_OK(e1.synchronize());
+      bench::check(e0.record(c.stream));
+      bench::check((*c.mma_peak)(cfg, sink.as<float>(), iters));
+      bench::check(e1.record(c.stream));
+      bench::check(e1.synchronize());
       const double flops = 2.0 * 16 * 8 * 16 * 8 * double(iters) * (threads / 32) * blocks;
-      tf.push_back(flops / (must(e1.elapsed_ms_since(e0)) * 1e-3) / 1e12);
+      tf.push_back(flops / (bench::must(e1.elapsed_ms_since(e0)) * 1e-3) / 1e12);
     }
     mma_peak_tflops = bench::stats(tf).median;
     fmt::print(stderr, "mma.sync m16n8k16 bf16 peak from registers: {:.0f} TFLOP/s\n", mma_peak_tflops);
@@ -610,9 +590,9 @@ int main(int argc, char** argv) {
       };
       ref_name = ref_gemm_name + "+bias_gelu";
     }
-    CHECK_OK(o.d.fill_bytes(0xFF, c.stream));
-    CHECK_OK(ref(a0));
-    CHECK_OK(c.api->cuStreamSynchronize(c.stream) == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync"));
+    bench::check(o.d.fill_bytes(0xFF, c.stream));
+    bench::check(ref(a0));
+    bench::check(c.api->cuStreamSynchronize(c.stream) == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync"));
     const std::vector<uint16_t> ref_out = output_bits(o, p);
     bench::Stats s_ref = time_op(c, p, o, ref, samples, r);
     nlohmann::json jrow{{"problem", p.label},         {"m", p.m}, {"n", p.n}, {"k", p.k},
@@ -622,9 +602,9 @@ int main(int argc, char** argv) {
       LtPlan fused = lt_plan(c, p, a0, true);
       if (fused.ok) {
         Op lt_fused = [&](const GemmArgs& a) { return cublas_lt(c, fused, a); };
-        CHECK_OK(o.d.fill_bytes(0xFF, c.stream));
-        CHECK_OK(lt_fused(a0));
-        CHECK_OK(c.api->cuStreamSynchronize(c.stream) == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync"));
+        bench::check(o.d.fill_bytes(0xFF, c.stream));
+        bench::check(lt_fused(a0));
+        bench::check(c.api->cuStreamSynchronize(c.stream) == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync"));
         const double err = rel_error(output_bits(o, p), ref_out);
         bench::Stats s = time_op(c, p, o, lt_fused, samples, r);
         jrow["cublaslt_fused_gelu_bias_us"] = bench::to_json(s);
@@ -650,7 +630,7 @@ int main(int argc, char** argv) {
         continue;
       }
       Op op = kiln_op(c, cand);
-      CHECK_OK(o.d.fill_bytes(0xFF, c.stream));
+      bench::check(o.d.fill_bytes(0xFF, c.stream));
       Status st = op(a0);
       if (!st.ok()) {
         fmt::print(stderr, "  {} failed to launch: {}\n", cand.name, st.to_string());

@@ -4,12 +4,8 @@
 # Runs the GEMM GPU correctness tests, the GEMM benchmark (cubins dumped and their SASS checked for
 # HGMMA/HMMA and local-memory spills), full logs and JSON to $OUT, a summary to stdout.
 # Usage: bench/gemm/device_run.sh [bench_gemm args...]
-set -u
-cd "$(dirname "$0")/../.."
-D=.device-gemm
-export LD_LIBRARY_PATH=$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/cubins
+source "$(dirname "$0")/../support/device_env.sh" .device-gemm
+mkdir -p /tmp/cubins
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 if [[ -z ${SKIP_TESTS:-} ]]; then

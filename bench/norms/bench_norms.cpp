@@ -11,7 +11,6 @@
 // Usage: bench_norms [--json FILE] [--reps N] [--sweep-reps N] [--quick]
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <random>
 #include <thread>
 
@@ -27,15 +26,6 @@ using namespace kiln::templates;
 
 namespace {
 
-#define CHECK_OK(expr)                                                             \
-  do {                                                                             \
-    ::kiln::Status s_ = ::kiln::detail::as_status((expr));                         \
-    if (!s_.ok()) {                                                                \
-      fmt::print(stderr, "bench_norms: {}\n", s_.to_string_with_detail());         \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-
 struct Problem {
   std::string label;     // "rmsnorm", "rmsnorm+residual", ...
   std::string tmpl;
@@ -47,13 +37,6 @@ struct Timed {
   std::string config;
   double median_us = 0;
 };
-
-uint16_t bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 
 Status sync_ctx() {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
@@ -95,13 +78,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  CHECK_OK(ensure_context(0));
+  bench::check(ensure_context(0));
   auto info = device_info(0);
-  CHECK_OK(info.status());
+  bench::check(info.status());
   Target target{info->arch()};
   DeviceLimits limits = DeviceLimits::from_device(*info, target);
   auto stream = Stream::create();
-  CHECK_OK(stream.status());
+  bench::check(stream.status());
   CUstream st = stream->get();
   const DriverApi* drv = *driver();
 
@@ -124,19 +107,21 @@ int main(int argc, char** argv) {
     std::vector<uint16_t> host(rows * max_cols);
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> d(-2.f, 2.f);
-    for (auto& h : host) h = bf16_bits(d(rng));
+    for (auto& h : host) store_element(dt, d(rng), &h);
     for (int i = 0; i < 8; ++i) {
       auto b = DeviceBuffer::allocate(tensor_bytes);
-      CHECK_OK(b.status());
-      CHECK_OK(b->copy_from_host(host.data(), tensor_bytes));
+      bench::check(b.status());
+      bench::check(b->copy_from_host(host.data(), tensor_bytes));
       bufs.push_back(std::move(*b));
     }
   }
   auto weight = DeviceBuffer::allocate(max_cols * 4);
-  CHECK_OK(weight.status());
+  bench::check(weight.status());
   {
-    std::vector<uint16_t> w(max_cols * 2, bf16_bits(1.f));
-    CHECK_OK(weight->copy_from_host(w.data(), max_cols * 4));
+    uint16_t one;
+    store_element(dt, 1.f, &one);
+    std::vector<uint16_t> w(max_cols * 2, one);
+    bench::check(weight->copy_from_host(w.data(), max_cols * 4));
   }
   auto p = [&](int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(bufs[i].ptr())); };
 
@@ -153,9 +138,9 @@ int main(int argc, char** argv) {
 
   for (const Problem& prob : problems) {
     auto t = find_template(prob.tmpl);
-    CHECK_OK(t.status());
+    bench::check(t.status());
     auto grid = Grid::create(*t, prob.fixed);
-    CHECK_OK(grid.status());
+    bench::check(grid.status());
     auto configs = pruned(*grid, limits);
     for (int64_t cols : col_sizes) {
       Shape shape{rows, cols};
@@ -230,13 +215,13 @@ int main(int argc, char** argv) {
           continue;
         }
         auto k = load_kernel(*bins[i]);
-        CHECK_OK(k.status());
+        bench::check(k.status());
         auto geo = (*t)->geometry(cands[i], shape);
-        CHECK_OK(geo.status());
-        for (int w = 0; w < 3; ++w) CHECK_OK(run(*k, *geo, w % sets));
-        CHECK_OK(sync_ctx());
+        bench::check(geo.status());
+        for (int w = 0; w < 3; ++w) bench::check(run(*k, *geo, w % sets));
+        bench::check(sync_ctx());
         auto us = time_us([&](int r) { return run(*k, *geo, r % sets); }, sweep_reps, st);
-        CHECK_OK(us.status());
+        bench::check(us.status());
         timed.push_back({rendered[i].config_name, *us});
         if (*us < best_us) {
           best_us = *us;
@@ -256,7 +241,7 @@ int main(int argc, char** argv) {
       std::vector<double> k_us, c_us;
       for (int r = 0; r < reps; ++r) {
         auto ku = time_us([&](int) { return run(*best_kernel, best_geo, r % sets); }, 1, st);
-        CHECK_OK(ku.status());
+        bench::check(ku.status());
         k_us.push_back(*ku);
         auto cu = time_us(
             [&](int) -> Status {
@@ -268,7 +253,7 @@ int main(int argc, char** argv) {
               return Status();
             },
             1, st);
-        CHECK_OK(cu.status());
+        bench::check(cu.status());
         c_us.push_back(*cu);
       }
       auto ks = bench::stats(k_us), cs = bench::stats(c_us);

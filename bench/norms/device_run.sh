@@ -3,12 +3,7 @@
 #   ../shared/tools/device-pack .device-tcore <build>/bin/{kiln,bench_norms,templates_gpu_test,templates_engine_test}
 # Runs the template GPU correctness tests, the engine tests, `kiln templates check` for sm_90a and the norms
 # benchmark; full logs and the JSON go to $OUT, a summary to stdout.
-set -u
-cd "$(dirname "$0")/../.."
-D=.device-tcore
-export LD_LIBRARY_PATH=$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/../support/device_env.sh" .device-tcore
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 timeout 100 $D/templates_gpu_test > "$OUT/gpu_test.log" 2>&1; echo "templates_gpu_test rc=$?"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots the scaling curves of a `kiln bench pool` JSON (kernels/s and parallel efficiency against workers,
+"""Plots the scaling curves of a `kiln-bench pool` JSON (kernels/s and parallel efficiency against workers,
 one line per executor, PCH off and on side by side) and prints its rows as a markdown table.
 
 Usage: plot_pool.py RESULTS.json [--png OUT.png] [--markdown OUT.md] [--title TEXT]

@@ -447,18 +447,18 @@ void add_options(CLI::App& app, Options& o) {
 int run(const Options& o) {
   auto target = Target::parse(o.arch);
   if (!target.ok()) {
-    fmt::print(stderr, "bench pool: {}\n", target.status().to_string());
+    fmt::print(stderr, "kiln-bench pool: {}\n", target.status().to_string());
     return 2;
   }
   if (gemm_text().empty()) {
-    fmt::print(stderr, "bench pool: the embedded kernel is missing\n");
+    fmt::print(stderr, "kiln-bench pool: the embedded kernel is missing\n");
     return 1;
   }
   std::vector<bool> pch_modes;
   if (o.pch != "on") pch_modes.push_back(false);
   if (o.pch != "off") pch_modes.push_back(true);
   const bool in_source = o.params == "source";
-  fmt::print("kiln bench pool: {} cores available, executors {}, workers {}, pch {}, params {}, {} round(s)\n",
+  fmt::print("kiln-bench pool: {} cores available, executors {}, workers {}, pch {}, params {}, {} round(s)\n",
              available_cores(), fmt::join(o.executors, ","), fmt::join(o.workers, ","), o.pch, o.params, o.rounds);
 
   std::vector<Row> rows;

@@ -1,8 +1,8 @@
-// The compile-pool benchmark behind `kiln bench pool` and build/bin/bench_pool: kernels per second for each
-// executor (inline, arena, process, and raw std::threads as the reference) at several worker counts, with
-// and without NVRTC's automatic PCH, on GEMM-like template kernels; the pool's own overhead (submit-to-start
-// and completion latency of empty jobs); worker start-up time; and a CPU-bound loop as the machine's own
-// scaling ceiling. Prints a table and writes JSON (one row per executor, workers and pch).
+// The compile-pool benchmark behind `kiln-bench pool` (bench/cli/): kernels per second for each executor
+// (inline, arena, process, and raw std::threads as the reference) at several worker counts, with and without
+// NVRTC's automatic PCH, on GEMM-like template kernels; the pool's own overhead (submit-to-start and completion
+// latency of empty jobs); worker start-up time; and a CPU-bound loop as the machine's own scaling ceiling.
+// Prints a table and writes JSON (one row per executor, workers and pch).
 #pragma once
 
 #include <string>
@@ -40,7 +40,7 @@ struct Options {
   double deadline = 0;
 };
 
-/// Adds the options above to `app` (flags named as in `kiln bench pool --help`).
+/// Adds the options above to `app` (flags named as in `kiln-bench pool --help`).
 void add_options(CLI::App& app, Options& options);
 
 /// Runs the benchmark; returns a process exit code.

@@ -28,11 +28,10 @@ extern char** environ;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using kiln::bench::Clock;
+using kiln::bench::seconds_since;
 using namespace kiln;
 using namespace kiln::runtime;
-
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 Result<Problem> parse_problem(const std::string& spec) {
   // gemm:M,N,K[:epilogue]
@@ -69,10 +68,10 @@ int phase_tune(const Problem& p, const std::string& dir, const std::string& mode
     fmt::print(stderr, "{}\n", tuner.status().to_string());
     return 1;
   }
-  const double create_s = since(t0);
+  const double create_s = seconds_since(t0);
   const auto t1 = Clock::now();
   auto sel = (*tuner)->tune(p);
-  const double tune_s = since(t1);
+  const double tune_s = seconds_since(t1);
   if (!sel.ok()) {
     fmt::print(stderr, "{}\n", sel.status().to_string());
     return 1;
@@ -88,7 +87,7 @@ int phase_tune(const Problem& p, const std::string& dir, const std::string& mode
       const auto t2 = Clock::now();
       Status ran = (*sel)->run(bufs->args, nullptr);
       (void)(*d)->cuCtxSynchronize();
-      first_launch_s = since(t2);
+      first_launch_s = seconds_since(t2);
       if (!ran.ok()) fmt::print(stderr, "first launch: {}\n", ran.to_string());
     }
   }
@@ -215,7 +214,7 @@ int phase_dispatch(const Problem& p, const std::string& dir, int configs, const 
       (void)(*d)->cuStreamSynchronize(stream->get());
       auto t = Clock::now();
       for (int i = 0; i < kCalls; ++i) call();
-      per_call.push_back(since(t) / kCalls * 1e6);
+      per_call.push_back(seconds_since(t) / kCalls * 1e6);
       (void)(*d)->cuStreamSynchronize(stream->get());
     }
     return bench::stats(per_call);

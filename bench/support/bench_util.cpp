@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <numeric>
@@ -14,10 +16,7 @@
 #include <fmt/format.h>
 
 #include "kiln/jit.h"
-
-#ifndef KILN_GIT_COMMIT
-#define KILN_GIT_COMMIT ""
-#endif
+#include "kiln_bench_commit.h"
 
 namespace kiln::bench {
 
@@ -32,17 +31,22 @@ double percentile(const std::vector<double>& sorted, double p) {
 }  // namespace
 
 Stats stats(std::vector<double> v) {
-  Stats s;
-  if (v.empty()) return s;
+  if (v.empty()) return {};
   std::sort(v.begin(), v.end());
-  s.n = v.size();
-  s.min = v.front();
-  s.max = v.back();
-  s.median = percentile(v, 0.5);
-  s.p10 = percentile(v, 0.1);
-  s.p90 = percentile(v, 0.9);
-  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
-  return s;
+  return {.median = percentile(v, 0.5),
+          .min = v.front(),
+          .max = v.back(),
+          .p10 = percentile(v, 0.1),
+          .p90 = percentile(v, 0.9),
+          .mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size(),
+          .n = v.size()};
+}
+
+void fail(const Status& s, std::string_view what) {
+  // program_invocation_short_name (glibc): the program's name without having every bench pass it in.
+  fmt::print(stderr, "{}: {}{}{}\n", program_invocation_short_name, what, what.empty() ? "" : ": ",
+             s.to_string_with_detail());
+  std::exit(1);
 }
 
 nlohmann::json to_json(const Stats& s) {

@@ -1,0 +1,16 @@
+# cmake "-DCOMMAND=prog|arg|..." "-DEXPECT=<regex>" -DEXIT=0|nonzero -P run_expect.cmake: runs COMMAND ('|'
+# separates its arguments) and passes when its exit status is as EXIT says and its stdout+stderr match EXPECT.
+cmake_minimum_required(VERSION 3.25)
+string(REPLACE "|" ";" command "${COMMAND}")
+execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+message("${out}")
+if(EXIT STREQUAL "nonzero")
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "expected a non-zero exit, got 0")
+  endif()
+elseif(NOT rc STREQUAL EXIT)
+  message(FATAL_ERROR "expected exit ${EXIT}, got ${rc}")
+endif()
+if(NOT out MATCHES "${EXPECT}")
+  message(FATAL_ERROR "the output does not match: ${EXPECT}")
+endif()
