@@ -13,7 +13,7 @@
 #include <map>
 #include <sstream>
 
-#include "kiln/cache/format.h"
+#include "format.h"
 #include "kiln/cache/problem_key.h"
 #include "kiln/jit/target.h"
 

@@ -28,7 +28,7 @@
 #include <unordered_set>
 
 #include "file_lock.h"
-#include "kiln/cache/format.h"
+#include "format.h"
 #include "rocks.h"
 #include "sharded_map.h"
 

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "cache_test_util.h"
-#include "kiln/cache/format.h"
+#include "format.h"
 #include "kiln/cache/store.h"
 #include "kiln_test.h"
 
