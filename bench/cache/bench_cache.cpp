@@ -33,6 +33,7 @@
 #include <unordered_map>
 
 #include "bench_util.h"
+#include "format.h"
 #include "kiln/cache/cache.h"
 #include "kiln/jit.h"
 

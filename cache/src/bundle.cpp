@@ -13,7 +13,7 @@
 #include <map>
 #include <sstream>
 
-#include "kiln/cache/format.h"
+#include "format.h"
 #include "kiln/cache/problem_key.h"
 #include "kiln/jit/target.h"
 
@@ -134,6 +134,13 @@ Status check_hash(Fields& f, std::string_view stored) {
   return Status();
 }
 
+// What a decision or timing entry must hold besides its hash: a choice and a canonical problem key.
+Status check_record(Fields& f, std::string_view problem, std::string_view choice, std::string_view stored) {
+  if (choice.empty()) return entry_error("empty choice");
+  KILN_RETURN_IF_ERROR(ProblemKey::parse(problem).status());
+  return check_hash(f, stored);
+}
+
 Result<Decision> read_decision(const json& j) {
   Fields f{j, {}};
   Decision d;
@@ -148,9 +155,7 @@ Result<Decision> read_decision(const json& j) {
     KILN_ASSIGN_OR_RETURN(KernelKey key, KernelKey::parse(k->get<std::string>()));
     d.kernel = key;
   }
-  if (d.choice.empty()) return entry_error("empty choice");
-  KILN_RETURN_IF_ERROR(ProblemKey::parse(d.problem).status());
-  KILN_RETURN_IF_ERROR(check_hash(f, encode_decision(d)));
+  KILN_RETURN_IF_ERROR(check_record(f, d.problem, d.choice, encode_decision(d)));
   return d;
 }
 
@@ -170,9 +175,7 @@ Result<TimingRecord> read_timing(const json& j) {
   t.error = ErrorCode(code);
   t.reason = f.get<std::string>("reason");
   t.toolchain = f.toolchain();
-  if (t.choice.empty()) return entry_error("empty choice");
-  KILN_RETURN_IF_ERROR(ProblemKey::parse(t.problem).status());
-  KILN_RETURN_IF_ERROR(check_hash(f, encode_timing(t)));
+  KILN_RETURN_IF_ERROR(check_record(f, t.problem, t.choice, encode_timing(t)));
   return t;
 }
 
@@ -317,48 +320,40 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path) {
     return s;
   };
   const Toolchain& here = store.toolchain();
-  auto section = [&](const char* name) -> const json& {
-    static const json empty = json::array();
+  // Reads one section entry by entry: an entry that fails is counted and skipped, `keep` takes each one that
+  // passes (and may flush).
+  auto read_section = [&]<class T>(const char* name, const char* kind, Result<T> (*read)(const json&),
+                                   auto&& keep) -> Status {
     auto it = doc.find(name);
-    return it != doc.end() && it->is_array() ? *it : empty;
+    if (it == doc.end() || !it->is_array()) return Status();
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& j = (*it)[i];
+      Result<T> entry = j.is_object() ? read(j) : Result<T>(entry_error("not an object"));
+      if (!entry.ok()) {
+        reject(kind, i, entry.status());
+        continue;
+      }
+      KILN_RETURN_IF_ERROR(keep(std::move(entry).value()));
+    }
+    return Status();
   };
-  size_t i = 0;
-  for (const auto& j : section("decisions")) {
-    auto d = j.is_object() ? read_decision(j) : Result<Decision>(entry_error("not an object"));
-    if (!d.ok()) {
-      reject("decision", i++, d.status());
-      continue;
-    }
-    ++i;
-    report.other_toolchain += d->toolchain != here;
-    decisions.push_back(std::move(d).value());
-  }
-  i = 0;
-  for (const auto& j : section("timings")) {
-    auto t = j.is_object() ? read_timing(j) : Result<TimingRecord>(entry_error("not an object"));
-    if (!t.ok()) {
-      reject("timing", i++, t.status());
-      continue;
-    }
-    ++i;
-    report.other_toolchain += t->toolchain != here;
-    timings.push_back(std::move(t).value());
-    if (timings.size() >= 4096) KILN_RETURN_IF_ERROR(flush());
-  }
-  i = 0;
-  for (const auto& j : section("binaries")) {
-    auto b = j.is_object() ? read_binary(j) : Result<Binary>(entry_error("not an object"));
-    if (!b.ok()) {
-      reject("binary", i++, b.status());
-      continue;
-    }
-    ++i;
-    report.other_toolchain += b->nvrtc_major != here.nvrtc_major || b->nvrtc_minor != here.nvrtc_minor;
-    pending_bytes += b->cubin.size();
-    binaries.push_back(std::move(b).value());
+  KILN_RETURN_IF_ERROR(read_section("decisions", "decision", read_decision, [&](Decision d) {
+    report.other_toolchain += d.toolchain != here;
+    decisions.push_back(std::move(d));
+    return Status();
+  }));
+  KILN_RETURN_IF_ERROR(read_section("timings", "timing", read_timing, [&](TimingRecord t) {
+    report.other_toolchain += t.toolchain != here;
+    timings.push_back(std::move(t));
+    return timings.size() >= 4096 ? flush() : Status();
+  }));
+  KILN_RETURN_IF_ERROR(read_section("binaries", "binary", read_binary, [&](Binary b) {
+    report.other_toolchain += b.nvrtc_major != here.nvrtc_major || b.nvrtc_minor != here.nvrtc_minor;
+    pending_bytes += b.cubin.size();
+    binaries.push_back(std::move(b));
     // Batches of bounded size: one write (or one staged batch) each.
-    if (pending_bytes > (32u << 20)) KILN_RETURN_IF_ERROR(flush());
-  }
+    return pending_bytes > (32u << 20) ? flush() : Status();
+  }));
   KILN_RETURN_IF_ERROR(flush());
   return report;
 }

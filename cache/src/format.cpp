@@ -1,4 +1,4 @@
-#include "kiln/cache/format.h"
+#include "format.h"
 
 #include <fmt/format.h>
 #include <xxhash.h>

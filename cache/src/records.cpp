@@ -7,8 +7,22 @@
 #include "kiln/jit/compiler.h"
 #include "kiln/jit/driver.h"
 #include "kiln/version.h"
+#include "stamp.h"
 
 namespace kiln::cache {
+namespace {
+
+template <class Record>
+Status stamp(Record& record, int64_t& stamp_ns, const char* what, const Toolchain& toolchain) {
+  if (record.problem.empty() || record.choice.empty()) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("{} needs a problem and a choice name", what));
+  }
+  if (stamp_ns == 0) stamp_ns = now_ns();
+  if (record.toolchain.kiln.empty()) record.toolchain = toolchain;
+  return Status();
+}
+
+}  // namespace
 
 const Toolchain& Toolchain::current() {
   static const Toolchain t = [] {
@@ -31,6 +45,14 @@ std::string Toolchain::str() const {
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+Status stamp_record(TimingRecord& t, const Toolchain& toolchain) {
+  return stamp(t, t.measured_at_ns, "a timing", toolchain);
+}
+
+Status stamp_record(Decision& d, const Toolchain& toolchain) {
+  return stamp(d, d.decided_at_ns, "a decision", toolchain);
 }
 
 }  // namespace kiln::cache

@@ -4,7 +4,7 @@
 
 #include <string_view>
 
-#include "kiln/cache/format.h"
+#include "format.h"
 
 namespace kiln {
 

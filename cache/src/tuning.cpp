@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 
+#include "stamp.h"
+
 namespace kiln::cache {
 
 std::string_view tune_mode_name(TuneMode mode) {
@@ -98,11 +100,7 @@ Status TuningCache::check_may_record() const {
 Status TuningCache::record_timing(TimingRecord timing) {
   KILN_RETURN_IF_ERROR(check_may_record());
   if (mode_ != TuneMode::kOff) return store_->put_timing(std::move(timing));
-  if (timing.problem.empty() || timing.choice.empty()) {
-    return make_error(ErrorCode::kInvalidArgument, "a timing needs a problem and a choice name");
-  }
-  if (timing.measured_at_ns == 0) timing.measured_at_ns = now_ns();
-  if (timing.toolchain.kiln.empty()) timing.toolchain = Toolchain::current();
+  KILN_RETURN_IF_ERROR(stamp_record(timing, Toolchain::current()));
   std::lock_guard lock(mu_);
   auto& per_problem = own_timings_[timing.problem];
   per_problem[timing.choice] = std::move(timing);
@@ -122,11 +120,7 @@ Status TuningCache::record_failure(std::string_view problem, std::string_view ch
 Status TuningCache::record_decision(Decision decision) {
   KILN_RETURN_IF_ERROR(check_may_record());
   if (mode_ != TuneMode::kOff) return store_->put_decision(std::move(decision));
-  if (decision.problem.empty() || decision.choice.empty()) {
-    return make_error(ErrorCode::kInvalidArgument, "a decision needs a problem and a choice name");
-  }
-  if (decision.decided_at_ns == 0) decision.decided_at_ns = now_ns();
-  if (decision.toolchain.kiln.empty()) decision.toolchain = Toolchain::current();
+  KILN_RETURN_IF_ERROR(stamp_record(decision, Toolchain::current()));
   std::lock_guard lock(mu_);
   std::string problem = decision.problem;
   own_decisions_[problem] = std::make_shared<const Decision>(std::move(decision));

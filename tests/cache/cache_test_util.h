@@ -1,4 +1,4 @@
-// Helpers shared by the cache tests: a fresh folder per test, sample records.
+// Helpers shared by the cache tests: a fresh folder per test, store options for it, sample records.
 #pragma once
 
 #include <unistd.h>
@@ -11,6 +11,7 @@
 
 #include "kiln/cache/problem_key.h"
 #include "kiln/cache/records.h"
+#include "kiln/cache/store.h"
 #include "kiln/jit/compiler.h"
 
 namespace kiln::cache::testing {
@@ -34,6 +35,16 @@ class TempDir {
  private:
   std::string path_;
 };
+
+/// Options for a store in `dir` with no background ingest thread: staged entries are ingested only when the
+/// test says so (sync(), the writer's own writes, close), so what a test sees does not depend on timing.
+inline StoreOptions store_options(const TempDir& dir, Role role = Role::kAuto) {
+  StoreOptions o;
+  o.dir = dir.path();
+  o.role = role;
+  o.ingest_interval = std::chrono::milliseconds(0);
+  return o;
+}
 
 inline ProblemKey sample_problem(int m, int n = 4096, int k = 4096) {
   ProblemKey p;

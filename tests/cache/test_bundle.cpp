@@ -16,14 +16,8 @@ namespace {
 
 using testing::fake_binary;
 using testing::sample_problem;
+using testing::store_options;
 using testing::TempDir;
-
-StoreOptions opts(const TempDir& d) {
-  StoreOptions o;
-  o.dir = d.path();
-  o.ingest_interval = std::chrono::milliseconds(0);
-  return o;
-}
 
 void fill(Store& s) {
   for (int i = 0; i < 5; ++i) {
@@ -57,16 +51,28 @@ nlohmann::json read_json(const std::string& path) {
 }
 void write_json(const std::string& path, const nlohmann::json& j) { std::ofstream(path) << j.dump(); }
 
-TEST(Bundle, ExportImportRoundTrip) {
+// Folders for a source store (a), a destination store (b) and bundle files, and the bundle's path.
+class Bundle : public ::testing::Test {
+ protected:
+  // Opens `src` in a, fills it, and exports it with its binaries to `path`.
+  void export_filled() {
+    KILN_ASSERT_OK_AND_ASSIGN(src, Store::open(store_options(a)));
+    fill(*src);
+    KILN_ASSERT_OK_AND_ASSIGN(exported, export_bundle(*src, path, {.binaries = true}));
+  }
+
   TempDir a, b, files;
   std::string path = files.path() + "/bundle.json";
-  KILN_ASSERT_OK_AND_ASSIGN(auto src, Store::open(opts(a)));
-  fill(*src);
-  KILN_ASSERT_OK_AND_ASSIGN(auto counts, export_bundle(*src, path, {.binaries = true}));
-  EXPECT_EQ(counts.decisions, 5u);
-  EXPECT_EQ(counts.timings, 10u);
-  EXPECT_EQ(counts.binaries, 5u);
-  KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(opts(b)));
+  std::unique_ptr<Store> src;
+  BundleCounts exported;
+};
+
+TEST_F(Bundle, ExportImportRoundTrip) {
+  ASSERT_NO_FATAL_FAILURE(export_filled());
+  EXPECT_EQ(exported.decisions, 5u);
+  EXPECT_EQ(exported.timings, 10u);
+  EXPECT_EQ(exported.binaries, 5u);
+  KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(b)));
   KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path));
   EXPECT_EQ(report.rejected, 0u) << (report.errors.empty() ? "" : report.errors[0]);
   EXPECT_EQ(report.imported.decisions, 5u);
@@ -85,12 +91,8 @@ TEST(Bundle, ExportImportRoundTrip) {
   EXPECT_EQ(dst->all_timings(), src->all_timings());
 }
 
-TEST(Bundle, ImportVerifiesEveryEntry) {
-  TempDir a, b, files;
-  std::string path = files.path() + "/bundle.json";
-  KILN_ASSERT_OK_AND_ASSIGN(auto src, Store::open(opts(a)));
-  fill(*src);
-  KILN_ASSERT_OK(export_bundle(*src, path, {.binaries = true}).status());
+TEST_F(Bundle, ImportVerifiesEveryEntry) {
+  ASSERT_NO_FATAL_FAILURE(export_filled());
   auto j = read_json(path);
   j["decisions"][0]["choice"] = "slow";                // edited: checksum no longer matches
   j["timings"][1]["median_us"] = 0.001;                // edited
@@ -102,7 +104,7 @@ TEST(Bundle, ImportVerifiesEveryEntry) {
   j["timings"][2].erase("toolchain");                 // missing field
   j["timings"].push_back(42);                          // not an object
   write_json(path, j);
-  KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(opts(b)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(b)));
   KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path));
   EXPECT_EQ(report.rejected, 7u);
   EXPECT_EQ(report.errors.size(), 7u);
@@ -115,10 +117,8 @@ TEST(Bundle, ImportVerifiesEveryEntry) {
   EXPECT_EQ(st.invalid, 0u);
 }
 
-TEST(Bundle, NotABundle) {
-  TempDir a, files;
-  KILN_ASSERT_OK_AND_ASSIGN(auto s, Store::open(opts(a)));
-  std::string path = files.path() + "/x.json";
+TEST_F(Bundle, NotABundle) {
+  KILN_ASSERT_OK_AND_ASSIGN(auto s, Store::open(store_options(a)));
   std::ofstream(path) << "{\"hello\": 1}";
   EXPECT_EQ(import_bundle(*s, path).status().code(), ErrorCode::kCorrupt);
   std::ofstream(path) << "garbage {";
@@ -126,13 +126,11 @@ TEST(Bundle, NotABundle) {
   EXPECT_EQ(import_bundle(*s, files.path() + "/missing.json").status().code(), ErrorCode::kNotFound);
 }
 
-TEST(Bundle, PrefixAndOtherToolchains) {
-  TempDir a, b, files;
-  std::string path = files.path() + "/bundle.json";
+TEST_F(Bundle, PrefixAndOtherToolchains) {
   {
-    StoreOptions o = opts(a);
+    StoreOptions o = store_options(a);
     o.toolchain = Toolchain{12, 8, 12080, "0.0.1"};
-    KILN_ASSERT_OK_AND_ASSIGN(auto src, Store::open(o));
+    KILN_ASSERT_OK_AND_ASSIGN(src, Store::open(o));
     fill(*src);
     ProblemKey other = sample_problem(16);
     other.device.name = "NVIDIA A100";
@@ -144,22 +142,19 @@ TEST(Bundle, PrefixAndOtherToolchains) {
     KILN_ASSERT_OK_AND_ASSIGN(auto counts, export_bundle(*src, path, {.prefix = environment_prefix(h200.device, h200.versions)}));
     EXPECT_EQ(counts.decisions, 5u);  // not the A100's
     EXPECT_EQ(counts.binaries, 0u);
+    src.reset();
   }
-  KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(opts(b)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(b)));
   KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path));
   EXPECT_EQ(report.rejected, 0u);
   EXPECT_EQ(report.other_toolchain, 15u);  // stored, but misses for this toolchain
   EXPECT_TRUE(dst->decisions().empty());
 }
 
-TEST(Bundle, ImportThroughAReaderIsStaged) {
-  TempDir a, b, files;
-  std::string path = files.path() + "/bundle.json";
-  KILN_ASSERT_OK_AND_ASSIGN(auto src, Store::open(opts(a)));
-  fill(*src);
-  KILN_ASSERT_OK(export_bundle(*src, path, {.binaries = true}).status());
-  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(opts(b)));
-  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(opts(b)));
+TEST_F(Bundle, ImportThroughAReaderIsStaged) {
+  ASSERT_NO_FATAL_FAILURE(export_filled());
+  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(store_options(b)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(store_options(b)));
   ASSERT_FALSE(reader->is_writer());
   KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*reader, path));
   EXPECT_EQ(report.imported.decisions, 5u);
@@ -184,7 +179,7 @@ int run(const std::string& cmd, std::string* out = nullptr) {
 TEST(CacheCli, StatsLsExportImportPruneClear) {
   TempDir a, b, files;
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto s, Store::open(opts(a)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto s, Store::open(store_options(a)));
     fill(*s);
   }
   const std::string kiln = KILN_CLI;
@@ -211,7 +206,7 @@ TEST(CacheCli, StatsLsExportImportPruneClear) {
   ASSERT_EQ(run(kiln + " cache stats --cache-dir " + b.path(), &out), 0) << out;
   EXPECT_NE(out.find("decisions  0"), std::string::npos) << out;
   // While another process holds the writer role, prune says who.
-  KILN_ASSERT_OK_AND_ASSIGN(auto holder, Store::open(opts(b)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto holder, Store::open(store_options(b)));
   EXPECT_EQ(run(kiln + " cache prune --cache-dir " + b.path(), &out), 1) << out;
   EXPECT_NE(out.find("pid"), std::string::npos) << out;
   EXPECT_EQ(run(kiln + " cache stats --cache-dir " + files.path() + "/none", &out), 1) << out;

@@ -10,7 +10,7 @@
 #include <random>
 #include <sstream>
 
-#include "kiln/cache/format.h"
+#include "format.h"
 #include "kiln_test.h"
 
 namespace kiln::cache {

@@ -28,6 +28,7 @@ extern char** environ;
 namespace kiln::cache {
 namespace {
 
+using testing::store_options;
 using testing::TempDir;
 
 // A child process with its stdin and stdout on pipes; killed and reaped if still running at destruction.
@@ -226,10 +227,7 @@ TEST(MultiProcess, WriterKilledMidWrite50Times) {
 
 TEST(MultiProcess, ReaderKilledMidStageLeavesNoDebris) {
   TempDir dir;
-  StoreOptions o;
-  o.dir = dir.path();
-  o.ingest_interval = std::chrono::milliseconds(0);
-  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(o));
+  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(store_options(dir)));
   ASSERT_TRUE(writer->is_writer());
   int first = 0;
   for (int i = 0; i < 10; ++i) {

@@ -10,6 +10,7 @@
 namespace kiln::cache {
 namespace {
 
+using testing::store_options;
 using testing::TempDir;
 
 constexpr const char* kFill = R"(
@@ -19,17 +20,10 @@ extern "C" __global__ void fill(int* out, int n, int value) {
 }
 )";
 
-StoreOptions opts(const TempDir& d) {
-  StoreOptions o;
-  o.dir = d.path();
-  o.ingest_interval = std::chrono::milliseconds(0);
-  return o;
-}
-
 TEST(Preload, WithoutAGpuItSaysSo) {
   if (ensure_context(0).ok()) GTEST_SKIP() << "a GPU is present";
   TempDir dir;
-  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
   auto r = preload(*store, {});
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(r.status().code() == ErrorCode::kNoDriver || r.status().code() == ErrorCode::kNoDevice)
@@ -50,7 +44,7 @@ TEST(Preload, LoadsLaunchesAndCountsWhatIsMissing) {
   };
   std::vector<std::string> loaded_problems;
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
     for (int v = 0; v < 6; ++v) {
       KernelSource src;
       src.name = "fill";
@@ -90,7 +84,7 @@ TEST(Preload, LoadsLaunchesAndCountsWhatIsMissing) {
     elsewhere.kernel = KernelKey{1, 1};
     KILN_ASSERT_OK(store->put_decision(elsewhere));
   }
-  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
   for (int threads : {1, 3}) {
     PreloadOptions po;
     po.threads = threads;

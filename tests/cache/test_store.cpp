@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "cache_test_util.h"
-#include "kiln/cache/format.h"
+#include "format.h"
 #include "kiln/cache/store.h"
 #include "kiln_test.h"
 
@@ -22,15 +22,8 @@ namespace {
 
 using testing::fake_binary;
 using testing::sample_problem;
+using testing::store_options;
 using testing::TempDir;
-
-StoreOptions opts(const TempDir& d, Role role = Role::kAuto) {
-  StoreOptions o;
-  o.dir = d.path();
-  o.role = role;
-  o.ingest_interval = std::chrono::milliseconds(0);  // ingest only when the test says so
-  return o;
-}
 
 TimingRecord timing(const std::string& problem, const std::string& choice, double us, int64_t at = 0) {
   TimingRecord t;
@@ -55,7 +48,7 @@ TEST(Store, OpeningWhileTheWriterIsStillCreatingTheDatabaseWaits) {
   std::mutex mu;
   std::condition_variable cv;
   bool waiting = false;
-  StoreOptions o = opts(d);
+  StoreOptions o = store_options(d);
   o.sync_point = [&](std::string_view point) {
     if (point != "open:wait_for_writer") return;
     std::lock_guard lock(mu);
@@ -107,14 +100,14 @@ TEST(Store, RoundTripSurvivesReopen) {
   std::string p = sample_problem(16).canonical();
   Binary bin = fake_binary(7, 100000);
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
     EXPECT_TRUE(store->is_writer());
     KILN_ASSERT_OK(store->put_binary(bin));
     KILN_ASSERT_OK(store->put_timing(timing(p, "mma_128x128", 10.0)));
     KILN_ASSERT_OK(store->put_timing(timing(p, "mma_64x64", 14.0)));
     KILN_ASSERT_OK(store->put_decision(decision(p, "mma_128x128")));
   }
-  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
   KILN_ASSERT_OK_AND_ASSIGN(auto got, store->get_binary(bin.key, "sm_90"));
   EXPECT_EQ(got->cubin, bin.cubin);
   EXPECT_EQ(got->lowered_names, bin.lowered_names);
@@ -135,22 +128,22 @@ TEST(Store, RoundTripSurvivesReopen) {
 
 TEST(Store, RolesInOneFolder) {
   TempDir dir;
-  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(store_options(dir)));
   EXPECT_TRUE(writer->is_writer());
-  auto second_writer = Store::open(opts(dir, Role::kWriter));
+  auto second_writer = Store::open(store_options(dir, Role::kWriter));
   EXPECT_EQ(second_writer.status().code(), ErrorCode::kUnavailable);
   EXPECT_NE(second_writer.status().message().find("pid"), std::string::npos) << second_writer.status().message();
-  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(store_options(dir)));
   EXPECT_FALSE(reader->is_writer());
   TempDir empty;
-  EXPECT_EQ(Store::open(opts(empty, Role::kReader)).status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(Store::open(store_options(empty, Role::kReader)).status().code(), ErrorCode::kNotFound);
 }
 
 TEST(Store, ReaderStagesAndWriterIngests) {
   TempDir dir;
   std::string p = sample_problem(16).canonical();
-  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(opts(dir)));
-  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(store_options(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(store_options(dir)));
   ASSERT_FALSE(reader->is_writer());
   Binary bin = fake_binary(3);
   KILN_ASSERT_OK(reader->put_timing(timing(p, "a", 5.0)));
@@ -182,9 +175,9 @@ TEST(Store, ReaderStagesAndWriterIngests) {
 TEST(Store, ReaderTakesOverWhenTheWriterLeaves) {
   TempDir dir;
   std::string p = sample_problem(16).canonical();
-  auto writer = Store::open(opts(dir));
+  auto writer = Store::open(store_options(dir));
   KILN_ASSERT_OK(writer);
-  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(store_options(dir)));
   KILN_ASSERT_OK(reader->put_decision(decision(p, "staged_while_writer_lived")));
   writer->reset();  // closes: ingests the staged batch, releases the role
   EXPECT_FALSE(reader->is_writer());
@@ -192,7 +185,7 @@ TEST(Store, ReaderTakesOverWhenTheWriterLeaves) {
   KILN_ASSERT_OK(reader->put_decision(decision(q, "written_after")));
   EXPECT_TRUE(reader->is_writer());
   reader.reset();
-  KILN_ASSERT_OK_AND_ASSIGN(auto again, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto again, Store::open(store_options(dir)));
   ASSERT_NE(again->decision(p), nullptr);
   ASSERT_NE(again->decision(q), nullptr);
   EXPECT_EQ(again->decision(q)->choice, "written_after");
@@ -203,9 +196,9 @@ TEST(Store, NewestWinsInEveryOrder) {
   // ingestion, the newest stamp wins in the database and in every process's memory.
   TempDir dir;
   std::string p = sample_problem(16).canonical();
-  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(opts(dir)));
-  KILN_ASSERT_OK_AND_ASSIGN(auto r1, Store::open(opts(dir)));
-  KILN_ASSERT_OK_AND_ASSIGN(auto r2, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(store_options(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto r1, Store::open(store_options(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto r2, Store::open(store_options(dir)));
   KILN_ASSERT_OK(r2->put_decision(decision(p, "newest", 3000)));   // staged first
   KILN_ASSERT_OK(r1->put_decision(decision(p, "oldest", 1000)));   // staged second: ingested last
   KILN_ASSERT_OK(writer->put_decision(decision(p, "middle", 2000)));
@@ -219,7 +212,7 @@ TEST(Store, NewestWinsInEveryOrder) {
   writer.reset();
   r1.reset();
   r2.reset();
-  KILN_ASSERT_OK_AND_ASSIGN(auto again, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto again, Store::open(store_options(dir)));
   EXPECT_EQ(again->decision(p)->choice, "newest");
 }
 
@@ -228,7 +221,7 @@ TEST(Store, CorruptValuesAreMissesAndGetReplaced) {
   std::string p = sample_problem(16).canonical();
   Binary bin = fake_binary(5);
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
     KILN_ASSERT_OK(store->put_decision(decision(p, "good")));
   }
   std::string bad_decision = encode_decision(decision(p, "evil", 5));
@@ -241,7 +234,7 @@ TEST(Store, CorruptValuesAreMissesAndGetReplaced) {
   // A valid value stored under the wrong key is refused too.
   raw_put(dir.path(), "decisions", sample_problem(8).canonical(), encode_decision(decision(p, "misplaced", 5)));
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
     EXPECT_EQ(store->decision(p), nullptr);
     EXPECT_EQ(store->decision(sample_problem(8).canonical()), nullptr);
     EXPECT_FALSE(store->timing(p, "x").has_value());
@@ -252,7 +245,7 @@ TEST(Store, CorruptValuesAreMissesAndGetReplaced) {
     KILN_ASSERT_OK(store->put_decision(decision(p, "fresh", 1)));
     KILN_ASSERT_OK(store->put_binary(bin));
   }
-  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
   ASSERT_NE(store->decision(p), nullptr);
   EXPECT_EQ(store->decision(p)->choice, "fresh");
   KILN_EXPECT_OK(store->get_binary(bin.key));
@@ -268,7 +261,7 @@ TEST(Store, OtherToolchainIsAMissUntilRemeasured) {
   std::string p = sample_problem(16).canonical();
   Toolchain old_tc{12, 8, 12080, "0.0.9"};
   {
-    StoreOptions o = opts(dir);
+    StoreOptions o = store_options(dir);
     o.toolchain = old_tc;
     KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(o));
     TimingRecord failed = timing(p, "broken", 0);
@@ -283,7 +276,7 @@ TEST(Store, OtherToolchainIsAMissUntilRemeasured) {
     EXPECT_EQ(store->timing(p, "broken")->reason, "ptxas: too many registers");
   }
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));  // today's toolchain
+    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));  // today's toolchain
     EXPECT_FALSE(store->timing(p, "broken").has_value());
     EXPECT_FALSE(store->timing(p, "fine").has_value());
     EXPECT_EQ(store->decision(p), nullptr);
@@ -294,7 +287,7 @@ TEST(Store, OtherToolchainIsAMissUntilRemeasured) {
     EXPECT_EQ(report.timings, 2u);
     EXPECT_EQ(report.decisions, 1u);
   }
-  StoreOptions o = opts(dir);
+  StoreOptions o = store_options(dir);
   o.toolchain = old_tc;
   KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(o));
   EXPECT_FALSE(store->timing(p, "fine").has_value());  // pruned
@@ -302,7 +295,7 @@ TEST(Store, OtherToolchainIsAMissUntilRemeasured) {
 
 TEST(Store, BinaryForAnotherArchOrNvrtcIsAMiss) {
   TempDir dir;
-  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
   Binary b = fake_binary(11, 2048, "sm_80");
   KILN_ASSERT_OK(store->put_binary(b));
   EXPECT_EQ(store->get_binary(b.key, "sm_90").status().code(), ErrorCode::kNotFound);
@@ -311,7 +304,7 @@ TEST(Store, BinaryForAnotherArchOrNvrtcIsAMiss) {
   old.nvrtc_major = 11;
   KILN_ASSERT_OK(store->put_binary(old));
   store.reset();
-  KILN_ASSERT_OK_AND_ASSIGN(store, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(store, Store::open(store_options(dir)));
   auto miss = store->get_binary(old.key);
   EXPECT_EQ(miss.status().code(), ErrorCode::kNotFound);
   EXPECT_NE(miss.status().message().find("NVRTC 11"), std::string::npos) << miss.status().message();
@@ -319,7 +312,7 @@ TEST(Store, BinaryForAnotherArchOrNvrtcIsAMiss) {
 
 TEST(Store, PruneByArchAgeAndSize) {
   TempDir dir;
-  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
   for (uint64_t i = 0; i < 10; ++i) KILN_ASSERT_OK(store->put_binary(fake_binary(100 + i, 10000, i < 2 ? "sm_80" : "sm_90")));
   // Binaries 102 and 103 were used recently: the size bound drops others first.
   KILN_ASSERT_OK(store->touch({fake_binary(102).key, fake_binary(103).key}));
@@ -345,15 +338,15 @@ TEST(Store, PruneByArchAgeAndSize) {
 
 TEST(Store, ReaderCannotPruneOrClear) {
   TempDir dir;
-  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(opts(dir)));
-  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto writer, Store::open(store_options(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto reader, Store::open(store_options(dir)));
   EXPECT_EQ(reader->prune({}).status().code(), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(reader->clear().code(), ErrorCode::kFailedPrecondition);
 }
 
 TEST(Store, ManyThreadsReadAndWrite) {
   TempDir dir;
-  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
   std::vector<std::jthread> threads;
   std::atomic<int> errors{0};
   for (int t = 0; t < 8; ++t) {

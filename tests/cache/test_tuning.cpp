@@ -10,14 +10,8 @@ namespace kiln::cache {
 namespace {
 
 using testing::sample_problem;
+using testing::store_options;
 using testing::TempDir;
-
-StoreOptions opts(const TempDir& d) {
-  StoreOptions o;
-  o.dir = d.path();
-  o.ingest_interval = std::chrono::milliseconds(0);
-  return o;
-}
 
 // A fake autotuner step: measures what the policy asks for (times come from `us_of`), then decides.
 struct FakeTuner {
@@ -76,7 +70,7 @@ TEST(TuneModes, TuneMeasuresOnlyWhatIsMissingAndAccumulates) {
   TempDir dir;
   std::string p = sample_problem(16).canonical(), q = sample_problem(32).canonical();
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, store_options(dir)));
     FakeTuner t;
     KILN_ASSERT_OK(t.tune(*tc, p, {"a", "b", "bad"}, times));
     EXPECT_EQ(t.measured, (std::vector<std::string>{"a", "b", "bad"}));
@@ -84,7 +78,7 @@ TEST(TuneModes, TuneMeasuresOnlyWhatIsMissingAndAccumulates) {
   }
   {
     // Second run: same problem with one new choice (only it is measured), plus a new problem.
-    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, store_options(dir)));
     FakeTuner t;
     KILN_ASSERT_OK(t.tune(*tc, p, {"a", "b", "bad", "c"}, times));
     EXPECT_EQ(t.measured, (std::vector<std::string>{"c"}));  // the failure is cached, not retried
@@ -96,7 +90,7 @@ TEST(TuneModes, TuneMeasuresOnlyWhatIsMissingAndAccumulates) {
     EXPECT_EQ(failed->error, ErrorCode::kCompileError);
     EXPECT_NE(failed->reason.find("too many registers"), std::string::npos);
   }
-  KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kUse, opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kUse, store_options(dir)));
   EXPECT_EQ((*tc->lookup_decision(p))->choice, "c");
   EXPECT_EQ((*tc->lookup_decision(q))->choice, "b");
 }
@@ -105,13 +99,13 @@ TEST(TuneModes, FailuresAreRetriedWhenTheToolchainChanges) {
   TempDir dir;
   std::string p = sample_problem(16).canonical();
   {
-    StoreOptions o = opts(dir);
+    StoreOptions o = store_options(dir);
     o.toolchain = Toolchain{12, 9, 12090, "0.1.0"};
     KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, o));
     KILN_ASSERT_OK(tc->record_failure(p, "bad", make_error(ErrorCode::kCudaError, "illegal address")));
     EXPECT_FALSE(tc->should_measure(p, "bad"));
   }
-  KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, store_options(dir)));
   EXPECT_TRUE(tc->should_measure(p, "bad"));
 }
 
@@ -119,12 +113,12 @@ TEST(TuneModes, UseAndStrictNeverMeasure) {
   TempDir dir;
   std::string p = sample_problem(16).canonical(), q = sample_problem(32).canonical();
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, store_options(dir)));
     FakeTuner t;
     KILN_ASSERT_OK(t.tune(*tc, p, {"a", "b"}, times));
   }
   for (TuneMode m : {TuneMode::kUse, TuneMode::kStrict}) {
-    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(m, opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(m, store_options(dir)));
     EXPECT_FALSE(tc->should_measure(q, "a"));
     EXPECT_FALSE(tc->should_measure(p, "new_choice"));
     EXPECT_EQ((*tc->lookup_decision(p))->choice, "b");
@@ -147,7 +141,7 @@ TEST(TuneModes, UseAndStrictNeverMeasure) {
 TEST(TuneModes, OffTunesInMemoryAndTouchesNoDisk) {
   TempDir dir;
   std::string p = sample_problem(16).canonical();
-  KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kOff, opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kOff, store_options(dir)));
   EXPECT_EQ(tc->store(), nullptr);
   FakeTuner t;
   KILN_ASSERT_OK(t.tune(*tc, p, {"a", "b"}, times));
@@ -163,14 +157,14 @@ TEST(TuneModes, AKilledTuneKeepsWhatItFinished) {
   TempDir dir;
   std::string p = sample_problem(16).canonical();
   {
-    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, opts(dir)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, store_options(dir)));
     TimingRecord t;
     t.problem = p;
     t.choice = "a";
     t.median_us = 3;
     KILN_ASSERT_OK(tc->record_timing(t));
   }
-  KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, opts(dir)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto tc, TuningCache::open(TuneMode::kTune, store_options(dir)));
   EXPECT_FALSE(tc->should_measure(p, "a"));
   EXPECT_TRUE(tc->should_measure(p, "b"));
 }

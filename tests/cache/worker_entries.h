@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cache_test_util.h"
-#include "kiln/cache/format.h"
+#include "format.h"
 #include "kiln/cache/store.h"
 
 namespace kiln::cache::test_worker {

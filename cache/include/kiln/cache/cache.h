@@ -2,7 +2,6 @@
 #pragma once
 
 #include "kiln/cache/bundle.h"
-#include "kiln/cache/format.h"
 #include "kiln/cache/preload.h"
 #include "kiln/cache/problem_key.h"
 #include "kiln/cache/records.h"

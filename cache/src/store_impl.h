@@ -1,0 +1,138 @@
+// Internal: the state behind kiln::cache::Store, shared by the files that implement it. Each file owns one
+// concern, so a reader looking for how a lookup works does not wade through recovery or pruning:
+//
+//   store_open.cpp         the folder, RocksDB's options, opening, the writer/reader roles, taking the role
+//                          over, catching up with the writer, and cleaning what dead processes left
+//   store_read.cpp         the in-memory layer (loading, merging by stamp, reporting misses) and every lookup
+//   store_write.cpp        puts and batches: the writer's direct write, a reader's staged batch, and the
+//                          writer's ingest of staged batches (also in the background)
+//   store_maintenance.cpp  whole-cache operations: iterating binaries, stats, flush, prune, clear
+//
+// Design and trade-offs: docs/cache.md.
+#pragma once
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "file_lock.h"
+#include "kiln/cache/store.h"
+#include "sharded_map.h"
+
+namespace kiln::cache {
+
+enum Cf : int { kBinaries = 0, kTimings = 1, kDecisions = 2, kMeta = 3, kCfCount = 4 };
+inline constexpr std::array<const char*, kCfCount> kCfNames = {"binaries", "timings", "decisions", "meta"};
+
+// One write: a whole value for one key of one column family, applied as a Merge (see rocks.h).
+struct Entry {
+  Cf cf;
+  std::string key;
+  std::string value;
+};
+
+using ProblemTimings = std::map<std::string, TimingRecord, std::less<>>;
+
+/// The options of column family `cf` (-1: the default one), shared by the database and the SST files that
+/// readers stage, so that staged files ingest as they are.
+rocksdb::ColumnFamilyOptions cf_options(int cf);
+rocksdb::Options sst_options(int cf);
+
+// The RocksDB handle and its column families, closed in the right order.
+struct Db {
+  rocksdb::DB* db = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;  // default first, then kCfNames order
+  bool primary = false;
+
+  rocksdb::ColumnFamilyHandle* cf(int i) const { return handles[i + 1]; }
+
+  ~Db() {
+    if (db == nullptr) return;
+    for (auto* h : handles) (void)db->DestroyColumnFamilyHandle(h);
+    (void)db->Close();
+    delete db;
+  }
+};
+
+struct Store::Impl {
+  StoreOptions options;
+  Toolchain toolchain;
+  std::string dir, db_path, staging_dir, readers_dir, procs_dir, token;
+  FileLock proc_lock;
+
+  // Guards which database handle is open (the role): shared for every use of `db`, exclusive to swap it.
+  mutable std::shared_mutex role_mu;
+  std::unique_ptr<Db> db;
+  FileLock writer_lock;
+  std::atomic<bool> writer{false};
+  bool staged_anything = false;
+  std::mutex stage_mu;
+  uint64_t stage_seq = 0;
+  std::mutex ingest_mu;
+  std::mutex catch_up_mu;
+  std::chrono::steady_clock::time_point last_catch_up{};
+
+  ShardedMap<Decision> decisions;
+  ShardedMap<ProblemTimings> timings;
+  ShardedMap<Binary> binaries;
+  std::mutex used_mu;
+  std::unordered_map<KernelKey, int64_t> used_written;
+
+  std::mutex report_mu;
+  std::atomic<uint64_t> invalid_loaded{0};
+  bool reported_stale[kCfCount] = {};
+
+  std::mutex ingest_thread_mu;
+  std::condition_variable_any ingest_cv;
+  std::jthread ingest_thread;
+
+  void hook(std::string_view point) const {
+    if (options.sync_point) options.sync_point(point);
+  }
+  std::string secondary_dir() const { return readers_dir + "/" + token; }
+  // What the writer lock file says about its holder.
+  std::string note() const;
+
+  // ---- roles and recovery (store_open.cpp)
+
+  Status open_role(bool as_writer, FileLock lock);
+  Status write_format_record();
+  // Takes the writer role if it is free (and this store may write), then ingests what readers staged.
+  Status maybe_promote(bool start_thread = true);
+  // A reader: makes what the writer wrote since visible (at most every 50 ms unless forced).
+  Status catch_up(bool force);
+  void clean_dead();
+
+  // ---- the memory layer (store_read.cpp)
+
+  void report_invalid(int cf, std::string_view key, const Status& why);
+  void report_stale(int cf, const Toolchain& made_with);
+  void merge_decision(Decision d);
+  void merge_timing(TimingRecord t);
+  void absorb(int cf, std::string_view key, std::string_view value);
+  Status load_memory();
+
+  // ---- writing (store_write.cpp)
+
+  Status write(std::vector<Entry> entries);
+  Status stage(std::vector<Entry> entries);
+  std::vector<std::filesystem::path> staged_batches() const;
+  Status ingest_staged();
+  void start_ingest_thread();
+};
+
+}  // namespace kiln::cache

@@ -1,0 +1,217 @@
+// Store: reads. Timings and decisions live in an in-memory layer (loaded at open, merged by stamp with what
+// this process and others write) and are served from it without touching RocksDB; binaries are read on demand
+// and remembered once read. A stored value that fails its checks, or was made with another toolchain, is a
+// miss here, reported once.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <tuple>
+#include <unordered_set>
+
+#include "format.h"
+#include "rocks.h"
+#include "store_impl.h"
+
+namespace kiln::cache {
+
+namespace {
+
+// A record wins over another by the same rule first_wins() applies to stored values: newer stamp, then the
+// larger encoding. Memory and database therefore agree on every key once they have seen the same writes.
+bool timing_wins(const TimingRecord& a, const TimingRecord& b) {
+  if (a.measured_at_ns != b.measured_at_ns) return a.measured_at_ns > b.measured_at_ns;
+  return encode_timing(a) >= encode_timing(b);
+}
+bool decision_wins(const Decision& a, const Decision& b) {
+  if (a.decided_at_ns != b.decided_at_ns) return a.decided_at_ns > b.decided_at_ns;
+  return encode_decision(a) >= encode_decision(b);
+}
+
+}  // namespace
+
+// Once per entry per process (not per Store), and at most 20 lines: a damaged cache must not flood logs.
+void Store::Impl::report_invalid(int cf, std::string_view key, const Status& why) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> reported;
+  std::lock_guard lock(mu);
+  std::string id = dir + "|" + kCfNames[cf] + "|" + std::string(key);
+  if (!reported.insert(id).second) return;
+  if (reported.size() > 20) {
+    if (reported.size() == 21) spdlog::warn("kiln cache: further invalid entries are not logged");
+    return;
+  }
+  std::string printable;
+  for (unsigned char c : key.substr(0, 120)) printable += (c >= 0x20 && c < 0x7f) ? char(c) : '.';
+  spdlog::warn("kiln cache: {} entry '{}' is a miss: {} (it is replaced when written again)", kCfNames[cf],
+               printable, why.to_string());
+}
+
+void Store::Impl::report_stale(int cf, const Toolchain& made_with) {
+  std::lock_guard lock(report_mu);
+  if (reported_stale[cf]) return;
+  reported_stale[cf] = true;
+  spdlog::info("kiln cache: {} made with {} are misses for {} (re-measured when needed)", kCfNames[cf],
+               made_with.str(), toolchain.str());
+}
+
+void Store::Impl::merge_decision(Decision d) {
+  auto incoming = std::make_shared<const Decision>(std::move(d));
+  decisions.update(incoming->problem, [&](const std::shared_ptr<const Decision>& cur) {
+    return (!cur || decision_wins(*incoming, *cur)) ? incoming : nullptr;
+  });
+}
+
+void Store::Impl::merge_timing(TimingRecord t) {
+  std::string problem = t.problem;
+  timings.update(problem, [&](const std::shared_ptr<const ProblemTimings>& cur) -> std::shared_ptr<const ProblemTimings> {
+    if (cur) {
+      auto it = cur->find(t.choice);
+      if (it != cur->end() && !timing_wins(t, it->second)) return nullptr;
+    }
+    // Copy on write: readers keep the map they found.
+    auto next = cur ? std::make_shared<ProblemTimings>(*cur) : std::make_shared<ProblemTimings>();
+    (*next)[t.choice] = t;
+    return next;
+  });
+}
+
+// Decodes one stored timing/decision and merges it into memory; invalid ones are reported and counted.
+void Store::Impl::absorb(int cf, std::string_view key, std::string_view value) {
+  if (cf == kTimings) {
+    auto t = decode_timing(value);
+    if (t.ok() && timing_key(t->problem, t->choice) != key) t = make_error(ErrorCode::kCorrupt, "stored under another key");
+    if (!t.ok()) {
+      invalid_loaded++;
+      return report_invalid(cf, key, t.status());
+    }
+    merge_timing(std::move(t).value());
+  } else if (cf == kDecisions) {
+    auto d = decode_decision(value);
+    if (d.ok() && d->problem != key) d = make_error(ErrorCode::kCorrupt, "stored under another key");
+    if (!d.ok()) {
+      invalid_loaded++;
+      return report_invalid(cf, key, d.status());
+    }
+    merge_decision(std::move(d).value());
+  }
+}
+
+// Reads every timing and decision into memory. Caller holds role_mu (shared).
+Status Store::Impl::load_memory() {
+  invalid_loaded = 0;
+  for (int cf : {kTimings, kDecisions}) {
+    std::unique_ptr<rocksdb::Iterator> it(db->db->NewIterator(rocksdb::ReadOptions(), db->cf(cf)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) absorb(cf, it->key().ToStringView(), it->value().ToStringView());
+    KILN_CHECK(it->status());
+  }
+  return Status();
+}
+
+std::optional<TimingRecord> Store::timing(std::string_view problem, std::string_view choice) const {
+  auto all = impl_->timings.find(problem);
+  if (!all) return std::nullopt;
+  auto it = all->find(choice);
+  if (it == all->end()) return std::nullopt;
+  if (it->second.toolchain != impl_->toolchain) {
+    impl_->report_stale(kTimings, it->second.toolchain);
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+std::vector<TimingRecord> Store::timings(std::string_view problem) const {
+  std::vector<TimingRecord> out;
+  if (auto all = impl_->timings.find(problem)) {
+    for (const auto& [choice, t] : *all) {
+      if (t.toolchain == impl_->toolchain) out.push_back(t);
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<const Decision> Store::decision(std::string_view problem) const {
+  auto d = impl_->decisions.find(problem);
+  if (d && d->toolchain != impl_->toolchain) {
+    impl_->report_stale(kDecisions, d->toolchain);
+    return nullptr;
+  }
+  return d;
+}
+
+std::vector<std::shared_ptr<const Decision>> Store::decisions(std::string_view prefix) const {
+  std::vector<std::shared_ptr<const Decision>> out;
+  for (auto& [problem, d] : impl_->decisions.entries()) {
+    if (problem.compare(0, prefix.size(), prefix) == 0 && d->toolchain == impl_->toolchain) out.push_back(d);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->problem < b->problem; });
+  return out;
+}
+
+std::vector<TimingRecord> Store::all_timings() const {
+  std::vector<TimingRecord> out;
+  for (auto& [problem, all] : impl_->timings.entries()) {
+    for (const auto& [choice, t] : *all) {
+      if (t.toolchain == impl_->toolchain) out.push_back(t);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.problem, a.choice) < std::tie(b.problem, b.choice);
+  });
+  return out;
+}
+
+Result<std::shared_ptr<const Binary>> Store::get_binary(const KernelKey& key, std::string_view arch, bool remember) {
+  Impl& m = *impl_;
+  std::string k = binary_key(key);
+  auto check_arch = [&](std::shared_ptr<const Binary> b) -> Result<std::shared_ptr<const Binary>> {
+    if (!arch.empty() && b->arch != arch) {
+      return make_error(ErrorCode::kNotFound, fmt::format("binary {} was built for {}, not {}", key.hex(), b->arch, arch));
+    }
+    return b;
+  };
+  if (auto hit = m.binaries.find(k)) return check_arch(std::move(hit));
+  rocksdb::PinnableSlice value;
+  rocksdb::Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      std::shared_lock role(m.role_mu);
+      value.Reset();
+      s = m.db->db->Get(rocksdb::ReadOptions(), m.db->cf(kBinaries), k, &value);
+    }
+    if (!s.IsNotFound() || m.writer || attempt == 1) break;
+    // A reader's view may be behind the writer's: catch up once before calling it a miss.
+    KILN_RETURN_IF_ERROR(m.catch_up(false));
+  }
+  if (s.IsNotFound()) return make_error(ErrorCode::kNotFound, fmt::format("no binary {} in the cache", key.hex()));
+  KILN_CHECK(s);
+  auto stored = decode_binary(value.ToStringView());
+  Status bad;
+  if (!stored.ok()) {
+    bad = stored.status();
+  } else if (stored->binary.key != key) {
+    bad = make_error(ErrorCode::kCorrupt, fmt::format("holds binary {}", stored->binary.key.hex()));
+  } else if (m.toolchain.nvrtc_major != 0 && (stored->binary.nvrtc_major != m.toolchain.nvrtc_major ||
+                                              stored->binary.nvrtc_minor != m.toolchain.nvrtc_minor)) {
+    bad = make_error(ErrorCode::kFailedPrecondition,
+                     fmt::format("built by NVRTC {}.{}, this is {}.{}", stored->binary.nvrtc_major,
+                                 stored->binary.nvrtc_minor, m.toolchain.nvrtc_major, m.toolchain.nvrtc_minor));
+  }
+  if (!bad.ok()) {
+    m.report_invalid(kBinaries, key.hex(), bad);
+    return make_error(ErrorCode::kNotFound, fmt::format("binary {} is a miss: {}", key.hex(), bad.to_string()));
+  }
+  auto b = std::make_shared<const Binary>(std::move(stored->binary));
+  if (remember) m.binaries.update(k, [&](const auto&) { return b; });
+  return check_arch(std::move(b));
+}
+
+bool Store::has_binary(const KernelKey& key) { return get_binary(key, {}, false).ok(); }
+
+Status Store::refresh() {
+  KILN_RETURN_IF_ERROR(impl_->catch_up(true));
+  std::shared_lock role(impl_->role_mu);
+  return impl_->load_memory();
+}
+
+}  // namespace kiln::cache
