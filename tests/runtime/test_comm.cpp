@@ -70,6 +70,17 @@ Result<std::string> block_forever(const Pipe& p) {
   return make_error(ErrorCode::kInternal, "the blocking pipe was written to");
 }
 
+// run_local_group(), and how long it took: the grace period and the timeout tests bound it from both sides.
+struct TimedGroup {
+  Result<std::vector<RankOutcome>> outcomes;
+  Clock::duration elapsed;
+};
+TimedGroup run_timed(const GroupOptions& o, const RankFunction& fn) {
+  const auto start = Clock::now();
+  auto outcomes = run_local_group(o, fn);
+  return {std::move(outcomes), Clock::now() - start};
+}
+
 GroupOptions process_group(int world) {
   GroupOptions o;
   o.world = world;
@@ -249,15 +260,13 @@ TEST(LocalGroup, ACrashIsReportedWithItsSignalAndBlockedRanksAreKilledAfterTheGr
   Pipe never;
   GroupOptions o = process_group(3);
   o.grace = 300ms;
-  auto start = Clock::now();
-  auto outcomes = run_local_group(o, [&](int rank, Communicator*) -> Result<std::string> {
+  auto [outcomes, elapsed] = run_timed(o, [&](int rank, Communicator*) -> Result<std::string> {
     if (rank == 1) {
       ::signal(SIGSEGV, SIG_DFL);  // a sanitizer's handler would turn the signal into an exit status
       ::raise(SIGSEGV);
     }
     return block_forever(never);
   });
-  auto elapsed = Clock::now() - start;
   KILN_ASSERT_OK(outcomes);
   const Status& crashed = (*outcomes)[1].status;
   EXPECT_EQ(crashed.code(), ErrorCode::kWorkerCrashed);
@@ -312,9 +321,7 @@ TEST(LocalGroup, RanksStillRunningAtTheTimeoutAreKilled) {
   Pipe never;
   GroupOptions o = process_group(2);
   o.timeout = 300ms;
-  auto start = Clock::now();
-  auto outcomes = run_local_group(o, [&](int, Communicator*) { return block_forever(never); });
-  auto elapsed = Clock::now() - start;
+  auto [outcomes, elapsed] = run_timed(o, [&](int, Communicator*) { return block_forever(never); });
   KILN_ASSERT_OK(outcomes);
   for (const RankOutcome& out : *outcomes) {
     EXPECT_EQ(out.status.code(), ErrorCode::kTimeout) << out.status.to_string();
