@@ -17,7 +17,6 @@
 #include "kiln/jit/device.h"
 #include "kiln/jit/driver.h"
 #include "kiln/runtime/collective.h"
-#include "crash_trace.h"
 #include "kiln_test.h"
 
 namespace kiln::runtime {
@@ -39,7 +38,7 @@ int visible_gpus() {
 
 // Runs `fn` on two ranks and returns their result strings; fails the test on any rank's error.
 std::vector<std::string> on_two_gpus(const RankFunction& fn) {
-  bench::install_crash_trace();
+  install_crash_trace();
   GroupOptions g;
   g.world = 2;
   g.timeout = std::chrono::minutes(4);

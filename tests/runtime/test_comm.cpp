@@ -1,6 +1,6 @@
 // Communicators without a GPU: the NCCL loader (a missing library, the real one, unique ids) and
 // run_local_group's supervision of its ranks (payloads, errors, crashes, hangs, timeouts, a dead parent) with
-// nccl=false. No sleeps: a rank that must hang blocks on a pipe nobody writes to, so the group's grace period
+// nccl=false, and the crash trace. No sleeps: a rank that must hang blocks on a pipe nobody writes to, so the group's grace period
 // or timeout is what ends it (a short one is fine there: the hang is real and unbounded, not a race), and a
 // rank that must finish after the others waits for their bytes on a pipe.
 #include <dlfcn.h>
@@ -328,6 +328,37 @@ TEST(LocalGroup, RanksStillRunningAtTheTimeoutAreKilled) {
     EXPECT_EQ(out.status.message(), "timed out after 300 ms");
   }
   EXPECT_GE(elapsed, o.timeout);
+  expect_no_children();
+}
+
+TEST(LocalGroup, TheCrashTracePrintsACrashingRanksStackOnlyWhenAskedFor) {
+  // Each rank's stderr goes to a pipe of its own; rank 0 has $KILN_CRASH_TRACE, rank 1 not. Both crash.
+  Pipe err[2];
+  auto outcomes = run_local_group(process_group(2), [&](int rank, Communicator*) -> Result<std::string> {
+    if (rank == 0) ::setenv("KILN_CRASH_TRACE", "1", 1);
+    else ::unsetenv("KILN_CRASH_TRACE");
+    ::signal(SIGSEGV, SIG_DFL);  // a sanitizer's handler would turn the signal into an exit status
+    install_crash_trace();
+    if (::dup2(err[rank].write_end(), 2) < 0) return make_error(ErrorCode::kIoError, "dup2");
+    ::raise(SIGSEGV);
+    return make_error(ErrorCode::kInternal, "survived SIGSEGV");
+  });
+  KILN_ASSERT_OK(outcomes);
+  std::string printed[2];
+  for (int r = 0; r < 2; ++r) {
+    // The traced rank still dies of its signal: the handler restores the default action and raises again.
+    const Status& crashed = (*outcomes)[static_cast<size_t>(r)].status;
+    EXPECT_EQ(crashed.code(), ErrorCode::kWorkerCrashed) << crashed.to_string();
+    EXPECT_TRUE(contains(crashed.message(), fmt::format("rank {} killed by signal 11", r))) << crashed.to_string();
+    ::close(err[r].fds[1]);
+    err[r].fds[1] = -1;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(err[r].read_end(), buf, sizeof buf)) > 0;) printed[r].append(buf, static_cast<size_t>(n));
+  }
+  const std::string expected = "kiln crash trace: signal 11 in pid ";
+  EXPECT_TRUE(contains(printed[0], expected)) << printed[0];
+  EXPECT_TRUE(contains(printed[0], "  #0 ")) << printed[0];
+  EXPECT_FALSE(contains(printed[1], expected)) << printed[1];
   expect_no_children();
 }
 
