@@ -6,7 +6,6 @@
 #include <chrono>
 
 #include "bench_util.h"
-#include "crash_trace.h"
 #include "kiln/cache/tuning.h"
 #include "kiln/runtime/collective.h"
 
@@ -116,7 +115,7 @@ void add_options(CLI::App& app, Options& o) {
 }
 
 int run(const Options& o) {
-  bench::install_crash_trace();
+  runtime::install_crash_trace();
   runtime::GroupOptions g;
   g.world = o.gpus;
   g.timeout = std::chrono::minutes(9);

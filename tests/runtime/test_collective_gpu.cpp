@@ -17,7 +17,6 @@
 #include "kiln/jit/device.h"
 #include "kiln/jit/driver.h"
 #include "kiln/runtime/collective.h"
-#include "crash_trace.h"
 #include "kiln_test.h"
 
 namespace kiln::runtime {
@@ -39,7 +38,7 @@ int visible_gpus() {
 
 // Runs `fn` on two ranks and returns their result strings; fails the test on any rank's error.
 std::vector<std::string> on_two_gpus(const RankFunction& fn) {
-  bench::install_crash_trace();
+  install_crash_trace();
   GroupOptions g;
   g.world = 2;
   g.timeout = std::chrono::minutes(4);
@@ -52,6 +51,16 @@ std::vector<std::string> on_two_gpus(const RankFunction& fn) {
     out.push_back(o.result);
   }
   return out;
+}
+
+// on_two_gpus() for a function whose result both ranks must agree on (their decisions, figures, picks): that
+// result.
+std::string agreed_on_two_gpus(const RankFunction& fn) {
+  auto results = on_two_gpus(fn);
+  EXPECT_EQ(results.size(), 2u);
+  if (results.size() != 2) return std::string();
+  EXPECT_EQ(results[0], results[1]) << "the ranks disagree";
+  return results[0];
 }
 
 float value(int rank, int64_t i) { return static_cast<float>((i * 5 + rank * 11) % 13) - 6.f; }
@@ -86,7 +95,7 @@ AllReduceOptions small_options() {
 
 TEST(CollectiveGpu, EveryChoiceMatchesTheCpuReduction) {
   KILN_NEED_TWO_GPUS();
-  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+  const std::string agreed = agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
     KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
     int checked = 0;
     for (int64_t count : {int64_t{8}, int64_t{1000}, int64_t{65536}, int64_t{3 << 20}}) {
@@ -136,14 +145,12 @@ TEST(CollectiveGpu, EveryChoiceMatchesTheCpuReduction) {
     if (aliased.code() != ErrorCode::kInvalidArgument) return make_error(ErrorCode::kInternal, "aliased output accepted: " + aliased.to_string());
     return std::to_string(checked);
   });
-  ASSERT_EQ(results.size(), 2u);
-  EXPECT_EQ(results[0], results[1]);
-  EXPECT_GT(std::stoi(results[0]), 8);  // NCCL and several templates at each size
+  EXPECT_GT(std::atoi(agreed.c_str()), 8);  // NCCL and several templates at each size
 }
 
 TEST(CollectiveGpu, RanksAgreeWhenOneRanksTimingsAreDistorted) {
   KILN_NEED_TWO_GPUS();
-  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+  const std::string agreed = agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
     AllReduceOptions o = small_options();
     // Rank 1 sees NCCL as 100x slower and every two-shot configuration as 10x faster than it measured: alone,
     // it would choose differently from rank 0.
@@ -163,16 +170,14 @@ TEST(CollectiveGpu, RanksAgreeWhenOneRanksTimingsAreDistorted) {
     (void)rank;
     return seen;
   });
-  ASSERT_EQ(results.size(), 2u);
-  EXPECT_EQ(results[0], results[1]);
   // Rank 1's inflated NCCL figure is everyone's (the maximum over ranks), so NCCL is never chosen.
-  EXPECT_EQ(results[0].find(";nccl;"), std::string::npos) << results[0];
-  EXPECT_NE(results[0].rfind("nccl;", 0), 0u) << results[0];
+  EXPECT_EQ(agreed.find(";nccl;"), std::string::npos) << agreed;
+  EXPECT_NE(agreed.rfind("nccl;", 0), 0u) << agreed;
 }
 
 TEST(CollectiveGpu, DispatcherPicksPerSizeAndRunsInsideACudaGraph) {
   KILN_NEED_TWO_GPUS();
-  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+  agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
     KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
     KILN_ASSIGN_OR_RETURN(auto reports, ar->tune({4096, 65536, size_t{4} << 20}));
     const std::vector<int64_t> counts{1000, 20000, 1 << 20};
@@ -211,13 +216,11 @@ TEST(CollectiveGpu, DispatcherPicksPerSizeAndRunsInsideACudaGraph) {
     if (ar->choice_for(int64_t{3} << 20) != "nccl") return make_error(ErrorCode::kInternal, "above the last bucket is not NCCL");
     return picks;
   });
-  ASSERT_EQ(results.size(), 2u);
-  EXPECT_EQ(results[0], results[1]);
 }
 
 TEST(CollectiveGpu, InPlaceTuningLeavesOutTheReadOneShotAndReducesInPlace) {
   KILN_NEED_TWO_GPUS();
-  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+  agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
     AllReduceOptions o = small_options();
     o.in_place = true;
     KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
@@ -248,13 +251,11 @@ TEST(CollectiveGpu, InPlaceTuningLeavesOutTheReadOneShotAndReducesInPlace) {
     }
     return picks;
   });
-  ASSERT_EQ(results.size(), 2u);
-  EXPECT_EQ(results[0], results[1]);
 }
 
 TEST(CollectiveGpu, FusedAllReduceResidualRmsNormMatchesAndRanksAgree) {
   KILN_NEED_TWO_GPUS();
-  auto results = on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+  const std::string agreed = agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
     AllReduceOptions o = small_options();
     o.zero_copy = true;  // the fused kernel reads x where it is; EveryChoice... covers the copy-in path
     KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
@@ -276,12 +277,10 @@ TEST(CollectiveGpu, FusedAllReduceResidualRmsNormMatchesAndRanksAgree) {
     (void)rank;
     return out;
   });
-  ASSERT_EQ(results.size(), 2u);
-  EXPECT_EQ(results[0], results[1]);
   // At least one unfused pair was measured at each of the three row counts.
   size_t pairs = 0;
-  for (size_t p = results[0].find("pair;"); p != std::string::npos; p = results[0].find("pair;", p + 1)) ++pairs;
-  EXPECT_GE(pairs, 3u) << results[0];
+  for (size_t p = agreed.find("pair;"); p != std::string::npos; p = agreed.find("pair;", p + 1)) ++pairs;
+  EXPECT_GE(pairs, 3u) << agreed;
 }
 
 TEST(CollectiveGpu, ANewGroupUsesTheStoredDecisions) {
@@ -300,17 +299,13 @@ TEST(CollectiveGpu, ANewGroupUsesTheStoredDecisions) {
     for (const auto& r : reports) out += fmt::format("{}:{};", r.chosen, r.from_cache ? "cached" : "tuned");
     return out;
   };
-  auto first = on_two_gpus(tune_once);
-  auto second = on_two_gpus(tune_once);
+  const std::string first = agreed_on_two_gpus(tune_once);
+  const std::string second = agreed_on_two_gpus(tune_once);
   std::filesystem::remove_all(dir);
-  ASSERT_EQ(first.size(), 2u);
-  ASSERT_EQ(second.size(), 2u);
-  EXPECT_EQ(first[0], first[1]);
-  EXPECT_EQ(second[0], second[1]);
-  EXPECT_EQ(first[0].find("cached"), std::string::npos) << first[0];
-  std::string expect = first[0];
+  EXPECT_EQ(first.find("cached"), std::string::npos) << first;
+  std::string expect = first;
   for (size_t p = expect.find("tuned"); p != std::string::npos; p = expect.find("tuned")) expect.replace(p, 5, "cached");
-  EXPECT_EQ(second[0], expect);
+  EXPECT_EQ(second, expect);
 }
 
 TEST(CollectiveGpu, RepeatedCreateAndDestroyReleasesEverything) {

@@ -1,6 +1,6 @@
 // Communicators without a GPU: the NCCL loader (a missing library, the real one, unique ids) and
 // run_local_group's supervision of its ranks (payloads, errors, crashes, hangs, timeouts, a dead parent) with
-// nccl=false. No sleeps: a rank that must hang blocks on a pipe nobody writes to, so the group's grace period
+// nccl=false, and the crash trace. No sleeps: a rank that must hang blocks on a pipe nobody writes to, so the group's grace period
 // or timeout is what ends it (a short one is fine there: the hang is real and unbounded, not a race), and a
 // rank that must finish after the others waits for their bytes on a pipe.
 #include <dlfcn.h>
@@ -68,6 +68,17 @@ Result<std::string> block_forever(const Pipe& p) {
   while (::read(p.read_end(), &c, 1) < 0 && errno == EINTR) {
   }
   return make_error(ErrorCode::kInternal, "the blocking pipe was written to");
+}
+
+// run_local_group(), and how long it took: the grace period and the timeout tests bound it from both sides.
+struct TimedGroup {
+  Result<std::vector<RankOutcome>> outcomes;
+  Clock::duration elapsed;
+};
+TimedGroup run_timed(const GroupOptions& o, const RankFunction& fn) {
+  const auto start = Clock::now();
+  auto outcomes = run_local_group(o, fn);
+  return {std::move(outcomes), Clock::now() - start};
 }
 
 GroupOptions process_group(int world) {
@@ -249,15 +260,13 @@ TEST(LocalGroup, ACrashIsReportedWithItsSignalAndBlockedRanksAreKilledAfterTheGr
   Pipe never;
   GroupOptions o = process_group(3);
   o.grace = 300ms;
-  auto start = Clock::now();
-  auto outcomes = run_local_group(o, [&](int rank, Communicator*) -> Result<std::string> {
+  auto [outcomes, elapsed] = run_timed(o, [&](int rank, Communicator*) -> Result<std::string> {
     if (rank == 1) {
       ::signal(SIGSEGV, SIG_DFL);  // a sanitizer's handler would turn the signal into an exit status
       ::raise(SIGSEGV);
     }
     return block_forever(never);
   });
-  auto elapsed = Clock::now() - start;
   KILN_ASSERT_OK(outcomes);
   const Status& crashed = (*outcomes)[1].status;
   EXPECT_EQ(crashed.code(), ErrorCode::kWorkerCrashed);
@@ -312,15 +321,44 @@ TEST(LocalGroup, RanksStillRunningAtTheTimeoutAreKilled) {
   Pipe never;
   GroupOptions o = process_group(2);
   o.timeout = 300ms;
-  auto start = Clock::now();
-  auto outcomes = run_local_group(o, [&](int, Communicator*) { return block_forever(never); });
-  auto elapsed = Clock::now() - start;
+  auto [outcomes, elapsed] = run_timed(o, [&](int, Communicator*) { return block_forever(never); });
   KILN_ASSERT_OK(outcomes);
   for (const RankOutcome& out : *outcomes) {
     EXPECT_EQ(out.status.code(), ErrorCode::kTimeout) << out.status.to_string();
     EXPECT_EQ(out.status.message(), "timed out after 300 ms");
   }
   EXPECT_GE(elapsed, o.timeout);
+  expect_no_children();
+}
+
+TEST(LocalGroup, TheCrashTracePrintsACrashingRanksStackOnlyWhenAskedFor) {
+  // Each rank's stderr goes to a pipe of its own; rank 0 has $KILN_CRASH_TRACE, rank 1 not. Both crash.
+  Pipe err[2];
+  auto outcomes = run_local_group(process_group(2), [&](int rank, Communicator*) -> Result<std::string> {
+    if (rank == 0) ::setenv("KILN_CRASH_TRACE", "1", 1);
+    else ::unsetenv("KILN_CRASH_TRACE");
+    ::signal(SIGSEGV, SIG_DFL);  // a sanitizer's handler would turn the signal into an exit status
+    install_crash_trace();
+    if (::dup2(err[rank].write_end(), 2) < 0) return make_error(ErrorCode::kIoError, "dup2");
+    ::raise(SIGSEGV);
+    return make_error(ErrorCode::kInternal, "survived SIGSEGV");
+  });
+  KILN_ASSERT_OK(outcomes);
+  std::string printed[2];
+  for (int r = 0; r < 2; ++r) {
+    // The traced rank still dies of its signal: the handler restores the default action and raises again.
+    const Status& crashed = (*outcomes)[static_cast<size_t>(r)].status;
+    EXPECT_EQ(crashed.code(), ErrorCode::kWorkerCrashed) << crashed.to_string();
+    EXPECT_TRUE(contains(crashed.message(), fmt::format("rank {} killed by signal 11", r))) << crashed.to_string();
+    ::close(err[r].fds[1]);
+    err[r].fds[1] = -1;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(err[r].read_end(), buf, sizeof buf)) > 0;) printed[r].append(buf, static_cast<size_t>(n));
+  }
+  const std::string expected = "kiln crash trace: signal 11 in pid ";
+  EXPECT_TRUE(contains(printed[0], expected)) << printed[0];
+  EXPECT_TRUE(contains(printed[0], "  #0 ")) << printed[0];
+  EXPECT_FALSE(contains(printed[1], expected)) << printed[1];
   expect_no_children();
 }
 

@@ -79,8 +79,22 @@ struct Communicator::Impl {
   Status usable() const;
   Status ensure_scratch(size_t bytes);
   Status wait(const char* what);
+  /// NCCL's asynchronous error, `when` ("waiting for", "after") `what`; one marks the communicator broken.
+  Status async_error(const char* when, const char* what);
   Status reduce_max_locked(double* values, size_t n);
-  Result<size_t> agree_on_size(size_t mine, const char* what);
+  /// The size every rank passed to `what` (at most `most` `unit`), or the same error on every rank.
+  Result<size_t> agree_on_size(size_t mine, size_t most, const char* what, const char* unit);
+
+  /// Runs one control collective: serialised with the others (they share the scratch buffers), on a usable
+  /// communicator, with its context current (the caller's is restored afterwards).
+  template <typename Body>
+  auto run_locked(Body&& body) -> decltype(body()) {
+    std::lock_guard lock(mu);
+    ContextScope scope(d);
+    KILN_RETURN_IF_ERROR(usable());
+    KILN_RETURN_IF_ERROR(scope.enter(ctx));
+    return body();
+  }
 };
 
 Communicator::Impl::~Impl() {
@@ -137,27 +151,23 @@ Status Communicator::Impl::wait(const char* what) {
     if (q != CUDA_ERROR_NOT_READY) {
       return to_status(q, "cuStreamQuery", __FILE__, __LINE__).with_context(fmt::format("waiting for {}", what));
     }
-    ncclResult_t async = ncclSuccess;
-    KILN_CHECK(api->ncclCommGetAsyncError(comm, &async));
-    if (async != ncclSuccess && async != ncclInProgress) {
-      broken = true;
-      return to_status(async, "ncclCommGetAsyncError", __FILE__, __LINE__)
-          .with_context(fmt::format("waiting for {} on rank {}", what, rank));
-    }
+    KILN_RETURN_IF_ERROR(async_error("waiting for", what));
     if (spins < 256) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(spins < 4096 ? 20 : 200));
     }
   }
+  return async_error("after", what);
+}
+
+Status Communicator::Impl::async_error(const char* when, const char* what) {
   ncclResult_t async = ncclSuccess;
   KILN_CHECK(api->ncclCommGetAsyncError(comm, &async));
-  if (async != ncclSuccess && async != ncclInProgress) {
-    broken = true;
-    return to_status(async, "ncclCommGetAsyncError", __FILE__, __LINE__)
-        .with_context(fmt::format("after {} on rank {}", what, rank));
-  }
-  return Status();
+  if (async == ncclSuccess || async == ncclInProgress) return Status();
+  broken = true;
+  return to_status(async, "ncclCommGetAsyncError", __FILE__, __LINE__)
+      .with_context(fmt::format("{} {} on rank {}", when, what, rank));
 }
 
 Status Communicator::Impl::reduce_max_locked(double* values, size_t n) {
@@ -175,13 +185,16 @@ Status Communicator::Impl::reduce_max_locked(double* values, size_t n) {
 
 // NCCL cannot tell that ranks passed different counts: it hangs or reads past a buffer. One small reduction
 // first gives every rank the same verdict, so they all fail alike instead.
-Result<size_t> Communicator::Impl::agree_on_size(size_t mine, const char* what) {
+Result<size_t> Communicator::Impl::agree_on_size(size_t mine, size_t most, const char* what, const char* unit) {
   double extremes[2] = {static_cast<double>(mine), -static_cast<double>(mine)};
   KILN_RETURN_IF_ERROR(reduce_max_locked(extremes, 2));
   if (extremes[0] != -extremes[1]) {
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("{}: ranks passed different sizes (from {} to {}; this rank {})", what,
                                   -extremes[1], extremes[0], mine));
+  }
+  if (mine > most) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("{} of {} {}: at most {}", what, mine, unit, most));
   }
   return mine;
 }
@@ -265,58 +278,44 @@ CUstream Communicator::stream() const { return impl_->stream; }
 
 Status Communicator::barrier() {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
-  ContextScope scope(m.d);
-  KILN_RETURN_IF_ERROR(m.usable());
-  KILN_RETURN_IF_ERROR(scope.enter(m.ctx));
-  KILN_RETURN_IF_ERROR(m.ensure_scratch(1));
-  // A reduction completes on a rank only once every rank has contributed to it; its value is irrelevant.
-  KILN_CHECK(m.api->ncclAllReduce(reinterpret_cast<const void*>(m.dscratch), reinterpret_cast<void*>(m.dscratch), 1,
-                                  ncclUint8, ncclMax, m.comm, m.stream));
-  return m.wait("barrier");
+  return m.run_locked([&]() -> Status {
+    KILN_RETURN_IF_ERROR(m.ensure_scratch(1));
+    // A reduction completes on a rank only once every rank has contributed to it; its value is irrelevant.
+    KILN_CHECK(m.api->ncclAllReduce(reinterpret_cast<const void*>(m.dscratch), reinterpret_cast<void*>(m.dscratch),
+                                    1, ncclUint8, ncclMax, m.comm, m.stream));
+    return m.wait("barrier");
+  });
 }
 
 Status Communicator::all_reduce_max(std::vector<double>& values) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
-  ContextScope scope(m.d);
-  KILN_RETURN_IF_ERROR(m.usable());
-  KILN_RETURN_IF_ERROR(scope.enter(m.ctx));
-  KILN_ASSIGN_OR_RETURN(size_t n, m.agree_on_size(values.size(), "all_reduce_max"));
-  if (n > kMaxReduceValues) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("all_reduce_max of {} values: at most {}", n, kMaxReduceValues));
-  }
-  if (n == 0) return Status();
-  return m.reduce_max_locked(values.data(), n);
+  return m.run_locked([&]() -> Status {
+    KILN_ASSIGN_OR_RETURN(size_t n, m.agree_on_size(values.size(), kMaxReduceValues, "all_reduce_max", "values"));
+    if (n == 0) return Status();
+    return m.reduce_max_locked(values.data(), n);
+  });
 }
 
 Result<std::vector<std::string>> Communicator::all_gather(const std::string& mine) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
-  ContextScope scope(m.d);
-  KILN_RETURN_IF_ERROR(m.usable());
-  KILN_RETURN_IF_ERROR(scope.enter(m.ctx));
-  KILN_ASSIGN_OR_RETURN(size_t n, m.agree_on_size(mine.size(), "all_gather"));
-  if (n > kMaxGatherBytes) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("all_gather of {} bytes per rank: at most {}", n, kMaxGatherBytes));
-  }
-  std::vector<std::string> out(static_cast<size_t>(m.world));
-  if (n == 0) return out;
-  const size_t total = n * static_cast<size_t>(m.world);
-  KILN_RETURN_IF_ERROR(m.ensure_scratch(total));
-  // In place: this rank's bytes already sit at its slot of the receive buffer.
-  char* host = static_cast<char*>(m.hscratch);
-  const size_t slot = n * static_cast<size_t>(m.rank);
-  std::memcpy(host + slot, mine.data(), n);
-  KILN_CHECK(m.d->cuMemcpyHtoDAsync(m.dscratch + slot, host + slot, n, m.stream));
-  KILN_CHECK(m.api->ncclAllGather(reinterpret_cast<const void*>(m.dscratch + slot),
-                                  reinterpret_cast<void*>(m.dscratch), n, ncclUint8, m.comm, m.stream));
-  KILN_CHECK(m.d->cuMemcpyDtoHAsync(host, m.dscratch, total, m.stream));
-  KILN_RETURN_IF_ERROR(m.wait("all_gather"));
-  for (int r = 0; r < m.world; ++r) out[static_cast<size_t>(r)].assign(host + n * static_cast<size_t>(r), n);
-  return out;
+  return m.run_locked([&]() -> Result<std::vector<std::string>> {
+    KILN_ASSIGN_OR_RETURN(size_t n, m.agree_on_size(mine.size(), kMaxGatherBytes, "all_gather", "bytes per rank"));
+    std::vector<std::string> out(static_cast<size_t>(m.world));
+    if (n == 0) return out;
+    const size_t total = n * static_cast<size_t>(m.world);
+    KILN_RETURN_IF_ERROR(m.ensure_scratch(total));
+    // In place: this rank's bytes already sit at its slot of the receive buffer.
+    char* host = static_cast<char*>(m.hscratch);
+    const size_t slot = n * static_cast<size_t>(m.rank);
+    std::memcpy(host + slot, mine.data(), n);
+    KILN_CHECK(m.d->cuMemcpyHtoDAsync(m.dscratch + slot, host + slot, n, m.stream));
+    KILN_CHECK(m.api->ncclAllGather(reinterpret_cast<const void*>(m.dscratch + slot),
+                                    reinterpret_cast<void*>(m.dscratch), n, ncclUint8, m.comm, m.stream));
+    KILN_CHECK(m.d->cuMemcpyDtoHAsync(host, m.dscratch, total, m.stream));
+    KILN_RETURN_IF_ERROR(m.wait("all_gather"));
+    for (int r = 0; r < m.world; ++r) out[static_cast<size_t>(r)].assign(host + n * static_cast<size_t>(r), n);
+    return out;
+  });
 }
 
 // ---- PeerBuffers

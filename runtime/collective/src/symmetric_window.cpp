@@ -21,7 +21,7 @@ Status agree(Communicator& comm, const Status& local, const char* step) {
 
 }  // namespace
 
-Result<std::unique_ptr<SymmetricWindow>> SymmetricWindow::create(Communicator& comm, size_t bytes) {
+Result<SymmetricWindowPtr> create_symmetric_window(Communicator& comm, size_t bytes) {
   auto api = nccl();
   Status local = api.status();
   if (local.ok() && !(*api)->has_symmetric_memory()) {
@@ -46,20 +46,21 @@ Result<std::unique_ptr<SymmetricWindow>> SymmetricWindow::create(Communicator& c
     if (!local.ok()) (void)(*api)->ncclMemFree(buffer);
     return st;
   }
-  return std::unique_ptr<SymmetricWindow>(new SymmetricWindow(comm, buffer, bytes, window));
+  return SymmetricWindowPtr(new SymmetricWindow{&comm, buffer, bytes, window});
 }
 
-SymmetricWindow::~SymmetricWindow() {
+void ReleaseSymmetricWindow::operator()(SymmetricWindow* w) const {
+  std::unique_ptr<SymmetricWindow> owned(w);
   auto api = nccl();
   if (!api.ok()) return;
-  if (Status st = to_status((*api)->ncclCommWindowDeregister(comm_.nccl(), window_), "ncclCommWindowDeregister",
+  if (Status st = to_status((*api)->ncclCommWindowDeregister(w->comm->nccl(), w->window), "ncclCommWindowDeregister",
                             __FILE__, __LINE__);
       !st.ok()) {
-    spdlog::warn("kiln: rank {}: {}", comm_.rank(), st.to_string());
+    spdlog::warn("kiln: rank {}: {}", w->comm->rank(), st.to_string());
     return;  // still registered: freeing the memory under NCCL would be worse than keeping it
   }
-  if (Status st = to_status((*api)->ncclMemFree(buffer_), "ncclMemFree", __FILE__, __LINE__); !st.ok()) {
-    spdlog::warn("kiln: rank {}: {}", comm_.rank(), st.to_string());
+  if (Status st = to_status((*api)->ncclMemFree(w->buffer), "ncclMemFree", __FILE__, __LINE__); !st.ok()) {
+    spdlog::warn("kiln: rank {}: {}", w->comm->rank(), st.to_string());
   }
 }
 

@@ -131,4 +131,10 @@ using RankFunction = std::function<Result<std::string>(int rank, Communicator* c
 /// an error only when the group could not be started; each rank's failure is in its outcome.
 Result<std::vector<RankOutcome>> run_local_group(const GroupOptions& options, const RankFunction& fn);
 
+/// A diagnostic for crashes in the ranks (the GPU machines have no debugger): with $KILN_CRASH_TRACE set,
+/// SIGSEGV, SIGBUS and SIGABRT in this process, and in the ranks run_local_group() forks from it afterwards,
+/// print the stack to stderr as "module+offset" lines (resolve them with addr2line against the unstripped build)
+/// before the default action. Without the variable it does nothing. For programs' main(), never for a library.
+void install_crash_trace();
+
 }  // namespace kiln::runtime

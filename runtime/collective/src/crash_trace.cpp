@@ -1,8 +1,6 @@
-// A diagnostic for crashes in forked rank processes (no debugger on the GPU machines): with $KILN_CRASH_TRACE
-// set, SIGSEGV/SIGBUS/SIGABRT print the stack as "module+offset" lines (resolve them with addr2line against the
-// unstripped build) before the default action. Header-only; benchmarks and multi-GPU tests install it.
-#pragma once
-
+// install_crash_trace() (kiln/runtime/comm.h): the stack of a crashing rank process, printed by a signal handler.
+// The handler writes with write(2) into a stack buffer; backtrace() and dladdr() are not async-signal-safe, which
+// a diagnostic on its way to the default action accepts.
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
@@ -11,9 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace kiln::bench {
+#include "kiln/runtime/comm.h"
 
-inline void crash_trace_handler(int sig) {
+namespace kiln::runtime {
+
+namespace {
+
+void crash_trace_handler(int sig) {
   void* frames[64];
   const int n = backtrace(frames, 64);
   char line[512];
@@ -33,9 +35,11 @@ inline void crash_trace_handler(int sig) {
   raise(sig);
 }
 
-inline void install_crash_trace() {
+}  // namespace
+
+void install_crash_trace() {
   if (!std::getenv("KILN_CRASH_TRACE")) return;
   for (int sig : {SIGSEGV, SIGBUS, SIGABRT}) signal(sig, crash_trace_handler);
 }
 
-}  // namespace kiln::bench
+}  // namespace kiln::runtime
