@@ -2,80 +2,45 @@
 
 #include <fmt/format.h>
 
-#include "kiln/pool/wire_codec.h"
+#include "kiln/codec/values.h"
 #include "kiln/runtime/workload.h"
 
 namespace kiln::runtime::detail::bench_wire {
 namespace {
 
-using wire::Reader;
-using wire::Writer;
+using codec::Reader;
+using codec::Writer;
 
 // Every field of BenchmarkOptions crosses the wire; a new field must be added to put_bench/get_bench (and
-// kVersion bumped) or the worker would silently measure with its default.
+// the protocol's version bumped) or the worker would silently measure with its default.
 static_assert(sizeof(BenchmarkOptions) == 56, "BenchmarkOptions changed: update the bench worker's encoding");
 
-Writer frame(Type t) { return Writer(kMagic, kVersion, static_cast<uint16_t>(t)); }
-
-void put_status_or_ok(Writer& w, const Status& s) {
-  w.u8(s.ok() ? 1 : 0);
-  if (!s.ok()) wire::put_status(w, s);
-}
-
-Status get_status_or_ok(Reader& r) {
-  uint8_t ok = r.u8();
-  if (ok == 1) return Status();
-  if (ok != 0) {
-    r.fail();
-    return Status();
-  }
-  return wire::get_status(r);
-}
-
-void put_key(Writer& w, const KernelKey& k) {
-  w.u64(k.high);
-  w.u64(k.low);
-}
-
-KernelKey get_key(Reader& r) {
-  KernelKey k;
-  k.high = r.u64();
-  k.low = r.u64();
-  return k;
-}
+Result<std::string> seal(Type t, Writer&& w) { return codec::seal_frame(kProtocol, static_cast<uint16_t>(t), std::move(w)); }
 
 void put_spec(Writer& w, const ChoiceSpec& s) {
-  w.str(s.name);
-  w.u32(static_cast<uint32_t>(s.keys.size()));
-  for (const auto& k : s.keys) put_key(w, k);
+  w.bytes(s.name, "choice name");
+  w.count(s.keys.size(), "choice keys");
+  for (const auto& k : s.keys) codec::put_key(w, k);
 }
 
 ChoiceSpec get_spec(Reader& r) {
   ChoiceSpec s;
-  s.name = r.str();
-  uint32_t n = r.u32();
-  if (n > r.remaining() / 16) {
-    r.fail();
-    return s;
-  }
-  for (uint32_t i = 0; i < n && r.ok(); ++i) s.keys.push_back(get_key(r));
+  s.name = r.bytes("choice name");
+  const uint32_t n = r.count("choice keys", 16);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) s.keys.push_back(codec::get_key(r, "choice key"));
   return s;
 }
 
-void put_binaries(Writer& w, const Binaries& b) {
-  w.u32(static_cast<uint32_t>(b.size()));
-  for (const auto& x : b) wire::put_binary(w, x);
+void put_specs(Writer& w, const std::vector<ChoiceSpec>& v) {
+  w.count(v.size(), "choices");
+  for (const auto& c : v) put_spec(w, c);
 }
 
-Binaries get_binaries(Reader& r) {
-  Binaries out;
-  uint32_t n = r.u32();
-  if (n > r.remaining() / 16) {
-    r.fail();
-    return out;
-  }
-  for (uint32_t i = 0; i < n && r.ok(); ++i) out.push_back(wire::get_binary(r));
-  return out;
+std::vector<ChoiceSpec> get_specs(Reader& r) {
+  std::vector<ChoiceSpec> v;
+  const uint32_t n = r.count("choices", 8);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) v.push_back(get_spec(r));
+  return v;
 }
 
 void put_bench(Writer& w, const BenchmarkOptions& b) {
@@ -86,21 +51,21 @@ void put_bench(Writer& w, const BenchmarkOptions& b) {
   w.f64(b.drop_factor);
   w.f64(b.tie_fraction);
   w.i32(b.tie_rounds);
-  w.u8(b.flush_l2 ? 1 : 0);
+  w.boolean(b.flush_l2);
   w.f64(b.graph_below_us);
 }
 
 BenchmarkOptions get_bench(Reader& r) {
   BenchmarkOptions b;
-  b.budget_ms = r.f64();
-  b.min_reps = r.i32();
-  b.max_reps = r.i32();
-  b.fixed_reps = r.i32();
-  b.drop_factor = r.f64();
-  b.tie_fraction = r.f64();
-  b.tie_rounds = r.i32();
-  b.flush_l2 = r.u8() != 0;
-  b.graph_below_us = r.f64();
+  b.budget_ms = r.f64("bench budget");
+  b.min_reps = r.i32("bench min reps");
+  b.max_reps = r.i32("bench max reps");
+  b.fixed_reps = r.i32("bench fixed reps");
+  b.drop_factor = r.f64("bench drop factor");
+  b.tie_fraction = r.f64("bench tie fraction");
+  b.tie_rounds = r.i32("bench tie rounds");
+  b.flush_l2 = r.boolean("bench flush l2");
+  b.graph_below_us = r.f64("bench graph below");
   return b;
 }
 
@@ -110,16 +75,12 @@ BenchmarkOptions get_bench(Reader& r) {
 enum class DescKind : uint8_t { kGemm = 0, kNorm = 1, kSoftmax = 2, kCustom = 3 };
 
 void put_problem(Writer& w, const Problem& p) {
-  w.str(p.op);
+  w.bytes(p.op, "problem op");
   if (const auto* c = std::get_if<CustomProblem>(&p.desc)) {
     w.u8(static_cast<uint8_t>(DescKind::kCustom));
-    w.u32(static_cast<uint32_t>(c->sizes.size()));
-    for (int64_t s : c->sizes) w.u64(static_cast<uint64_t>(s));
-    w.u32(static_cast<uint32_t>(c->attributes.size()));
-    for (const auto& [k, v] : c->attributes) {
-      w.str(k);
-      w.str(v);
-    }
+    w.count(c->sizes.size(), "problem sizes");
+    for (int64_t s : c->sizes) w.i64(s);
+    w.string_pairs(c->attributes, "problem attributes");
     return;
   }
   Problem canonical = p;
@@ -134,40 +95,28 @@ void put_problem(Writer& w, const Problem& p) {
     canonical.op = "gemm";
   }
   w.u8(static_cast<uint8_t>(kind));
-  w.str(problem_to_json(canonical));
+  w.bytes(problem_to_json(canonical), "problem description");
 }
 
 // A problem that does not parse is not a corrupt frame but a description this build cannot read: `why` says so.
 Problem get_problem(Reader& r, Status& why) {
   Problem p;
-  p.op = r.str();
-  uint8_t kind = r.u8();
+  p.op = r.bytes("problem op");
+  const uint8_t kind = r.u8("problem kind");
   if (!r.ok()) return p;
   if (kind == static_cast<uint8_t>(DescKind::kCustom)) {
     CustomProblem c;
-    uint32_t n = r.u32();
-    if (n > r.remaining() / 8) {
-      r.fail();
-      return p;
-    }
-    for (uint32_t i = 0; i < n; ++i) c.sizes.push_back(static_cast<int64_t>(r.u64()));
-    uint32_t a = r.u32();
-    if (a > r.remaining() / 8) {
-      r.fail();
-      return p;
-    }
-    for (uint32_t i = 0; i < a && r.ok(); ++i) {
-      std::string k = r.str();
-      c.attributes[k] = r.str();
-    }
+    const uint32_t n = r.count("problem sizes", 8);
+    for (uint32_t i = 0; i < n && r.ok(); ++i) c.sizes.push_back(r.i64("problem size"));
+    for (auto& [k, v] : r.string_pairs("problem attributes")) c.attributes[k] = std::move(v);
     p.desc = std::move(c);
     return p;
   }
   if (kind > static_cast<uint8_t>(DescKind::kSoftmax)) {
-    r.fail();
+    r.reject("problem kind", fmt::format("is {} (0 to 3 expected)", kind));
     return p;
   }
-  std::string json = r.str();
+  std::string json = r.bytes("problem description");
   if (!r.ok()) return p;
   auto parsed = problem_from_json(json);
   if (!parsed.ok()) {
@@ -178,130 +127,83 @@ Problem get_problem(Reader& r, Status& why) {
   return p;
 }
 
-void put_doubles(Writer& w, const std::vector<double>& v) {
-  w.u32(static_cast<uint32_t>(v.size()));
-  for (double x : v) w.f64(x);
-}
-
-std::vector<double> get_doubles(Reader& r) {
-  std::vector<double> v;
-  uint32_t n = r.u32();
-  if (n > r.remaining() / 8) {
-    r.fail();
-    return v;
-  }
-  for (uint32_t i = 0; i < n; ++i) v.push_back(r.f64());
-  return v;
-}
-
 }  // namespace
 
-std::string encode(const Hello& m) {
-  Writer w = frame(Type::kHello);
+Result<std::string> encode(const Hello& m) {
+  Writer w;
   w.i32(m.pid);
   w.i32(m.device);
-  put_status_or_ok(w, m.status);
+  codec::put_outcome(w, m.status);
   w.f64(m.context_seconds);
-  w.str(m.device_name);
-  return std::move(w).finish();
+  w.bytes(m.device_name, "device name");
+  return seal(Type::kHello, std::move(w));
 }
 
-std::string encode(const Begin& m) {
-  Writer w = frame(Type::kBegin);
+Result<std::string> encode(const Begin& m) {
+  Writer w;
   w.u64(m.seq);
   put_problem(w, m.problem);
   w.u32(m.seed);
   put_bench(w, m.bench);
   w.i32(m.max_template_configs);
   w.i32(m.max_cublas_algos);
-  w.u8(m.split_k ? 1 : 0);
+  w.boolean(m.split_k);
   put_spec(w, m.reference);
-  put_binaries(w, m.reference_binaries);
-  w.u32(static_cast<uint32_t>(m.choices.size()));
-  for (const auto& c : m.choices) put_spec(w, c);
-  return std::move(w).finish();
+  codec::put_binaries(w, m.reference_binaries);
+  put_specs(w, m.choices);
+  return seal(Type::kBegin, std::move(w));
 }
 
-std::string encode(const Begun& m) {
-  Writer w = frame(Type::kBegun);
+Result<std::string> encode(const Begun& m) {
+  Writer w;
   w.u64(m.seq);
-  put_status_or_ok(w, m.status);
-  w.u32(static_cast<uint32_t>(m.unknown.size()));
-  for (const auto& [name, why] : m.unknown) {
-    w.str(name);
-    w.str(why);
-  }
-  w.u8(m.poisoned ? 1 : 0);
+  codec::put_outcome(w, m.status);
+  w.string_pairs(m.unknown, "unknown choices");
+  w.boolean(m.poisoned);
   w.f64(m.worker_seconds);
-  return std::move(w).finish();
+  return seal(Type::kBegun, std::move(w));
 }
 
-std::string encode(const Run& m) {
-  Writer w = frame(Type::kRun);
+Result<std::string> encode(const Run& m) {
+  Writer w;
   w.u64(m.seq);
-  w.str(m.name);
+  w.bytes(m.name, "choice name");
   w.u8(static_cast<uint8_t>(m.mode));
-  w.u8(m.has_binaries ? 1 : 0);
-  if (m.has_binaries) put_binaries(w, m.binaries);
+  w.boolean(m.has_binaries);
+  if (m.has_binaries) codec::put_binaries(w, m.binaries);
   w.f64(m.best_us);
   w.i32(m.n);
-  w.u8(m.graph ? 1 : 0);
-  return std::move(w).finish();
+  w.boolean(m.graph);
+  return seal(Type::kRun, std::move(w));
 }
 
-std::string encode(const RunResult& m) {
-  Writer w = frame(Type::kRunResult);
+Result<std::string> encode(const RunResult& m) {
+  Writer w;
   w.u64(m.seq);
-  put_status_or_ok(w, m.status);
+  codec::put_outcome(w, m.status);
   w.f64(m.error);
-  put_doubles(w, m.us);
-  w.u8(m.graph ? 1 : 0);
-  w.u8(m.partial ? 1 : 0);
-  w.u8(m.poisoned ? 1 : 0);
+  w.f64s(m.us, "samples");
+  w.boolean(m.graph);
+  w.boolean(m.partial);
+  w.boolean(m.poisoned);
   w.f64(m.worker_seconds);
-  return std::move(w).finish();
+  return seal(Type::kRunResult, std::move(w));
 }
 
-std::string encode(const End& m) {
-  Writer w = frame(Type::kEnd);
+Result<std::string> encode(const End& m) {
+  Writer w;
   w.u64(m.seq);
-  return std::move(w).finish();
-}
-
-Result<FrameHeader> decode_header(std::string_view bytes) {
-  if (bytes.size() < wire::kHeaderSize) return make_error(ErrorCode::kCorrupt, "truncated frame header");
-  Reader r(bytes.substr(0, wire::kHeaderSize));
-  uint32_t magic = r.u32();
-  uint16_t version = r.u16();
-  uint16_t type = r.u16();
-  FrameHeader h;
-  h.length = r.u32();
-  if (magic != kMagic) {
-    return make_error(ErrorCode::kCorrupt, fmt::format("not a kiln bench worker frame (magic {:#010x})", magic));
-  }
-  if (version != kVersion) {
-    return make_error(ErrorCode::kCorrupt, fmt::format("bench worker protocol version {} (this build speaks {}): "
-                                                       "the worker executable and the library differ",
-                                                       version, kVersion));
-  }
-  if (type < 1 || type > static_cast<uint16_t>(Type::kEnd)) {
-    return make_error(ErrorCode::kCorrupt, fmt::format("unknown bench message type {}", type));
-  }
-  if (h.length > wire::kMaxFramePayload) {
-    return make_error(ErrorCode::kCorrupt, fmt::format("frame payload of {} bytes is over the limit", h.length));
-  }
-  h.type = static_cast<Type>(type);
-  return h;
+  return seal(Type::kEnd, std::move(w));
 }
 
 Result<Hello> decode_hello(std::string_view payload) {
   Reader r(payload);
   Hello m;
-  m.pid = r.i32();
-  m.device = r.i32();
-  m.status = get_status_or_ok(r);
-  m.context_seconds = r.f64();
-  m.device_name = r.str();
+  m.pid = r.i32("pid");
+  m.device = r.i32("device");
+  m.status = codec::get_outcome(r);
+  m.context_seconds = r.f64("context seconds");
+  m.device_name = r.bytes("device name");
   KILN_RETURN_IF_ERROR(r.finish("bench hello"));
   return m;
 }
@@ -310,18 +212,16 @@ Result<Begin> decode_begin(std::string_view payload) {
   Reader r(payload);
   Begin m;
   Status problem_status;
-  m.seq = r.u64();
+  m.seq = r.u64("seq");
   m.problem = get_problem(r, problem_status);
-  m.seed = r.u32();
+  m.seed = r.u32("seed");
   m.bench = get_bench(r);
-  m.max_template_configs = r.i32();
-  m.max_cublas_algos = r.i32();
-  m.split_k = r.u8() != 0;
+  m.max_template_configs = r.i32("max template configs");
+  m.max_cublas_algos = r.i32("max cublas algos");
+  m.split_k = r.boolean("split k");
   m.reference = get_spec(r);
-  m.reference_binaries = get_binaries(r);
-  uint32_t n = r.u32();
-  if (n > r.remaining() / 8) r.fail();
-  for (uint32_t i = 0; i < n && r.ok(); ++i) m.choices.push_back(get_spec(r));
+  m.reference_binaries = codec::get_binaries(r);
+  m.choices = get_specs(r);
   KILN_RETURN_IF_ERROR(r.finish("bench begin"));
   KILN_RETURN_IF_ERROR(problem_status);
   return m;
@@ -330,16 +230,11 @@ Result<Begin> decode_begin(std::string_view payload) {
 Result<Begun> decode_begun(std::string_view payload) {
   Reader r(payload);
   Begun m;
-  m.seq = r.u64();
-  m.status = get_status_or_ok(r);
-  uint32_t n = r.u32();
-  if (n > r.remaining() / 8) r.fail();
-  for (uint32_t i = 0; i < n && r.ok(); ++i) {
-    std::string name = r.str();
-    m.unknown[name] = r.str();
-  }
-  m.poisoned = r.u8() != 0;
-  m.worker_seconds = r.f64();
+  m.seq = r.u64("seq");
+  m.status = codec::get_outcome(r);
+  for (auto& [name, why] : r.string_pairs("unknown choices")) m.unknown[name] = std::move(why);
+  m.poisoned = r.boolean("poisoned");
+  m.worker_seconds = r.f64("worker seconds");
   KILN_RETURN_IF_ERROR(r.finish("bench begun"));
   return m;
 }
@@ -347,18 +242,18 @@ Result<Begun> decode_begun(std::string_view payload) {
 Result<Run> decode_run(std::string_view payload) {
   Reader r(payload);
   Run m;
-  m.seq = r.u64();
-  m.name = r.str();
-  uint8_t mode = r.u8();
+  m.seq = r.u64("seq");
+  m.name = r.bytes("choice name");
+  const uint8_t mode = r.u8("run mode");
   if (mode != static_cast<uint8_t>(RunMode::kCheckAndMeasure) && mode != static_cast<uint8_t>(RunMode::kTimeRuns)) {
-    r.fail();
+    r.reject("run mode", fmt::format("is {} (1 or 2 expected)", mode));
   }
   m.mode = static_cast<RunMode>(mode);
-  m.has_binaries = r.u8() != 0;
-  if (m.has_binaries) m.binaries = get_binaries(r);
-  m.best_us = r.f64();
-  m.n = r.i32();
-  m.graph = r.u8() != 0;
+  m.has_binaries = r.boolean("has binaries");
+  if (m.has_binaries) m.binaries = codec::get_binaries(r);
+  m.best_us = r.f64("best us");
+  m.n = r.i32("n");
+  m.graph = r.boolean("graph");
   KILN_RETURN_IF_ERROR(r.finish("bench run"));
   return m;
 }
@@ -366,14 +261,14 @@ Result<Run> decode_run(std::string_view payload) {
 Result<RunResult> decode_run_result(std::string_view payload) {
   Reader r(payload);
   RunResult m;
-  m.seq = r.u64();
-  m.status = get_status_or_ok(r);
-  m.error = r.f64();
-  m.us = get_doubles(r);
-  m.graph = r.u8() != 0;
-  m.partial = r.u8() != 0;
-  m.poisoned = r.u8() != 0;
-  m.worker_seconds = r.f64();
+  m.seq = r.u64("seq");
+  m.status = codec::get_outcome(r);
+  m.error = r.f64("error");
+  m.us = r.f64s("samples");
+  m.graph = r.boolean("graph");
+  m.partial = r.boolean("partial");
+  m.poisoned = r.boolean("poisoned");
+  m.worker_seconds = r.f64("worker seconds");
   KILN_RETURN_IF_ERROR(r.finish("bench run result"));
   return m;
 }
@@ -381,16 +276,15 @@ Result<RunResult> decode_run_result(std::string_view payload) {
 Result<End> decode_end(std::string_view payload) {
   Reader r(payload);
   End m;
-  m.seq = r.u64();
+  m.seq = r.u64("seq");
   KILN_RETURN_IF_ERROR(r.finish("bench end"));
   return m;
 }
 
 Result<Problem> round_trip(const Problem& problem) {
-  Writer w = frame(Type::kBegin);
+  Writer w;
   put_problem(w, problem);
-  std::string bytes = std::move(w).finish();
-  Reader r(std::string_view(bytes).substr(wire::kHeaderSize));
+  Reader r(w.buffer());
   Status why;
   Problem back = get_problem(r, why);
   KILN_RETURN_IF_ERROR(r.finish("problem"));
