@@ -9,31 +9,38 @@ using codec::Writer;
 
 namespace {
 
-Result<std::string> seal(MessageType type, Writer&& w) {
-  return codec::seal_frame(kProtocol, static_cast<uint16_t>(type), std::move(w));
+// Each message's fields, in order, for both directions (kiln/codec/codec.h).
+template <class IO, class M>
+void hello_fields(IO& io, M& m) {
+  io(m.pid, "pid");
+  io(m.nvrtc_major, "nvrtc major");
+  io(m.nvrtc_minor, "nvrtc minor");
+}
+
+template <class IO, class M>
+void request_fields(IO& io, M& m) {
+  io(m.job_id, "job id");
+  codec::field(io, m.source, "source");
+  io(m.target.arch, "target arch");
+  io(m.want_ptx, "want ptx");
+  io(m.use_pch, "use pch");
+  io(m.pch_dir, "pch dir");
+}
+
+template <class M, class Fields>
+Result<std::string> seal(MessageType type, const M& m, Fields fields, size_t reserve = 0) {
+  return codec::seal_record(kProtocol, static_cast<uint16_t>(type), m, fields, reserve);
 }
 
 }  // namespace
 
-Result<std::string> encode(const Hello& m) {
-  Writer w;
-  w.i32(m.pid);
-  w.i32(m.nvrtc_major);
-  w.i32(m.nvrtc_minor);
-  return seal(MessageType::kHello, std::move(w));
-}
+Result<std::string> encode(const Hello& m) { return seal(MessageType::kHello, m, hello_fields<Writer, const Hello>); }
 
 Result<std::string> encode(const Request& m) {
-  Writer w;
-  w.u64(m.job_id);
-  codec::put_source(w, m.source);
-  w.bytes(m.target.arch, "target arch");
-  w.boolean(m.want_ptx);
-  w.boolean(m.use_pch);
-  w.bytes(m.pch_dir, "pch dir");
-  return seal(MessageType::kRequest, std::move(w));
+  return seal(MessageType::kRequest, m, request_fields<Writer, const Request>, m.source.source.size() + 256);
 }
 
+// A reply: the job id, then its result as a Binary or an error.
 Result<std::string> encode(const Reply& m) {
   Writer w(m.result.ok() ? m.result->cubin.size() + m.result->ptx.size() + 256 : 256);
   w.u64(m.job_id);
@@ -43,30 +50,15 @@ Result<std::string> encode(const Reply& m) {
   } else {
     codec::put_error(w, m.result.status());
   }
-  return seal(MessageType::kReply, std::move(w));
+  return codec::seal_frame(kProtocol, static_cast<uint16_t>(MessageType::kReply), std::move(w));
 }
 
 Result<Hello> decode_hello(std::string_view payload) {
-  Reader r(payload);
-  Hello m;
-  m.pid = r.i32("pid");
-  m.nvrtc_major = r.i32("nvrtc major");
-  m.nvrtc_minor = r.i32("nvrtc minor");
-  KILN_RETURN_IF_ERROR(r.finish("pool hello"));
-  return m;
+  return codec::read_record<Hello>(payload, "pool hello", hello_fields<Reader, Hello>);
 }
 
 Result<Request> decode_request(std::string_view payload) {
-  Reader r(payload);
-  Request m;
-  m.job_id = r.u64("job id");
-  m.source = codec::get_source(r);
-  m.target.arch = r.bytes("target arch");
-  m.want_ptx = r.boolean("want ptx");
-  m.use_pch = r.boolean("use pch");
-  m.pch_dir = r.bytes("pch dir");
-  KILN_RETURN_IF_ERROR(r.finish("pool request"));
-  return m;
+  return codec::read_record<Request>(payload, "pool request", request_fields<Reader, Request>);
 }
 
 Result<Reply> decode_reply(std::string_view payload) {

@@ -15,58 +15,45 @@ using codec::Writer;
 // the protocol's version bumped) or the worker would silently measure with its default.
 static_assert(sizeof(BenchmarkOptions) == 56, "BenchmarkOptions changed: update the bench worker's encoding");
 
-Result<std::string> seal(Type t, Writer&& w) { return codec::seal_frame(kProtocol, static_cast<uint16_t>(t), std::move(w)); }
+template <class M, class Fields>
+Result<std::string> seal(Type t, const M& m, Fields fields) {
+  return codec::seal_record(kProtocol, static_cast<uint16_t>(t), m, fields);
+}
 
-void put_spec(Writer& w, const ChoiceSpec& s) {
+void field(Writer& w, const ChoiceSpec& s, std::string_view) {
   w.bytes(s.name, "choice name");
   w.count(s.keys.size(), "choice keys");
   for (const auto& k : s.keys) codec::put_key(w, k);
 }
 
-ChoiceSpec get_spec(Reader& r) {
-  ChoiceSpec s;
+void field(Reader& r, ChoiceSpec& s, std::string_view) {
   s.name = r.bytes("choice name");
   const uint32_t n = r.count("choice keys", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) s.keys.push_back(codec::get_key(r, "choice key"));
-  return s;
 }
 
-void put_specs(Writer& w, const std::vector<ChoiceSpec>& v) {
+void field(Writer& w, const std::vector<ChoiceSpec>& v, std::string_view) {
   w.count(v.size(), "choices");
-  for (const auto& c : v) put_spec(w, c);
+  for (const auto& c : v) field(w, c, "choice");
 }
 
-std::vector<ChoiceSpec> get_specs(Reader& r) {
-  std::vector<ChoiceSpec> v;
+void field(Reader& r, std::vector<ChoiceSpec>& v, std::string_view) {
   const uint32_t n = r.count("choices", 8);
-  for (uint32_t i = 0; i < n && r.ok(); ++i) v.push_back(get_spec(r));
-  return v;
+  v.resize(n);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) field(r, v[i], "choice");
 }
 
-void put_bench(Writer& w, const BenchmarkOptions& b) {
-  w.f64(b.budget_ms);
-  w.i32(b.min_reps);
-  w.i32(b.max_reps);
-  w.i32(b.fixed_reps);
-  w.f64(b.drop_factor);
-  w.f64(b.tie_fraction);
-  w.i32(b.tie_rounds);
-  w.boolean(b.flush_l2);
-  w.f64(b.graph_below_us);
-}
-
-BenchmarkOptions get_bench(Reader& r) {
-  BenchmarkOptions b;
-  b.budget_ms = r.f64("bench budget");
-  b.min_reps = r.i32("bench min reps");
-  b.max_reps = r.i32("bench max reps");
-  b.fixed_reps = r.i32("bench fixed reps");
-  b.drop_factor = r.f64("bench drop factor");
-  b.tie_fraction = r.f64("bench tie fraction");
-  b.tie_rounds = r.i32("bench tie rounds");
-  b.flush_l2 = r.boolean("bench flush l2");
-  b.graph_below_us = r.f64("bench graph below");
-  return b;
+template <class IO, class M>
+void bench_fields(IO& io, M& b) {
+  io(b.budget_ms, "bench budget");
+  io(b.min_reps, "bench min reps");
+  io(b.max_reps, "bench max reps");
+  io(b.fixed_reps, "bench fixed reps");
+  io(b.drop_factor, "bench drop factor");
+  io(b.tie_fraction, "bench tie fraction");
+  io(b.tie_rounds, "bench tie rounds");
+  io(b.flush_l2, "bench flush l2");
+  io(b.graph_below_us, "bench graph below");
 }
 
 // A problem: its op name, then its description. Built-in descriptions travel as the workload entry
@@ -74,7 +61,7 @@ BenchmarkOptions get_bench(Reader& r) {
 // copy of gemm); custom ones as their sizes and attributes.
 enum class DescKind : uint8_t { kGemm = 0, kNorm = 1, kSoftmax = 2, kCustom = 3 };
 
-void put_problem(Writer& w, const Problem& p) {
+void problem_field(Writer& w, const Problem& p, Status&) {
   w.bytes(p.op, "problem op");
   if (const auto* c = std::get_if<CustomProblem>(&p.desc)) {
     w.u8(static_cast<uint8_t>(DescKind::kCustom));
@@ -99,194 +86,140 @@ void put_problem(Writer& w, const Problem& p) {
 }
 
 // A problem that does not parse is not a corrupt frame but a description this build cannot read: `why` says so.
-Problem get_problem(Reader& r, Status& why) {
-  Problem p;
+void problem_field(Reader& r, Problem& p, Status& why) {
   p.op = r.bytes("problem op");
   const uint8_t kind = r.u8("problem kind");
-  if (!r.ok()) return p;
+  if (!r.ok()) return;
   if (kind == static_cast<uint8_t>(DescKind::kCustom)) {
     CustomProblem c;
     const uint32_t n = r.count("problem sizes", 8);
     for (uint32_t i = 0; i < n && r.ok(); ++i) c.sizes.push_back(r.i64("problem size"));
     for (auto& [k, v] : r.string_pairs("problem attributes")) c.attributes[k] = std::move(v);
     p.desc = std::move(c);
-    return p;
+    return;
   }
   if (kind > static_cast<uint8_t>(DescKind::kSoftmax)) {
     r.reject("problem kind", fmt::format("is {} (0 to 3 expected)", kind));
-    return p;
+    return;
   }
   std::string json = r.bytes("problem description");
-  if (!r.ok()) return p;
+  if (!r.ok()) return;
   auto parsed = problem_from_json(json);
   if (!parsed.ok()) {
     why = std::move(parsed).status().with_context("decoding the problem of a bench request");
-    return p;
+    return;
   }
   p.desc = parsed->desc;
-  return p;
+}
+
+// Each message's fields, in order, for both directions (kiln/codec/codec.h). `why`: a problem this build
+// cannot describe (see problem_field).
+template <class IO, class M>
+void hello_fields(IO& io, M& m) {
+  io(m.pid, "pid");
+  io(m.device, "device");
+  codec::field(io, m.status, "status");
+  io(m.context_seconds, "context seconds");
+  io(m.device_name, "device name");
+}
+
+template <class IO, class M>
+void begin_fields(IO& io, M& m, Status& why) {
+  io(m.seq, "seq");
+  problem_field(io, m.problem, why);
+  io(m.seed, "seed");
+  bench_fields(io, m.bench);
+  io(m.max_template_configs, "max template configs");
+  io(m.max_cublas_algos, "max cublas algos");
+  io(m.split_k, "split k");
+  field(io, m.reference, "reference");
+  codec::field(io, m.reference_binaries, "reference binaries");
+  field(io, m.choices, "choices");
+}
+
+template <class IO, class M>
+void begun_fields(IO& io, M& m) {
+  io(m.seq, "seq");
+  codec::field(io, m.status, "status");
+  io(m.unknown, "unknown choices");
+  io(m.poisoned, "poisoned");
+  io(m.worker_seconds, "worker seconds");
+}
+
+template <class IO, class M>
+void run_fields(IO& io, M& m) {
+  io(m.seq, "seq");
+  io(m.name, "choice name");
+  io(m.mode, "run mode");
+  io.expect(m.mode == RunMode::kCheckAndMeasure || m.mode == RunMode::kTimeRuns, "run mode", "is not 1 or 2");
+  io(m.has_binaries, "has binaries");
+  if (m.has_binaries) codec::field(io, m.binaries, "binaries");
+  io(m.best_us, "best us");
+  io(m.n, "n");
+  io(m.graph, "graph");
+}
+
+template <class IO, class M>
+void run_result_fields(IO& io, M& m) {
+  io(m.seq, "seq");
+  codec::field(io, m.status, "status");
+  io(m.error, "error");
+  io(m.us, "samples");
+  io(m.graph, "graph");
+  io(m.partial, "partial");
+  io(m.poisoned, "poisoned");
+  io(m.worker_seconds, "worker seconds");
+}
+
+template <class IO, class M>
+void end_fields(IO& io, M& m) {
+  io(m.seq, "seq");
 }
 
 }  // namespace
 
-Result<std::string> encode(const Hello& m) {
-  Writer w;
-  w.i32(m.pid);
-  w.i32(m.device);
-  codec::put_outcome(w, m.status);
-  w.f64(m.context_seconds);
-  w.bytes(m.device_name, "device name");
-  return seal(Type::kHello, std::move(w));
-}
-
+Result<std::string> encode(const Hello& m) { return seal(Type::kHello, m, hello_fields<Writer, const Hello>); }
 Result<std::string> encode(const Begin& m) {
-  Writer w;
-  w.u64(m.seq);
-  put_problem(w, m.problem);
-  w.u32(m.seed);
-  put_bench(w, m.bench);
-  w.i32(m.max_template_configs);
-  w.i32(m.max_cublas_algos);
-  w.boolean(m.split_k);
-  put_spec(w, m.reference);
-  codec::put_binaries(w, m.reference_binaries);
-  put_specs(w, m.choices);
-  return seal(Type::kBegin, std::move(w));
+  Status unused;
+  return seal(Type::kBegin, m, [&](Writer& w, const Begin& b) { begin_fields(w, b, unused); });
 }
-
-Result<std::string> encode(const Begun& m) {
-  Writer w;
-  w.u64(m.seq);
-  codec::put_outcome(w, m.status);
-  w.string_pairs(m.unknown, "unknown choices");
-  w.boolean(m.poisoned);
-  w.f64(m.worker_seconds);
-  return seal(Type::kBegun, std::move(w));
-}
-
-Result<std::string> encode(const Run& m) {
-  Writer w;
-  w.u64(m.seq);
-  w.bytes(m.name, "choice name");
-  w.u8(static_cast<uint8_t>(m.mode));
-  w.boolean(m.has_binaries);
-  if (m.has_binaries) codec::put_binaries(w, m.binaries);
-  w.f64(m.best_us);
-  w.i32(m.n);
-  w.boolean(m.graph);
-  return seal(Type::kRun, std::move(w));
-}
-
+Result<std::string> encode(const Begun& m) { return seal(Type::kBegun, m, begun_fields<Writer, const Begun>); }
+Result<std::string> encode(const Run& m) { return seal(Type::kRun, m, run_fields<Writer, const Run>); }
 Result<std::string> encode(const RunResult& m) {
-  Writer w;
-  w.u64(m.seq);
-  codec::put_outcome(w, m.status);
-  w.f64(m.error);
-  w.f64s(m.us, "samples");
-  w.boolean(m.graph);
-  w.boolean(m.partial);
-  w.boolean(m.poisoned);
-  w.f64(m.worker_seconds);
-  return seal(Type::kRunResult, std::move(w));
+  return seal(Type::kRunResult, m, run_result_fields<Writer, const RunResult>);
 }
-
-Result<std::string> encode(const End& m) {
-  Writer w;
-  w.u64(m.seq);
-  return seal(Type::kEnd, std::move(w));
-}
+Result<std::string> encode(const End& m) { return seal(Type::kEnd, m, end_fields<Writer, const End>); }
 
 Result<Hello> decode_hello(std::string_view payload) {
-  Reader r(payload);
-  Hello m;
-  m.pid = r.i32("pid");
-  m.device = r.i32("device");
-  m.status = codec::get_outcome(r);
-  m.context_seconds = r.f64("context seconds");
-  m.device_name = r.bytes("device name");
-  KILN_RETURN_IF_ERROR(r.finish("bench hello"));
-  return m;
+  return codec::read_record<Hello>(payload, "bench hello", hello_fields<Reader, Hello>);
 }
-
 Result<Begin> decode_begin(std::string_view payload) {
-  Reader r(payload);
-  Begin m;
-  Status problem_status;
-  m.seq = r.u64("seq");
-  m.problem = get_problem(r, problem_status);
-  m.seed = r.u32("seed");
-  m.bench = get_bench(r);
-  m.max_template_configs = r.i32("max template configs");
-  m.max_cublas_algos = r.i32("max cublas algos");
-  m.split_k = r.boolean("split k");
-  m.reference = get_spec(r);
-  m.reference_binaries = codec::get_binaries(r);
-  m.choices = get_specs(r);
-  KILN_RETURN_IF_ERROR(r.finish("bench begin"));
-  KILN_RETURN_IF_ERROR(problem_status);
+  Status why;
+  KILN_ASSIGN_OR_RETURN(Begin m, codec::read_record<Begin>(payload, "bench begin",
+                                                           [&](Reader& r, Begin& b) { begin_fields(r, b, why); }));
+  KILN_RETURN_IF_ERROR(why);
   return m;
 }
-
 Result<Begun> decode_begun(std::string_view payload) {
-  Reader r(payload);
-  Begun m;
-  m.seq = r.u64("seq");
-  m.status = codec::get_outcome(r);
-  for (auto& [name, why] : r.string_pairs("unknown choices")) m.unknown[name] = std::move(why);
-  m.poisoned = r.boolean("poisoned");
-  m.worker_seconds = r.f64("worker seconds");
-  KILN_RETURN_IF_ERROR(r.finish("bench begun"));
-  return m;
+  return codec::read_record<Begun>(payload, "bench begun", begun_fields<Reader, Begun>);
 }
-
 Result<Run> decode_run(std::string_view payload) {
-  Reader r(payload);
-  Run m;
-  m.seq = r.u64("seq");
-  m.name = r.bytes("choice name");
-  const uint8_t mode = r.u8("run mode");
-  if (mode != static_cast<uint8_t>(RunMode::kCheckAndMeasure) && mode != static_cast<uint8_t>(RunMode::kTimeRuns)) {
-    r.reject("run mode", fmt::format("is {} (1 or 2 expected)", mode));
-  }
-  m.mode = static_cast<RunMode>(mode);
-  m.has_binaries = r.boolean("has binaries");
-  if (m.has_binaries) m.binaries = codec::get_binaries(r);
-  m.best_us = r.f64("best us");
-  m.n = r.i32("n");
-  m.graph = r.boolean("graph");
-  KILN_RETURN_IF_ERROR(r.finish("bench run"));
-  return m;
+  return codec::read_record<Run>(payload, "bench run", run_fields<Reader, Run>);
 }
-
 Result<RunResult> decode_run_result(std::string_view payload) {
-  Reader r(payload);
-  RunResult m;
-  m.seq = r.u64("seq");
-  m.status = codec::get_outcome(r);
-  m.error = r.f64("error");
-  m.us = r.f64s("samples");
-  m.graph = r.boolean("graph");
-  m.partial = r.boolean("partial");
-  m.poisoned = r.boolean("poisoned");
-  m.worker_seconds = r.f64("worker seconds");
-  KILN_RETURN_IF_ERROR(r.finish("bench run result"));
-  return m;
+  return codec::read_record<RunResult>(payload, "bench run result", run_result_fields<Reader, RunResult>);
 }
-
 Result<End> decode_end(std::string_view payload) {
-  Reader r(payload);
-  End m;
-  m.seq = r.u64("seq");
-  KILN_RETURN_IF_ERROR(r.finish("bench end"));
-  return m;
+  return codec::read_record<End>(payload, "bench end", end_fields<Reader, End>);
 }
 
 Result<Problem> round_trip(const Problem& problem) {
-  Writer w;
-  put_problem(w, problem);
-  Reader r(w.buffer());
   Status why;
-  Problem back = get_problem(r, why);
+  Writer w;
+  problem_field(w, problem, why);
+  Reader r(w.buffer());
+  Problem back;
+  problem_field(r, back, why);
   KILN_RETURN_IF_ERROR(r.finish("problem"));
   KILN_RETURN_IF_ERROR(why);
   if (!(back == problem)) {

@@ -13,13 +13,20 @@
 // bytes; lists a u32 count then the items. A Reader latches its first failure (a field that runs past the
 // end, a length or count over its cap) and yields zeros after it, so a decoder reads every field and checks
 // once: finish() names the record and the field that failed.
+//
+// One description serves both directions: a record's `template <class IO, class M> void fields(IO& io, M& m)`
+// calls io(m.field, "name") for each field in order; with a Writer (and a const M) that encodes it, with a
+// Reader it decodes it, so the two can never disagree. codec::field() extends this to kiln's values
+// (values.h) and to a record's own nested types.
 #pragma once
 
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -70,6 +77,31 @@ class Writer {
       bytes(b, field);
     }
   }
+  // The field-description interface (see the top of this file): io(value, "name").
+  void operator()(uint8_t v, std::string_view) { u8(v); }
+  void operator()(bool v, std::string_view) { boolean(v); }
+  void operator()(uint16_t v, std::string_view) { u16(v); }
+  void operator()(uint32_t v, std::string_view) { u32(v); }
+  void operator()(uint64_t v, std::string_view) { u64(v); }
+  void operator()(int32_t v, std::string_view) { i32(v); }
+  void operator()(int64_t v, std::string_view) { i64(v); }
+  void operator()(float v, std::string_view) { f32(v); }
+  void operator()(double v, std::string_view) { f64(v); }
+  template <class E>
+    requires std::is_enum_v<E>
+  void operator()(E v, std::string_view field) {
+    (*this)(static_cast<std::underlying_type_t<E>>(v), field);
+  }
+  void operator()(const std::string& v, std::string_view field) { bytes(v, field); }
+  void operator()(const std::vector<std::string>& v, std::string_view field) { strings(v, field); }
+  void operator()(const std::vector<double>& v, std::string_view field) { f64s(v, field); }
+  void operator()(const std::vector<std::pair<std::string, std::string>>& v, std::string_view field) {
+    string_pairs(v, field);
+  }
+  void operator()(const std::map<std::string, std::string>& v, std::string_view field) { string_pairs(v, field); }
+  /// A decoder's range check; nothing to check when encoding.
+  void expect(bool, std::string_view, std::string_view) {}
+
   /// Bytes as they are, no length (an envelope's fixed magic).
   void append(std::string_view s) { out_.append(s); }
 
@@ -115,6 +147,40 @@ class Reader {
   std::vector<double> f64s(std::string_view field);
   std::vector<std::pair<std::string, std::string>> string_pairs(std::string_view field);
 
+  // The field-description interface (see the top of this file): io(value, "name"). An enum is read as its
+  // underlying integer; the record's decoder checks its range.
+  void operator()(uint8_t& v, std::string_view field) { v = u8(field); }
+  void operator()(bool& v, std::string_view field) { v = boolean(field); }
+  void operator()(uint16_t& v, std::string_view field) { v = u16(field); }
+  void operator()(uint32_t& v, std::string_view field) { v = u32(field); }
+  void operator()(uint64_t& v, std::string_view field) { v = u64(field); }
+  void operator()(int32_t& v, std::string_view field) { v = i32(field); }
+  void operator()(int64_t& v, std::string_view field) { v = i64(field); }
+  void operator()(float& v, std::string_view field) { v = f32(field); }
+  void operator()(double& v, std::string_view field) { v = f64(field); }
+  template <class E>
+    requires std::is_enum_v<E>
+  void operator()(E& v, std::string_view field) {
+    std::underlying_type_t<E> raw{};
+    (*this)(raw, field);
+    v = static_cast<E>(raw);
+  }
+  void operator()(std::string& v, std::string_view field) { v = bytes(field); }
+  void operator()(std::vector<std::string>& v, std::string_view field) { v = strings(field); }
+  void operator()(std::vector<double>& v, std::string_view field) { v = f64s(field); }
+  void operator()(std::vector<std::pair<std::string, std::string>>& v, std::string_view field) {
+    v = string_pairs(field);
+  }
+  void operator()(std::map<std::string, std::string>& v, std::string_view field) {
+    v.clear();
+    for (auto& [a, b] : string_pairs(field)) v[std::move(a)] = std::move(b);
+  }
+
+  /// A range check in a record description: a false `valid` fails the read at `field`.
+  void expect(bool valid, std::string_view field, std::string_view why) {
+    if (!valid) reject(field, why);
+  }
+
   /// Fails the read at `field` for a value out of its range (an unknown enum, a bad flag).
   void reject(std::string_view field, std::string_view why);
   bool ok() const { return error_.empty(); }
@@ -137,5 +203,21 @@ class Reader {
   size_t pos_ = 0;
   std::string error_;
 };
+
+/// A field of any type `io` knows; values.h and records add overloads for their own types.
+template <class IO, class T>
+void field(IO& io, T& v, std::string_view name) {
+  io(v, name);
+}
+
+/// Decodes a record described by `fields`; kCorrupt naming `what` and the failing field.
+template <class M, class Fields>
+Result<M> read_record(std::string_view payload, std::string_view what, Fields fields) {
+  Reader r(payload);
+  M m{};
+  fields(r, m);
+  KILN_RETURN_IF_ERROR(r.finish(what));
+  return m;
+}
 
 }  // namespace kiln::codec

@@ -47,6 +47,14 @@ struct Frame {
 /// Header + the writer's payload. Errors: the writer's (a field over its prefix) or a payload over the cap.
 Result<std::string> seal_frame(const Protocol& p, uint16_t type, Writer&& payload);
 
+/// A record described by `fields` (codec.h), sealed in a frame; `reserve`: the payload's expected size.
+template <class M, class Fields>
+Result<std::string> seal_record(const Protocol& p, uint16_t type, const M& m, Fields fields, size_t reserve = 0) {
+  Writer w(reserve);
+  fields(w, m);
+  return seal_frame(p, type, std::move(w));
+}
+
 /// Checks the header at the front of `bytes` (at least kFrameHeaderBytes of them). Errors: kCorrupt naming the
 /// wrong magic, the other version, an unknown type or an oversized length.
 Result<FrameHeader> parse_header(const Protocol& p, std::string_view bytes);

@@ -43,4 +43,17 @@ Binary get_binary(Reader& r);
 void put_binaries(Writer& w, const std::vector<Binary>& v);
 std::vector<Binary> get_binaries(Reader& r);
 
+// The same values as fields of a record description (codec.h): io(...) for kiln's types. A Status field is an
+// outcome (ok or an error).
+inline void field(Writer& w, const KernelKey& v, std::string_view) { put_key(w, v); }
+inline void field(Reader& r, KernelKey& v, std::string_view name) { v = get_key(r, name); }
+inline void field(Writer& w, const KernelSource& v, std::string_view) { put_source(w, v); }
+inline void field(Reader& r, KernelSource& v, std::string_view) { v = get_source(r); }
+inline void field(Writer& w, const Binary& v, std::string_view) { put_binary(w, v); }
+inline void field(Reader& r, Binary& v, std::string_view) { v = get_binary(r); }
+inline void field(Writer& w, const std::vector<Binary>& v, std::string_view) { put_binaries(w, v); }
+inline void field(Reader& r, std::vector<Binary>& v, std::string_view) { v = get_binaries(r); }
+inline void field(Writer& w, const Status& v, std::string_view) { put_outcome(w, v); }
+inline void field(Reader& r, Status& v, std::string_view) { v = get_outcome(r); }
+
 }  // namespace kiln::codec
