@@ -202,6 +202,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       std::lock_guard lock(mu);
       if (!broken.empty()) return;
       broken = fmt::format("compile workers could not start ({}); compiling in the host instead", why);
+      report_fallback_once("compile worker start", fmt::format("{} (a TBB arena in this process, not the process pool)", broken));
       ready = false;
       ready_flag.store(false, std::memory_order_release);
       queued = queue.take_all();

@@ -263,9 +263,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     if (ready.ok()) ready = bench->capture_reference(buffers.outputs);
     if (!ready.ok()) return ready.with_context(fmt::format("running the reference {} of {}", reference->name(), report.problem));
   }
+  // (An op whose own verify() does the checking may have no output regions.)
   const double tolerance = def->tolerance(std::get_if<GemmProblem>(&problem.desc)
                                               ? std::get<GemmProblem>(problem.desc).epilogue.out
-                                              : buffers.outputs.front().dtype);
+                                              : buffers.outputs.empty() ? DType::kF32 : buffers.outputs.front().dtype);
 
   // Isolation: the choices the bench worker can rebuild are checked and measured there, so that a fault or a
   // hang costs a worker, not this context; the rest are measured in this process as below.
@@ -305,6 +306,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
         auto error = bench->check(*c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
         if (error.ok()) r.error = *error;
         status = error.status();
+        if (status.ok() && def->verify) status = def->verify(problem, buffers.args, bench->stream());
       }
       samples = status.ok() ? bench->measure(*c, buffers.args, workspace.ptr(), best_us)
                             : Result<Samples>(status);
