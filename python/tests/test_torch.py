@@ -27,8 +27,10 @@ def test_fake_tensor_tracing_make_fx():
     gm = make_fx(mlp, tracing_mode="fake")(x, wgu, wd)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert targets.count(torch.ops.kiln.gemm.default) == 2
-    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
-    assert tuple(out.meta["val"].shape) == (16, 64)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        out = mlp(mode.from_tensor(x), mode.from_tensor(wgu), mode.from_tensor(wd))
+    assert tuple(out.shape) == (16, 64) and out.dtype == x.dtype
 
 
 def test_torch_compile_fullgraph_traces_the_ops():
@@ -36,7 +38,8 @@ def test_torch_compile_fullgraph_traces_the_ops():
 
     def backend(gm, example_inputs):
         graphs.append(gm)
-        return lambda *args: None  # only the traced graph matters on a machine without a GPU
+        # Only the traced graph matters on a machine without a GPU: stand in for the kernels' output.
+        return lambda *args: [torch.zeros(4, 48)]
 
     def f(x, w, b, nw, res):
         y = torch.ops.kiln.gemm(x, w.t(), b, "gelu")
