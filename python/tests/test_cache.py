@@ -2,6 +2,8 @@
 import json
 import subprocess
 
+import pytest
+
 import kiln
 
 SMALL = [{"op": "softmax", "rows": 1, "cols": 256}]
@@ -39,19 +41,14 @@ def test_export_import_round_trip(tmp_path, cache_dir):
     assert kiln.cache.stats(other)["binaries"] == n["binaries"]
 
 
-def test_import_rejects_a_tampered_bundle(tmp_path, cache_dir):
+def test_import_rejects_a_truncated_bundle(tmp_path, cache_dir):
     kiln.precompile(SMALL, arch="sm_90", cache_dir=cache_dir, configs=2, executor="inline")
     bundle = tmp_path / "bundle.json"
     kiln.cache.export(bundle, cache_dir, binaries=True)
     text = bundle.read_text()
-    data = json.loads(text)
-    assert data  # a JSON bundle
     bundle.write_text(text[: len(text) // 2])
-    try:
-        r = kiln.cache.import_(bundle, str(tmp_path / "other"))
-        assert r["rejected"] > 0 or r["binaries"] == 0
-    except kiln.KilnError as e:
-        assert e.code in ("corrupt data", "invalid argument", "I/O error") or e.message
+    with pytest.raises(kiln.CorruptError, match="not a kiln cache bundle"):
+        kiln.cache.import_(bundle, str(tmp_path / "other"))
 
 
 def test_cli_precompile_is_seen_by_python(kiln_cli, tmp_path, cache_dir):
