@@ -1,6 +1,7 @@
 #include "tensor.h"
 
 #include <fmt/format.h>
+#include <nanobind/stl/string.h>
 
 #include "errors.h"
 
