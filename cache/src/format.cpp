@@ -171,56 +171,44 @@ Result<BinaryInfo> decode_binary_info(std::string_view value) {
 
 namespace {
 
-// A payload described by `fields`, sealed in an envelope.
+// A stored record: its payload described by `fields`, its stamp (the record's own time) in the envelope.
 template <class M, class Fields>
-std::string seal_record(ValueKind kind, int64_t stamp, const M& m, Fields fields) {
+std::string seal_record(ValueKind kind, int64_t M::*stamp, const M& m, Fields fields) {
   Writer w;
   fields(w, m);
-  return seal(kind, stamp, std::move(w));
+  return seal(kind, m.*stamp, std::move(w));
 }
 
-// The payload of a value of kind `want`, decoded by `fields`, and the envelope's stamp.
 template <class M, class Fields>
-Result<std::pair<M, int64_t>> open_record(std::string_view value, ValueKind want, std::string_view what,
-                                          Fields fields) {
+Result<M> open_record(std::string_view value, ValueKind want, std::string_view what, int64_t M::*stamp,
+                      Fields fields) {
   KILN_ASSIGN_OR_RETURN(Envelope e, open_as(value, want, what));
   KILN_ASSIGN_OR_RETURN(M m, codec::read_record<M>(e.payload, fmt::format("stored {}", what), fields));
-  return std::make_pair(std::move(m), e.stamp);
+  m.*stamp = e.stamp;
+  return m;
 }
 
 }  // namespace
 
 std::string encode_timing(const TimingRecord& t) {
-  return seal_record(ValueKind::kTiming, t.measured_at_ns, t, timing_fields<Writer, const TimingRecord>);
+  return seal_record(ValueKind::kTiming, &TimingRecord::measured_at_ns, t, timing_fields<Writer, const TimingRecord>);
 }
-
 Result<TimingRecord> decode_timing(std::string_view value) {
-  KILN_ASSIGN_OR_RETURN(auto r, open_record<TimingRecord>(value, ValueKind::kTiming, "timing",
-                                                          timing_fields<Reader, TimingRecord>));
-  r.first.measured_at_ns = r.second;
-  return std::move(r.first);
+  return open_record(value, ValueKind::kTiming, "timing", &TimingRecord::measured_at_ns,
+                     timing_fields<Reader, TimingRecord>);
 }
-
 std::string encode_decision(const Decision& d) {
-  return seal_record(ValueKind::kDecision, d.decided_at_ns, d, decision_fields<Writer, const Decision>);
+  return seal_record(ValueKind::kDecision, &Decision::decided_at_ns, d, decision_fields<Writer, const Decision>);
 }
-
 Result<Decision> decode_decision(std::string_view value) {
-  KILN_ASSIGN_OR_RETURN(auto r, open_record<Decision>(value, ValueKind::kDecision, "decision",
-                                                      decision_fields<Reader, Decision>));
-  r.first.decided_at_ns = r.second;
-  return std::move(r.first);
+  return open_record(value, ValueKind::kDecision, "decision", &Decision::decided_at_ns,
+                     decision_fields<Reader, Decision>);
 }
-
 std::string encode_meta(const MetaRecord& m) {
-  return seal_record(ValueKind::kMeta, m.created_at_ns, m, meta_fields<Writer, const MetaRecord>);
+  return seal_record(ValueKind::kMeta, &MetaRecord::created_at_ns, m, meta_fields<Writer, const MetaRecord>);
 }
-
 Result<MetaRecord> decode_meta(std::string_view value) {
-  KILN_ASSIGN_OR_RETURN(auto r, open_record<MetaRecord>(value, ValueKind::kMeta, "meta",
-                                                        meta_fields<Reader, MetaRecord>));
-  r.first.created_at_ns = r.second;
-  return std::move(r.first);
+  return open_record(value, ValueKind::kMeta, "meta", &MetaRecord::created_at_ns, meta_fields<Reader, MetaRecord>);
 }
 
 std::string encode_used(int64_t used_at_ns) { return seal(ValueKind::kUsed, used_at_ns, Writer()); }
