@@ -28,6 +28,7 @@
 namespace kiln {
 
 using pool_detail::Job;
+using pool_detail::complete;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -108,15 +109,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
   }
 
   // Completes a job's future (never under `mu`: callbacks run on this thread).
-  void finish(Job& job, Result<Binary> r) {
-    {
-      std::lock_guard lock(mu);
-      ++counters.completed;
-      if (!r.ok()) ++counters.failed;
-      if (!r.ok() && r.status().code() == ErrorCode::kCancelled) ++counters.cancelled;
-    }
-    job.promise.set(std::move(r));
-  }
+  void finish(Job& job, Result<Binary> r) { complete(mu, counters, job, std::move(r)); }
 
   void cancel(JobId id) {
     std::unique_ptr<Job> job;

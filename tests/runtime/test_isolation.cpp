@@ -129,32 +129,32 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
 TEST(BenchWire, EveryMessageRoundTrips) {
   bw::Begin b;
   b.seq = 7;
-  b.problem = small_gemm();
-  b.problem.op = "my_private_gemm";  // an alias of a built-in op keeps its name
-  b.seed = 42;
-  b.bench.budget_ms = 3.5;
-  b.bench.fixed_reps = 9;
-  b.bench.flush_l2 = false;
-  b.max_template_configs = 5;
-  b.split_k = false;
-  b.reference = {"cublas_default", {}};
-  b.reference_binaries = binaries_for("r");
-  b.choices = {{"a", {KernelKey{1, 2}}}, {"b", {KernelKey{3, 4}, KernelKey{5, 6}}}};
+  b.session.problem = small_gemm();
+  b.session.problem.op = "my_private_gemm";  // an alias of a built-in op keeps its name
+  b.session.seed = 42;
+  b.session.bench.budget_ms = 3.5;
+  b.session.bench.fixed_reps = 9;
+  b.session.bench.flush_l2 = false;
+  b.session.max_template_configs = 5;
+  b.session.split_k = false;
+  b.session.reference = {"cublas_default", {}};
+  b.session.reference_binaries = binaries_for("r");
+  b.session.choices = {{"a", {KernelKey{1, 2}}}, {"b", {KernelKey{3, 4}, KernelKey{5, 6}}}};
   std::string f = frame(b);
   KILN_ASSERT_OK_AND_ASSIGN(bw::Begin b2, bw::decode_begin(std::string_view(f).substr(12)));
   EXPECT_EQ(b2.seq, 7u);
-  EXPECT_EQ(b2.problem, b.problem);
-  EXPECT_EQ(b2.seed, 42u);
-  EXPECT_EQ(b2.bench.budget_ms, 3.5);
-  EXPECT_EQ(b2.bench.fixed_reps, 9);
-  EXPECT_FALSE(b2.bench.flush_l2);
-  EXPECT_EQ(b2.max_template_configs, 5);
-  EXPECT_FALSE(b2.split_k);
-  EXPECT_EQ(b2.reference.name, "cublas_default");
-  ASSERT_EQ(b2.reference_binaries.size(), 1u);
-  EXPECT_EQ(b2.reference_binaries[0].cubin, "not really a cubin");
-  ASSERT_EQ(b2.choices.size(), 2u);
-  EXPECT_EQ(b2.choices[1].keys[1], (KernelKey{5, 6}));
+  EXPECT_EQ(b2.session.problem, b.session.problem);
+  EXPECT_EQ(b2.session.seed, 42u);
+  EXPECT_EQ(b2.session.bench.budget_ms, 3.5);
+  EXPECT_EQ(b2.session.bench.fixed_reps, 9);
+  EXPECT_FALSE(b2.session.bench.flush_l2);
+  EXPECT_EQ(b2.session.max_template_configs, 5);
+  EXPECT_FALSE(b2.session.split_k);
+  EXPECT_EQ(b2.session.reference.name, "cublas_default");
+  ASSERT_EQ(b2.session.reference_binaries.size(), 1u);
+  EXPECT_EQ(b2.session.reference_binaries[0].cubin, "not really a cubin");
+  ASSERT_EQ(b2.session.choices.size(), 2u);
+  EXPECT_EQ(b2.session.choices[1].keys[1], (KernelKey{5, 6}));
 
   bw::Run r;
   r.seq = 8;
