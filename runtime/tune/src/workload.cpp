@@ -65,6 +65,18 @@ Result<T> scalar(const json& e, const char* field, T fallback, const std::string
   }
 }
 
+// A row op's problems: `p` at every rows x cols combination, each labelled `label`.
+template <class RowProblem>
+void add_row_problems(RowProblem p, const std::vector<int64_t>& rows, const std::vector<int64_t>& cols,
+                      Problem (*make)(RowProblem), const std::string& label, Workload& out) {
+  for (int64_t r : rows)
+    for (int64_t c : cols) {
+      p.rows = r, p.cols = c;
+      out.problems.push_back(make(p));
+      out.labels.push_back(label);
+    }
+}
+
 Status expand(const json& e, const std::string& where, Workload& out) {
   if (!e.is_object() || !e.contains("op") || !e["op"].is_string()) return bad(where, "an entry needs an \"op\" string");
   const std::string op = e["op"].get<std::string>();
@@ -103,12 +115,7 @@ Status expand(const json& e, const std::string& where, Workload& out) {
     KILN_ASSIGN_OR_RETURN(n.residual, scalar<bool>(e, "residual", false, where));
     KILN_ASSIGN_OR_RETURN(n.bias, scalar<bool>(e, "bias", false, where));
     KILN_ASSIGN_OR_RETURN(n.eps, scalar<float>(e, "eps", 1e-6f, where));
-    for (int64_t r : rows)
-      for (int64_t c : cols) {
-        n.rows = r, n.cols = c;
-        out.problems.push_back(Problem::norm(n));
-        out.labels.push_back(label);
-      }
+    add_row_problems(n, rows, cols, Problem::norm, label, out);
     return Status();
   }
   if (op == "softmax") {
@@ -117,12 +124,7 @@ Status expand(const json& e, const std::string& where, Workload& out) {
     SoftmaxProblem s;
     s.dtype = dtype;
     KILN_ASSIGN_OR_RETURN(s.scale, scalar<float>(e, "scale", 1.0f, where));
-    for (int64_t r : rows)
-      for (int64_t c : cols) {
-        s.rows = r, s.cols = c;
-        out.problems.push_back(Problem::softmax(s));
-        out.labels.push_back(label);
-      }
+    add_row_problems(s, rows, cols, Problem::softmax, label, out);
     return Status();
   }
   return bad(where, fmt::format("unknown op \"{}\" (gemm, rmsnorm, layernorm, softmax)", op));
