@@ -10,6 +10,7 @@
 
 #include "kiln/enum_names.h"
 #include "kiln/pool/process_pool.h"
+#include "kiln/pool/subprocess.h"
 
 namespace kiln {
 
@@ -60,7 +61,12 @@ Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options) 
   }
   if (!chosen) {
     const std::string explicit_path = options.process ? options.process->worker_path : std::string();
-    if (!find_worker_executable(explicit_path).ok()) kind = ExecutorKind::kArena;
+    if (auto found = find_worker_executable(explicit_path); !found.ok()) {
+      kind = ExecutorKind::kArena;
+      report_fallback_once("compile worker", fmt::format("{}; compiling in this process (a TBB arena) instead of the "
+                                                         "process pool (KILN_EXECUTOR=arena says so and silences this)",
+                                                         found.status().message()));
+    }
   }
   int workers = options.workers;
   if (workers <= 0) {

@@ -1,5 +1,6 @@
 #include "kiln/pool/subprocess.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -9,17 +10,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <set>
 
 #include <fmt/format.h>
 
 extern char** environ;
-
-#ifndef KILN_INSTALL_BINDIR
-#define KILN_INSTALL_BINDIR "/usr/local/bin"
-#endif
 
 namespace kiln {
 namespace {
@@ -150,6 +150,24 @@ std::string stderr_tail_lines(const std::string& tail, size_t max_lines, size_t 
   return s;
 }
 
+std::filesystem::path loaded_from() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&find_helper_executable), &info) == 0 || info.dli_fname == nullptr) return {};
+  std::error_code ec;
+  auto p = std::filesystem::canonical(info.dli_fname, ec);
+  return ec ? std::filesystem::path(info.dli_fname) : p;
+}
+
+void report_fallback_once(const std::string& what, const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  {
+    std::lock_guard lock(mu);
+    if (!said.insert(what).second) return;
+  }
+  std::fprintf(stderr, "kiln: %s\n", message.c_str());
+}
+
 Result<std::string> find_helper_executable(std::string_view name, const char* env_var,
                                            const std::string& explicit_path, std::string_view hint) {
   auto usable = [](const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; };
@@ -169,9 +187,18 @@ Result<std::string> find_helper_executable(std::string_view name, const char* en
     if (usable(next_to)) return next_to;
     tried.push_back(next_to);
   }
-  std::string installed = fmt::format("{}/{}", KILN_INSTALL_BINDIR, name);
-  if (usable(installed)) return installed;
-  tried.push_back(installed);
+  // Relative to the file this code was loaded from (libkiln.so wherever it was installed or unpacked, or the
+  // executable kiln is linked into): never a path fixed when kiln was configured, so a relocated install works.
+  const std::filesystem::path here = loaded_from();
+  if (!here.empty()) {
+    const std::filesystem::path dir = here.parent_path();
+    for (const auto& candidate : {dir / name, dir / ".." / "libexec" / "kiln" / name, dir / ".." / "bin" / name}) {
+      std::string p = candidate.lexically_normal().string();
+      if (std::find(tried.begin(), tried.end(), p) != tried.end()) continue;
+      if (usable(p)) return p;
+      tried.push_back(p);
+    }
+  }
   std::string list;
   for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
   return make_error(ErrorCode::kNotFound, fmt::format("no {} executable found (tried {}); {}", name, list, hint));

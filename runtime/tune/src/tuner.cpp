@@ -263,9 +263,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     if (ready.ok()) ready = bench->capture_reference(buffers.outputs);
     if (!ready.ok()) return ready.with_context(fmt::format("running the reference {} of {}", reference->name(), report.problem));
   }
+  // (An op whose own verify() does the checking may have no output regions.)
   const double tolerance = def->tolerance(std::get_if<GemmProblem>(&problem.desc)
                                               ? std::get<GemmProblem>(problem.desc).epilogue.out
-                                              : buffers.outputs.front().dtype);
+                                              : buffers.outputs.empty() ? DType::kF32 : buffers.outputs.front().dtype);
 
   // Isolation: the choices the bench worker can rebuild are checked and measured there, so that a fault or a
   // hang costs a worker, not this context; the rest are measured in this process as below.
@@ -305,6 +306,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
         auto error = bench->check(*c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
         if (error.ok()) r.error = *error;
         status = error.status();
+        if (status.ok() && def->verify) status = def->verify(problem, buffers.args, bench->stream());
       }
       samples = status.ok() ? bench->measure(*c, buffers.args, workspace.ptr(), best_us)
                             : Result<Samples>(status);
@@ -501,7 +503,7 @@ Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem
   report.problem = problem.describe();
   std::vector<Future<Binary>> futures;
   std::vector<std::string> names;
-  const uint64_t hits_before = gate.counters().cache_hits;
+  const GateCounters before = gate.counters();
   for (const auto& c : choices) {
     for (auto& k : c->kernels()) {
       names.push_back(k.source.name);
@@ -516,7 +518,9 @@ Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem
       report.failures.push_back(fmt::format("{}: {}", names[i], r.status().to_string()));
     }
   }
-  report.cached = static_cast<int>(gate.counters().cache_hits - hits_before);
+  const GateCounters after = gate.counters();
+  report.cached = static_cast<int>(after.cache_hits + after.cached_failures - before.cache_hits - before.cached_failures);
+  report.repeated = static_cast<int>(after.repeats - before.repeats);
   report.seconds = seconds_since(start);
   return report;
 }

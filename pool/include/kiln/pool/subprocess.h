@@ -9,6 +9,7 @@
 // should.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -66,9 +67,18 @@ std::string describe_wait_status(int status);
 std::string stderr_tail_lines(const std::string& tail, size_t max_lines = 3, size_t max_chars = 400);
 
 /// Finds the helper executable `name`: `explicit_path` when given (kNotFound if it is not executable), else
-/// the path in environment variable `env_var`, else `name` next to the running executable, else in kiln's
-/// install prefix (bin/). kNotFound listing the places tried, followed by `hint`.
+/// the path in environment variable `env_var`, else `name` next to the running executable, else relative to
+/// the file kiln's code was loaded from (libkiln.so, or the executable it is linked into): beside it, in
+/// ../libexec/kiln/ or in ../bin/. kNotFound listing the places tried, followed by `hint`.
 Result<std::string> find_helper_executable(std::string_view name, const char* env_var,
                                            const std::string& explicit_path, std::string_view hint);
+
+/// The file kiln's code was loaded from (dladdr): libkiln.so, or the executable kiln is linked into statically.
+/// Empty when it cannot be told.
+std::filesystem::path loaded_from();
+
+/// Prints "kiln: <message>" on stderr the first time `what` is reported in this process: where kiln takes a
+/// fallback (a missing worker executable, workers that do not answer) it says so once, never silently.
+void report_fallback_once(const std::string& what, const std::string& message);
 
 }  // namespace kiln

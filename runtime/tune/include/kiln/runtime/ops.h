@@ -31,6 +31,7 @@ struct OpBuffers {
   OpArgs args;
   std::vector<OutputRegion> outputs;
   std::vector<DeviceBuffer> storage;  // owns every buffer `args` points into
+  std::shared_ptr<void> owner;        // owns anything else `args` points into (a variant op's parameters)
 };
 
 /// What choice generators may use.
@@ -65,6 +66,9 @@ struct OpDef {
                                   const std::vector<std::pair<std::string, std::string>>& params,
                                   const ChoiceContext&)>
       rebuild;
+  /// Optional: the op's own check of a choice's outputs after its checked run (the stream synchronised),
+  /// besides the comparison of OpBuffers::outputs with the reference's. An error fails the choice with it.
+  std::function<Status(const Problem&, const OpArgs&, CUstream)> verify;
 };
 
 /// Thread-safe.

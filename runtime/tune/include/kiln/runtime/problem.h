@@ -98,6 +98,8 @@ struct Problem {
 struct CustomArgs {
   std::vector<CUdeviceptr> buffers;
   std::vector<int64_t> sizes;
+  /// Variant ops (kiln/runtime/variants.h): the kernel's parameters as cuLaunchKernel takes them.
+  void** params = nullptr;
 };
 using OpArgs = std::variant<KilnGemmArgs, KilnNormArgs, KilnSoftmaxArgs, CustomArgs>;
 

@@ -1,0 +1,104 @@
+// What the C API's entry points share: the handles' C++ bodies, the thread-local last error, and guarded(),
+// which turns every Status, exception and bad argument into a kiln_status with a message.
+#pragma once
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/cache/tuning.h"
+#include "kiln/jit/compiler.h"
+#include "kiln/jit/module.h"
+#include "kiln/kiln.h"
+#include "kiln/pool/executor.h"
+#include "kiln/pool/gate.h"
+#include "kiln/runtime/tuner.h"
+#include "kiln/status.h"
+
+struct kiln_context {
+  kiln_context_options options{};
+  std::string cache_dir;
+  std::shared_ptr<kiln::cache::TuningCache> cache;
+  std::shared_ptr<kiln::Executor> executor;
+  std::unique_ptr<kiln::PrecompileGate> gate;
+  std::shared_ptr<void> log_sink;  // the spdlog sink forwarding to options.log, while the context lives
+
+  std::mutex mu;
+  std::unique_ptr<kiln::runtime::Tuner> tuner;  // made on first use of the GPU
+
+  /// The tuner of the context's device (made now if needed).
+  kiln::Result<kiln::runtime::Tuner*> get_tuner();
+  /// The arch to compile for: `arch`, else the device's.
+  kiln::Result<kiln::Target> target(const char* arch) const;
+};
+
+struct kiln_kernel {
+  kiln::Binary binary;
+  int device = 0;
+  std::mutex mu;
+  std::optional<kiln::Kernel> loaded;  // in the device's context, on first launch
+};
+
+struct kiln_compile_job {
+  kiln::Future<kiln::Binary> future;
+  int device = 0;
+};
+
+namespace kiln::capi {
+
+/// Records `s` as this thread's last error (when it is one) and returns its code.
+kiln_status set_status(const Status& s);
+/// kInvalidArgument error for a bad argument of `fn`.
+Status bad_argument(const char* fn, const std::string& what);
+/// The code a callback's status stands for, with the message it set (kiln_set_callback_error) or a default.
+Status from_callback(kiln_status s, const std::string& what);
+
+/// Runs `f` (returning a Status) so that nothing escapes: errors become a kiln_status with a message.
+template <class F>
+kiln_status guarded(const char* fn, F&& f) noexcept {
+  try {
+    Status s = f();
+    if (!s.ok()) s.with_context(fn);
+    return set_status(s);
+  } catch (const std::bad_alloc&) {
+    set_status(make_error(ErrorCode::kInternal, std::string(fn) + ": out of host memory"));
+    return KILN_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    return set_status(make_error(ErrorCode::kInternal, std::string(fn) + ": unexpected exception: " + e.what()));
+  } catch (...) {
+    return set_status(make_error(ErrorCode::kInternal, std::string(fn) + ": unexpected non-standard exception"));
+  }
+}
+
+/// The struct a caller passed, as this library's version of it: the fields the caller's (maybe older, smaller)
+/// struct has are copied over `defaults`; the rest keep their defaults. kInvalidArgument for a size smaller than
+/// the struct's first version or a null pointer.
+template <class T>
+Result<T> read_struct(const T* given, T defaults, size_t first_version_size, const char* what) {
+  if (given == nullptr) return make_error(ErrorCode::kInvalidArgument, std::string(what) + " is NULL");
+  if (given->size < first_version_size || given->size > (size_t{1} << 20)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      std::string(what) + ".size is " + std::to_string(given->size) +
+                          ": set it to sizeof(the struct) (its *_init function does)");
+  }
+  const size_t n = given->size < sizeof(T) ? given->size : sizeof(T);
+  std::memcpy(static_cast<void*>(&defaults), given, n);
+  defaults.size = sizeof(T);
+  return defaults;
+}
+
+/// A C string that may be null.
+inline std::string str(const char* s) { return s ? std::string(s) : std::string(); }
+
+/// The C dtype as kiln's; kInvalidArgument for an unknown value.
+Result<templates::DType> dtype_of(kiln_dtype d, const char* what);
+
+/// Copies a kiln_source's pieces into a KernelSource (arrays with null entries are errors).
+Result<KernelSource> kernel_source_of(const kiln_source& s);
+
+}  // namespace kiln::capi

@@ -1,0 +1,333 @@
+// The C API's built-in ops on raw device pointers (GEMM with epilogues, RMSNorm, softmax; all-reduce over an
+// application's NCCL communicator), workloads (precompile, warm-up) and the cache (stats, export, import).
+#include <fmt/format.h>
+
+#include "capi_internal.h"
+#include "kiln/cache/bundle.h"
+#include "kiln/cache/store.h"
+#include "kiln/runtime/builtin.h"
+#include "kiln/runtime/collective.h"
+#include "kiln/runtime/comm.h"
+#include "kiln/runtime/workload.h"
+#include "kiln/templates/gemm.h"
+
+struct kiln_allreduce {
+  std::unique_ptr<kiln::runtime::Communicator> comm;
+  std::unique_ptr<kiln::runtime::AllReduce> allreduce;
+};
+
+using namespace kiln;
+using kiln::capi::guarded;
+
+namespace {
+
+template <class T>
+T* ptr(uint64_t p) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(p));
+}
+
+Status positive(const char* fn, std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  for (const auto& [name, v] : sizes) {
+    if (v <= 0) return capi::bad_argument(fn, fmt::format("{} is {}: sizes must be positive", name, v));
+  }
+  return Status();
+}
+
+Status run_tuned(kiln_context* ctx, const runtime::Problem& problem, const runtime::OpArgs& args, void* stream) {
+  KILN_ASSIGN_OR_RETURN(runtime::Tuner * tuner, ctx->get_tuner());
+  KILN_ASSIGN_OR_RETURN(auto sel, tuner->tune(problem));
+  return sel->run(args, static_cast<CUstream>(stream));
+}
+
+}  // namespace
+
+extern "C" {
+
+KILN_API void kiln_gemm_args_init(kiln_gemm_args* a) {
+  if (a == nullptr) return;
+  *a = kiln_gemm_args{};
+  a->size = sizeof(*a);
+  a->a_dtype = a->b_dtype = a->d_dtype = KILN_BF16;
+  a->alpha = a->beta = 1.0f;
+}
+
+KILN_API kiln_status kiln_gemm(kiln_context* ctx, const kiln_gemm_args* given, void* stream) {
+  return guarded("kiln_gemm", [&]() -> Status {
+    if (ctx == nullptr) return capi::bad_argument("kiln_gemm", "ctx is NULL");
+    kiln_gemm_args defaults;
+    kiln_gemm_args_init(&defaults);
+    KILN_ASSIGN_OR_RETURN(kiln_gemm_args g, capi::read_struct(given, defaults, sizeof(kiln_gemm_args), "args"));
+    KILN_RETURN_IF_ERROR(positive("kiln_gemm", {{"m", g.m}, {"n", g.n}, {"k", g.k}}));
+    if (g.a == 0 || g.b == 0 || g.d == 0) return capi::bad_argument("kiln_gemm", "a, b and d must be device pointers");
+    if ((g.a_layout != KILN_ROW_MAJOR && g.a_layout != KILN_COL_MAJOR) ||
+        (g.b_layout != KILN_ROW_MAJOR && g.b_layout != KILN_COL_MAJOR)) {
+      return capi::bad_argument("kiln_gemm", "a_layout and b_layout must be KILN_ROW_MAJOR or KILN_COL_MAJOR");
+    }
+    runtime::GemmProblem p;
+    p.m = g.m;
+    p.n = g.n;
+    p.k = g.k;
+    KILN_ASSIGN_OR_RETURN(p.a, capi::dtype_of(g.a_dtype, "a_dtype"));
+    KILN_ASSIGN_OR_RETURN(p.b, capi::dtype_of(g.b_dtype, "b_dtype"));
+    KILN_ASSIGN_OR_RETURN(templates::DType out, capi::dtype_of(g.d_dtype, "d_dtype"));
+    p.a_layout = g.a_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
+    p.b_layout = g.b_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
+    KILN_ASSIGN_OR_RETURN(p.epilogue, templates::parse_epilogue(capi::str(g.epilogue), out));
+    if (p.epilogue.has(templates::EpilogueOp::kBias) && g.bias == 0) {
+      return capi::bad_argument("kiln_gemm", "the epilogue adds a bias, and bias is 0");
+    }
+    if (p.epilogue.has(templates::EpilogueOp::kResidual) && g.residual == 0) {
+      return capi::bad_argument("kiln_gemm", "the epilogue adds a residual, and residual is 0");
+    }
+    const runtime::Problem problem = runtime::Problem::gemm(p);
+    KILN_RETURN_IF_ERROR(problem.validate());
+    KilnGemmArgs a{};
+    a.a = ptr<const void>(g.a);
+    a.b = ptr<const void>(g.b);
+    a.d = ptr<void>(g.d);
+    a.m = static_cast<int>(g.m);
+    a.n = static_cast<int>(g.n);
+    a.k = static_cast<int>(g.k);
+    a.split_k = 1;
+    a.k_per_split = a.k;
+    a.lda = templates::dense_lda(p.a_layout, problem.shape());
+    a.ldb = templates::dense_ldb(p.b_layout, problem.shape());
+    a.ldd = g.n;
+    a.ep.bias = ptr<const void>(g.bias);
+    a.ep.residual = ptr<const void>(g.residual);
+    a.ep.ld_residual = g.ld_residual == 0 ? g.n : g.ld_residual;
+    a.ep.alpha = g.alpha;
+    a.ep.beta = g.beta;
+    return run_tuned(ctx, problem, a, stream);
+  });
+}
+
+KILN_API void kiln_rmsnorm_args_init(kiln_rmsnorm_args* a) {
+  if (a == nullptr) return;
+  *a = kiln_rmsnorm_args{};
+  a->size = sizeof(*a);
+  a->dtype = KILN_BF16;
+  a->eps = 1e-6f;
+}
+
+KILN_API kiln_status kiln_rmsnorm(kiln_context* ctx, const kiln_rmsnorm_args* given, void* stream) {
+  return guarded("kiln_rmsnorm", [&]() -> Status {
+    if (ctx == nullptr) return capi::bad_argument("kiln_rmsnorm", "ctx is NULL");
+    kiln_rmsnorm_args defaults;
+    kiln_rmsnorm_args_init(&defaults);
+    KILN_ASSIGN_OR_RETURN(kiln_rmsnorm_args g, capi::read_struct(given, defaults, sizeof(kiln_rmsnorm_args), "args"));
+    KILN_RETURN_IF_ERROR(positive("kiln_rmsnorm", {{"rows", g.rows}, {"cols", g.cols}}));
+    if (g.x == 0 || g.weight == 0 || g.y == 0) return capi::bad_argument("kiln_rmsnorm", "x, weight and y must be device pointers");
+    if ((g.residual == 0) != (g.residual_out == 0)) {
+      return capi::bad_argument("kiln_rmsnorm", "residual and residual_out must be both set or both 0");
+    }
+    runtime::NormProblem p;
+    p.rows = g.rows;
+    p.cols = g.cols;
+    KILN_ASSIGN_OR_RETURN(p.dtype, capi::dtype_of(g.dtype, "dtype"));
+    p.residual = g.residual != 0;
+    p.eps = g.eps;
+    KilnNormArgs a{};
+    a.x = ptr<const void>(g.x);
+    a.residual = ptr<const void>(g.residual);
+    a.residual_out = ptr<void>(g.residual_out);
+    a.weight = ptr<const void>(g.weight);
+    a.y = ptr<void>(g.y);
+    a.rows = static_cast<int>(g.rows);
+    a.cols = static_cast<int>(g.cols);
+    a.ld_x = a.ld_residual = a.ld_residual_out = a.ld_y = g.cols;
+    a.eps = g.eps;
+    const runtime::Problem problem = runtime::Problem::norm(p);
+    KILN_RETURN_IF_ERROR(problem.validate());
+    return run_tuned(ctx, problem, a, stream);
+  });
+}
+
+KILN_API void kiln_softmax_args_init(kiln_softmax_args* a) {
+  if (a == nullptr) return;
+  *a = kiln_softmax_args{};
+  a->size = sizeof(*a);
+  a->dtype = KILN_BF16;
+  a->scale = 1.0f;
+}
+
+KILN_API kiln_status kiln_softmax(kiln_context* ctx, const kiln_softmax_args* given, void* stream) {
+  return guarded("kiln_softmax", [&]() -> Status {
+    if (ctx == nullptr) return capi::bad_argument("kiln_softmax", "ctx is NULL");
+    kiln_softmax_args defaults;
+    kiln_softmax_args_init(&defaults);
+    KILN_ASSIGN_OR_RETURN(kiln_softmax_args g, capi::read_struct(given, defaults, sizeof(kiln_softmax_args), "args"));
+    KILN_RETURN_IF_ERROR(positive("kiln_softmax", {{"rows", g.rows}, {"cols", g.cols}}));
+    if (g.x == 0 || g.y == 0) return capi::bad_argument("kiln_softmax", "x and y must be device pointers");
+    runtime::SoftmaxProblem p;
+    p.rows = g.rows;
+    p.cols = g.cols;
+    KILN_ASSIGN_OR_RETURN(p.dtype, capi::dtype_of(g.dtype, "dtype"));
+    p.scale = g.scale;
+    KilnSoftmaxArgs a{};
+    a.x = ptr<const void>(g.x);
+    a.y = ptr<void>(g.y);
+    a.rows = static_cast<int>(g.rows);
+    a.cols = static_cast<int>(g.cols);
+    a.ld_x = a.ld_y = g.cols;
+    a.scale = g.scale;
+    const runtime::Problem problem = runtime::Problem::softmax(p);
+    KILN_RETURN_IF_ERROR(problem.validate());
+    return run_tuned(ctx, problem, a, stream);
+  });
+}
+
+KILN_API kiln_status kiln_allreduce_create(kiln_context* ctx, void* nccl_comm, int rank, int world, kiln_dtype dtype,
+                                           size_t max_bytes, kiln_allreduce** out) {
+  return guarded("kiln_allreduce_create", [&]() -> Status {
+    if (out == nullptr) return capi::bad_argument("kiln_allreduce_create", "out is NULL");
+    *out = nullptr;
+    if (ctx == nullptr) return capi::bad_argument("kiln_allreduce_create", "ctx is NULL");
+    if (nccl_comm == nullptr) {
+      return capi::bad_argument("kiln_allreduce_create", "nccl_comm is NULL: pass the application's ncclComm_t");
+    }
+    if (world < 1 || rank < 0 || rank >= world) {
+      return capi::bad_argument("kiln_allreduce_create", fmt::format("rank {} of world {} is not a rank", rank, world));
+    }
+    if (auto v = runtime::nccl_version(); !v.ok()) {
+      return make_error(ErrorCode::kUnimplemented,
+                        fmt::format("all-reduce needs NCCL, and it cannot be loaded here: {}", v.status().to_string()));
+    }
+    runtime::AllReduceOptions o;
+    KILN_ASSIGN_OR_RETURN(o.dtype, capi::dtype_of(dtype, "dtype"));
+    if (max_bytes > 0) o.max_bytes = max_bytes;
+    o.cache = ctx->cache;
+    o.executor = ctx->executor;
+    auto h = std::make_unique<kiln_allreduce>();
+    KILN_ASSIGN_OR_RETURN(h->comm, runtime::Communicator::wrap(static_cast<ncclComm_t>(nccl_comm), rank, world,
+                                                                ctx->options.device));
+    KILN_ASSIGN_OR_RETURN(h->allreduce, runtime::AllReduce::create(*h->comm, std::move(o)));
+    *out = h.release();
+    return Status();
+  });
+}
+
+KILN_API kiln_status kiln_allreduce_tune(kiln_allreduce* allreduce) {
+  return guarded("kiln_allreduce_tune", [&]() -> Status {
+    if (allreduce == nullptr) return capi::bad_argument("kiln_allreduce_tune", "allreduce is NULL");
+    return allreduce->allreduce->tune().status();
+  });
+}
+
+KILN_API kiln_status kiln_allreduce_run(const kiln_allreduce* allreduce, uint64_t in, uint64_t out, int64_t count,
+                                        void* stream) {
+  return guarded("kiln_allreduce_run", [&]() -> Status {
+    if (allreduce == nullptr) return capi::bad_argument("kiln_allreduce_run", "allreduce is NULL");
+    if (in == 0 || out == 0 || count <= 0) return capi::bad_argument("kiln_allreduce_run", "in, out and a positive count are needed");
+    return allreduce->allreduce->run(in, out, count, static_cast<CUstream>(stream));
+  });
+}
+
+KILN_API void kiln_allreduce_destroy(kiln_allreduce* allreduce) {
+  try {
+    delete allreduce;
+  } catch (...) {
+  }
+}
+
+// ---- workloads
+
+KILN_API kiln_status kiln_precompile_workload(kiln_context* ctx, const char* workload_json, const char* arch,
+                                              kiln_workload_report* report) {
+  return guarded("kiln_precompile_workload", [&]() -> Status {
+    if (ctx == nullptr || workload_json == nullptr) return capi::bad_argument("kiln_precompile_workload", "ctx and workload_json must not be NULL");
+    if (report != nullptr && report->size < sizeof(kiln_workload_report)) {
+      return capi::bad_argument("kiln_precompile_workload", "report->size must be sizeof(kiln_workload_report)");
+    }
+    KILN_ASSIGN_OR_RETURN(runtime::Workload w, runtime::parse_workload(workload_json));
+    KILN_ASSIGN_OR_RETURN(Target t, ctx->target(arch));
+    kiln_workload_report r{};
+    for (const auto& p : w.problems) {
+      KILN_ASSIGN_OR_RETURN(runtime::PrecompileReport pr,
+                            runtime::precompile_problem(runtime::default_ops(), p, t, *ctx->gate, runtime::TuneOptions{}));
+      ++r.problems;
+      r.kernels += pr.kernels;
+      r.cached += pr.cached;
+      r.failed += pr.failed;
+      r.seconds += pr.seconds;
+    }
+    if (report != nullptr) {
+      r.size = report->size;
+      std::memcpy(static_cast<void*>(report), &r, sizeof(r));
+    }
+    return Status();
+  });
+}
+
+KILN_API kiln_status kiln_warmup_workload(kiln_context* ctx, const char* workload_json, kiln_workload_report* report) {
+  return guarded("kiln_warmup_workload", [&]() -> Status {
+    if (ctx == nullptr || workload_json == nullptr) return capi::bad_argument("kiln_warmup_workload", "ctx and workload_json must not be NULL");
+    if (report != nullptr && report->size < sizeof(kiln_workload_report)) {
+      return capi::bad_argument("kiln_warmup_workload", "report->size must be sizeof(kiln_workload_report)");
+    }
+    KILN_ASSIGN_OR_RETURN(runtime::Workload w, runtime::parse_workload(workload_json));
+    KILN_ASSIGN_OR_RETURN(runtime::Tuner * tuner, ctx->get_tuner());
+    kiln_workload_report r{};
+    for (const auto& p : w.problems) {
+      KILN_ASSIGN_OR_RETURN(auto sel, tuner->tune(p));
+      ++r.problems;
+      ++r.decisions;
+      r.seconds += sel->report().total_seconds;
+    }
+    if (report != nullptr) {
+      r.size = report->size;
+      std::memcpy(static_cast<void*>(report), &r, sizeof(r));
+    }
+    return Status();
+  });
+}
+
+// ---- the cache
+
+KILN_API kiln_status kiln_cache_stats_get(kiln_context* ctx, kiln_cache_stats* stats) {
+  return guarded("kiln_cache_stats_get", [&]() -> Status {
+    if (ctx == nullptr || stats == nullptr) return capi::bad_argument("kiln_cache_stats_get", "ctx and stats must not be NULL");
+    if (stats->size < sizeof(kiln_cache_stats)) {
+      return capi::bad_argument("kiln_cache_stats_get", "stats->size must be sizeof(kiln_cache_stats)");
+    }
+    cache::Store* store = ctx->cache->store();
+    if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
+    KILN_ASSIGN_OR_RETURN(cache::StoreStats s, store->stats());
+    kiln_cache_stats out{};
+    out.size = stats->size;
+    out.binaries = s.binaries;
+    out.binary_bytes = s.binary_bytes;
+    out.timings = s.timings;
+    out.failures = s.failures;
+    out.decisions = s.decisions;
+    out.stale = s.stale;
+    out.disk_bytes = s.disk_bytes;
+    std::memcpy(static_cast<void*>(stats), &out, sizeof(out));
+    return Status();
+  });
+}
+
+KILN_API kiln_status kiln_cache_export(kiln_context* ctx, const char* path, int binaries) {
+  return guarded("kiln_cache_export", [&]() -> Status {
+    if (ctx == nullptr || path == nullptr || *path == '\0') return capi::bad_argument("kiln_cache_export", "ctx and path must be given");
+    cache::Store* store = ctx->cache->store();
+    if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
+    cache::ExportOptions o;
+    o.binaries = binaries != 0;
+    return cache::export_bundle(*store, path, o).status();
+  });
+}
+
+KILN_API kiln_status kiln_cache_import(kiln_context* ctx, const char* path, size_t* imported, size_t* rejected) {
+  return guarded("kiln_cache_import", [&]() -> Status {
+    if (ctx == nullptr || path == nullptr || *path == '\0') return capi::bad_argument("kiln_cache_import", "ctx and path must be given");
+    cache::Store* store = ctx->cache->store();
+    if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
+    KILN_ASSIGN_OR_RETURN(cache::ImportReport r, cache::import_bundle(*store, path));
+    if (imported != nullptr) *imported = r.imported.decisions + r.imported.timings + r.imported.binaries;
+    if (rejected != nullptr) *rejected = r.rejected;
+    return Status();
+  });
+}
+
+}  // extern "C"

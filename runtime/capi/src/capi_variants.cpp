@@ -1,0 +1,332 @@
+// The C API's variant ops: a DSL's N sources of one operation, registered with C callbacks, tuned on a problem
+// key, launched, size-dispatched and precompiled (kiln/runtime/variants.h underneath).
+#include <fmt/format.h>
+
+#include "capi_internal.h"
+#include "kiln/runtime/builtin.h"
+#include "kiln/runtime/variants.h"
+
+struct kiln_op {
+  kiln_context* ctx = nullptr;
+  kiln::runtime::VariantSet set;
+};
+
+struct kiln_selection {
+  std::shared_ptr<kiln::runtime::Selection> selection;
+};
+
+struct kiln_dispatcher {
+  std::shared_ptr<kiln::runtime::Dispatcher> dispatcher;
+};
+
+using namespace kiln;
+using kiln::capi::guarded;
+
+namespace {
+
+Result<std::vector<std::pair<std::string, std::string>>> pairs_of(const kiln_define* d, size_t n, const char* what) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (n > 0 && d == nullptr) return make_error(ErrorCode::kInvalidArgument, fmt::format("{} is NULL with a count of {}", what, n));
+  for (size_t i = 0; i < n; ++i) {
+    if (d[i].name == nullptr || *d[i].name == '\0') {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}[{}] has no name", what, i));
+    }
+    out.emplace_back(d[i].name, capi::str(d[i].value));
+  }
+  return out;
+}
+
+Result<std::vector<int64_t>> sizes_of(const int64_t* sizes, size_t n) {
+  if (n == 0 || sizes == nullptr) return make_error(ErrorCode::kInvalidArgument, "sizes is empty (give at least one size)");
+  return std::vector<int64_t>(sizes, sizes + n);
+}
+
+Result<std::map<std::string, std::string>> attributes_of(const kiln_define* a, size_t n) {
+  KILN_ASSIGN_OR_RETURN(auto pairs, pairs_of(a, n, "attributes"));
+  std::map<std::string, std::string> out;
+  for (auto& [k, v] : pairs) {
+    if (k.rfind("kiln.", 0) == 0) {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("attribute '{}': names starting with 'kiln.' are kiln's", k));
+    }
+    out[k] = v;
+  }
+  return out;
+}
+
+runtime::LaunchDims dims_of(const kiln_launch_dims& d) {
+  runtime::LaunchDims out;
+  out.grid = Dim3{d.grid.x, d.grid.y, d.grid.z};
+  out.block = Dim3{d.block.x, d.block.y, d.block.z};
+  out.shared_bytes = d.shared_bytes;
+  return out;
+}
+
+// The C variant as kiln's: its source through kiln_source's rules, its geometry through its callback.
+Result<runtime::Variant> variant_of(const kiln_variant& given, size_t index) {
+  kiln_variant defaults;
+  kiln_variant_init(&defaults);
+  KILN_ASSIGN_OR_RETURN(kiln_variant v, capi::read_struct(&given, defaults, sizeof(kiln_variant),
+                                                          fmt::format("variants[{}]", index).c_str()));
+  runtime::Variant out;
+  out.name = capi::str(v.name);
+  kiln_source s;
+  kiln_source_init(&s);
+  s.name = v.name;
+  s.source = v.source;
+  s.kernel = v.kernel;
+  s.defines = v.defines;
+  s.num_defines = v.num_defines;
+  s.options = v.options;
+  s.num_options = v.num_options;
+  s.include_dirs = v.include_dirs;
+  s.num_include_dirs = v.num_include_dirs;
+  s.headers = v.headers;
+  s.num_headers = v.num_headers;
+  auto k = capi::kernel_source_of(s);
+  if (!k.ok()) return std::move(k).status().with_context(fmt::format("variant {} ('{}')", index, out.name));
+  out.source = k->source;
+  out.kernel = k->entry;
+  out.options = k->options;  // the defines, already as -D options
+  out.include_dirs = k->include_dirs;
+  out.headers = k->headers;
+  out.dims = dims_of(v.dims);
+  if (v.geometry != nullptr) {
+    kiln_geometry_fn fn = v.geometry;
+    void* user = v.geometry_user;
+    std::string name = out.name;
+    out.geometry = [fn, user, name](std::span<const int64_t> sizes) -> Result<runtime::LaunchDims> {
+      kiln_launch_dims d{{1, 1, 1}, {1, 1, 1}, 0};
+      kiln_status st = fn(user, sizes.data(), sizes.size(), &d);
+      if (st != KILN_OK) return capi::from_callback(st, fmt::format("the geometry callback of variant '{}'", name));
+      return dims_of(d);
+    };
+  }
+  KILN_ASSIGN_OR_RETURN(auto params, pairs_of(v.parameters, v.num_parameters, "parameters"));
+  for (auto& [pk, pv] : params) out.parameters[pk] = pv;
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+KILN_API void kiln_variant_init(kiln_variant* v) {
+  if (v == nullptr) return;
+  *v = kiln_variant{};
+  v->size = sizeof(*v);
+  v->dims = kiln_launch_dims{{1, 1, 1}, {1, 1, 1}, 0};
+}
+
+KILN_API void kiln_variant_op_init(kiln_variant_op* op) {
+  if (op == nullptr) return;
+  *op = kiln_variant_op{};
+  op->size = sizeof(*op);
+  op->tolerance = 1e-2;
+}
+
+KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_variant_op* given, kiln_op** out) {
+  return guarded("kiln_variants_register", [&]() -> Status {
+    if (out == nullptr) return capi::bad_argument("kiln_variants_register", "out is NULL");
+    *out = nullptr;
+    if (ctx == nullptr) return capi::bad_argument("kiln_variants_register", "ctx is NULL");
+    kiln_variant_op defaults;
+    kiln_variant_op_init(&defaults);
+    KILN_ASSIGN_OR_RETURN(kiln_variant_op c, capi::read_struct(given, defaults, sizeof(kiln_variant_op), "op"));
+    runtime::VariantOp op;
+    op.name = capi::str(c.name);
+    op.reference = capi::str(c.reference);
+    op.tolerance = c.tolerance;
+    if (c.num_variants > 0 && c.variants == nullptr) return capi::bad_argument("kiln_variants_register", "op.variants is NULL");
+    for (size_t i = 0; i < c.num_variants; ++i) {
+      KILN_ASSIGN_OR_RETURN(runtime::Variant v, variant_of(c.variants[i], i));
+      op.variants.push_back(std::move(v));
+    }
+    if (c.buffers != nullptr) {
+      kiln_buffers_fn fn = c.buffers;
+      kiln_release_fn release = c.release;
+      void* user = c.user;
+      std::string name = op.name;
+      op.buffers = [fn, release, user, name](std::span<const int64_t> sizes, uint32_t seed) -> Result<runtime::VariantBuffers> {
+        kiln_tune_buffers tb{};
+        kiln_status st = fn(user, sizes.data(), sizes.size(), seed, &tb);
+        // Released whatever happens next, once, by whoever drops the last reference.
+        std::shared_ptr<void> owner(tb.owner, [release, user](void* p) {
+          if (release != nullptr) release(user, p);
+        });
+        if (st != KILN_OK) return capi::from_callback(st, fmt::format("the buffers callback of op '{}'", name));
+        if (tb.num_params == 0 || tb.params == nullptr) {
+          return make_error(ErrorCode::kInvalidArgument, fmt::format("the buffers callback of op '{}' gave no params", name));
+        }
+        if (tb.num_outputs > 0 && tb.outputs == nullptr) {
+          return make_error(ErrorCode::kInvalidArgument, fmt::format("the buffers callback of op '{}' gave NULL outputs", name));
+        }
+        runtime::VariantBuffers vb;
+        vb.params.assign(tb.params, tb.params + tb.num_params);
+        for (size_t i = 0; i < tb.num_outputs; ++i) {
+          const kiln_output& o = tb.outputs[i];
+          KILN_ASSIGN_OR_RETURN(templates::DType dt, capi::dtype_of(o.dtype, "output dtype"));
+          if (o.ptr == 0 || o.rows <= 0 || o.cols <= 0 || (o.ld != 0 && o.ld < o.cols)) {
+            return make_error(ErrorCode::kInvalidArgument,
+                              fmt::format("op '{}': output {} needs a pointer, positive rows and cols, and ld 0 or >= cols",
+                                          name, i));
+          }
+          vb.outputs.push_back(runtime::OutputRegion{o.ptr, dt, o.rows, o.cols, o.ld == 0 ? o.cols : o.ld,
+                                                     o.name ? o.name : fmt::format("output{}", i)});
+        }
+        vb.owner = std::move(owner);
+        return vb;
+      };
+    }
+    if (c.check != nullptr) {
+      kiln_check_fn fn = c.check;
+      void* user = c.user;
+      std::string name = op.name;
+      op.check = [fn, user, name](std::span<const int64_t> sizes, void** params, CUstream stream) -> Status {
+        kiln_status st = fn(user, sizes.data(), sizes.size(), params, stream);
+        if (st != KILN_OK) return capi::from_callback(st, fmt::format("the check of op '{}'", name));
+        return Status();
+      };
+    }
+    KILN_ASSIGN_OR_RETURN(runtime::VariantSet set, runtime::register_variants(runtime::default_ops(), std::move(op)));
+    auto h = std::make_unique<kiln_op>();
+    h->ctx = ctx;
+    h->set = std::move(set);
+    *out = h.release();
+    return Status();
+  });
+}
+
+KILN_API void kiln_op_destroy(kiln_op* op) { delete op; }
+
+KILN_API kiln_status kiln_op_tune(kiln_op* op, const int64_t* sizes, size_t num_sizes, const kiln_define* attributes,
+                                  size_t num_attributes, kiln_selection** out) {
+  return guarded("kiln_op_tune", [&]() -> Status {
+    if (out == nullptr) return capi::bad_argument("kiln_op_tune", "out is NULL");
+    *out = nullptr;
+    if (op == nullptr) return capi::bad_argument("kiln_op_tune", "op is NULL");
+    KILN_ASSIGN_OR_RETURN(auto s, sizes_of(sizes, num_sizes));
+    KILN_ASSIGN_OR_RETURN(auto attrs, attributes_of(attributes, num_attributes));
+    KILN_ASSIGN_OR_RETURN(runtime::Tuner * tuner, op->ctx->get_tuner());
+    KILN_ASSIGN_OR_RETURN(auto sel, tuner->tune(op->set.problem(std::move(s), std::move(attrs))));
+    *out = new kiln_selection{std::move(sel)};
+    return Status();
+  });
+}
+
+KILN_API kiln_status kiln_selection_variant(const kiln_selection* selection, const char** name) {
+  return guarded("kiln_selection_variant", [&]() -> Status {
+    if (selection == nullptr || name == nullptr) return capi::bad_argument("kiln_selection_variant", "selection and name must not be NULL");
+    *name = selection->selection->choice_name().c_str();
+    return Status();
+  });
+}
+
+KILN_API kiln_status kiln_selection_info(const kiln_selection* selection, kiln_tune_info* info) {
+  return guarded("kiln_selection_info", [&]() -> Status {
+    if (selection == nullptr || info == nullptr) return capi::bad_argument("kiln_selection_info", "selection and info must not be NULL");
+    if (info->size < sizeof(kiln_tune_info)) {
+      return capi::bad_argument("kiln_selection_info", "info->size must be sizeof(kiln_tune_info)");
+    }
+    const runtime::TuneReport& r = selection->selection->report();
+    kiln_tune_info out{};
+    out.size = info->size;  // a newer caller's larger struct keeps its size; its newer fields are left alone
+    out.from_cache = r.decision_from_cache ? 1 : 0;
+    out.candidates = r.candidates;
+    out.failures = r.failures;
+    for (const auto& c : r.choices) {
+      if (c.name == r.chosen) out.median_us = c.median_us;
+    }
+    out.total_seconds = r.total_seconds;
+    std::memcpy(static_cast<void*>(info), &out, sizeof(out));
+    return Status();
+  });
+}
+
+KILN_API kiln_status kiln_selection_report(const kiln_selection* selection, char* buf, size_t cap, size_t* needed) {
+  if (selection == nullptr || (buf == nullptr && cap > 0)) {
+    return capi::set_status(capi::bad_argument("kiln_selection_report", "selection is NULL, or buf is NULL with a capacity"));
+  }
+  kiln_status st = guarded("kiln_selection_report", [&]() -> Status {
+    const std::string json = selection->selection->report().json();
+    if (needed != nullptr) *needed = json.size() + 1;
+    if (cap < json.size() + 1) {
+      return make_error(ErrorCode::kOutOfRange, fmt::format("the report needs {} bytes, the buffer has {}", json.size() + 1, cap));
+    }
+    std::memcpy(buf, json.c_str(), json.size() + 1);
+    return Status();
+  });
+  return st == KILN_ERROR_OUT_OF_RANGE ? KILN_ERROR_BUFFER_TOO_SMALL : st;
+}
+
+KILN_API kiln_status kiln_selection_launch(const kiln_selection* selection, const int64_t* sizes, size_t num_sizes,
+                                           void** params, void* stream) {
+  return guarded("kiln_selection_launch", [&]() -> Status {
+    if (selection == nullptr || params == nullptr) return capi::bad_argument("kiln_selection_launch", "selection and params must not be NULL");
+    if (num_sizes == 0 || sizes == nullptr) return capi::bad_argument("kiln_selection_launch", "sizes is empty");
+    return runtime::run_variant(*selection->selection, std::span<const int64_t>(sizes, num_sizes), params,
+                                static_cast<CUstream>(stream));
+  });
+}
+
+KILN_API void kiln_selection_destroy(kiln_selection* selection) { delete selection; }
+
+KILN_API kiln_status kiln_op_dispatcher(kiln_op* op, const int64_t* sizes, size_t num_sizes,
+                                        const kiln_define* attributes, size_t num_attributes, const int64_t* buckets,
+                                        size_t num_buckets, kiln_dispatcher** out) {
+  return guarded("kiln_op_dispatcher", [&]() -> Status {
+    if (out == nullptr) return capi::bad_argument("kiln_op_dispatcher", "out is NULL");
+    *out = nullptr;
+    if (op == nullptr) return capi::bad_argument("kiln_op_dispatcher", "op is NULL");
+    if (num_buckets == 0 || buckets == nullptr) return capi::bad_argument("kiln_op_dispatcher", "buckets is empty");
+    KILN_ASSIGN_OR_RETURN(auto s, sizes_of(sizes, num_sizes));
+    KILN_ASSIGN_OR_RETURN(auto attrs, attributes_of(attributes, num_attributes));
+    std::vector<int64_t> hints(buckets, buckets + num_buckets);
+    for (size_t i = 0; i < hints.size(); ++i) {
+      if (hints[i] <= 0 || (i > 0 && hints[i] <= hints[i - 1])) {
+        return capi::bad_argument("kiln_op_dispatcher", "buckets must be positive and strictly ascending");
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(runtime::Tuner * tuner, op->ctx->get_tuner());
+    KILN_ASSIGN_OR_RETURN(auto deferred, tuner->defer(op->set.problem(std::move(s), std::move(attrs))));
+    KILN_ASSIGN_OR_RETURN(auto d, deferred->finalize(std::move(hints)));
+    *out = new kiln_dispatcher{std::move(d)};
+    return Status();
+  });
+}
+
+KILN_API kiln_status kiln_dispatcher_launch(const kiln_dispatcher* dispatcher, const int64_t* sizes, size_t num_sizes,
+                                            void** params, void* stream) {
+  return guarded("kiln_dispatcher_launch", [&]() -> Status {
+    if (dispatcher == nullptr || params == nullptr) return capi::bad_argument("kiln_dispatcher_launch", "dispatcher and params must not be NULL");
+    if (num_sizes == 0 || sizes == nullptr) return capi::bad_argument("kiln_dispatcher_launch", "sizes is empty");
+    return dispatcher->dispatcher->run(runtime::CustomArgs{{}, std::vector<int64_t>(sizes, sizes + num_sizes), params},
+                                       static_cast<CUstream>(stream));
+  });
+}
+
+KILN_API kiln_status kiln_dispatcher_variant(const kiln_dispatcher* dispatcher, int64_t size, const char** name) {
+  return guarded("kiln_dispatcher_variant", [&]() -> Status {
+    if (dispatcher == nullptr || name == nullptr) return capi::bad_argument("kiln_dispatcher_variant", "dispatcher and name must not be NULL");
+    *name = dispatcher->dispatcher->select(size).choice_name().c_str();
+    return Status();
+  });
+}
+
+KILN_API void kiln_dispatcher_destroy(kiln_dispatcher* dispatcher) { delete dispatcher; }
+
+KILN_API kiln_status kiln_op_precompile(kiln_op* op, const int64_t* sizes, size_t num_sizes, const char* arch,
+                                        int* compiled, int* failed) {
+  return guarded("kiln_op_precompile", [&]() -> Status {
+    if (op == nullptr) return capi::bad_argument("kiln_op_precompile", "op is NULL");
+    KILN_ASSIGN_OR_RETURN(auto s, sizes_of(sizes, num_sizes));
+    KILN_ASSIGN_OR_RETURN(Target t, op->ctx->target(arch));
+    KILN_ASSIGN_OR_RETURN(runtime::PrecompileReport r,
+                          runtime::precompile_problem(runtime::default_ops(), op->set.problem(std::move(s)), t,
+                                                      *op->ctx->gate, runtime::TuneOptions{}));
+    if (compiled != nullptr) *compiled = r.kernels - r.failed;
+    if (failed != nullptr) *failed = r.failed;
+    return Status();
+  });
+}
+
+}  // extern "C"
