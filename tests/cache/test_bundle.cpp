@@ -14,10 +14,7 @@
 namespace kiln::cache {
 namespace {
 
-using testing::fake_binary;
-using testing::sample_problem;
-using testing::store_options;
-using testing::TempDir;
+using namespace testing;  // cache_test_util.h: TempDir, store_options, sample_problem, fake_binary
 
 void fill(Store& s) {
   for (int i = 0; i < 5; ++i) {
