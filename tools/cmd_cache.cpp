@@ -1,5 +1,6 @@
 // kiln cache stats|ls|export|import|prune|clear: look after the cache folder (see docs/cache.md).
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -82,6 +83,24 @@ void run_stats(const CacheArgs& a) {
   auto store = open_store(a, cache::Role::kReader, "stats");
   auto st = store->stats();
   if (!st.ok()) fail("stats", st.status());
+  if (a.json) {
+    nlohmann::json by_arch = nlohmann::json::object();
+    for (const auto& [arch, n] : st->binaries_by_arch) by_arch[arch] = n;
+    nlohmann::json out{{"dir", st->dir},
+                       {"toolchain", store->toolchain().str()},
+                       {"decisions", st->decisions},
+                       {"timings", st->timings},
+                       {"failures", st->failures},
+                       {"binaries", st->binaries},
+                       {"binary_bytes", st->binary_bytes},
+                       {"binaries_by_arch", by_arch},
+                       {"stale", st->stale},
+                       {"invalid", st->invalid},
+                       {"staged_batches", st->staged_batches},
+                       {"disk_bytes", st->disk_bytes}};
+    fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    return;
+  }
   fmt::print("cache      {}\n", st->dir);
   fmt::print("toolchain  {}\n", store->toolchain().str());
   fmt::print("decisions  {}\n", st->decisions);
@@ -95,38 +114,73 @@ void run_stats(const CacheArgs& a) {
 }
 
 void run_ls(const CacheArgs& a) {
+  if (a.kind != "decisions" && a.kind != "timings" && a.kind != "binaries" && a.kind != "all") {
+    fail("ls", make_error(ErrorCode::kInvalidArgument, "--kind is decisions, timings, binaries or all"), 2);
+  }
   auto store = open_store(a, cache::Role::kReader, "ls");
-  if (a.kind == "decisions" || a.kind == "all") {
+  const bool all = a.kind == "all";
+  nlohmann::json out = nlohmann::json::array();
+  size_t listed = 0;
+  // Each entry once, as a line or a JSON object.
+  auto emit = [&](nlohmann::json entry, const std::string& line) {
+    ++listed;
+    if (a.json) out.push_back(std::move(entry));
+    else fmt::print("{}\n", line);
+  };
+  if (a.kind == "decisions" || all) {
     for (const auto& d : store->decisions(a.prefix)) {
       std::string params;
       for (const auto& [k, v] : d->params) params += fmt::format("{}{}={}", params.empty() ? "" : ",", k, v);
-      fmt::print("decision  {}\n          -> {} {:.2f} us{}{} ({})\n", d->problem, d->choice, d->median_us,
-                 params.empty() ? "" : " [" + params + "]", d->kernel ? " kernel " + d->kernel->hex() : "",
-                 age(d->decided_at_ns));
+      emit({{"kind", "decision"}, {"problem", d->problem}, {"choice", d->choice}, {"median_us", d->median_us},
+            {"params", d->params}, {"kernel", d->kernel ? nlohmann::json(d->kernel->hex()) : nlohmann::json()},
+            {"decided_at_ns", d->decided_at_ns}},
+           fmt::format("decision  {}\n          -> {} {:.2f} us{}{} ({})", d->problem, d->choice, d->median_us,
+                       params.empty() ? "" : " [" + params + "]", d->kernel ? " kernel " + d->kernel->hex() : "",
+                       age(d->decided_at_ns)));
     }
   }
-  if (a.kind == "timings" || a.kind == "all") {
+  if (a.kind == "timings" || all) {
     for (const auto& t : store->all_timings()) {
       if (t.problem.compare(0, a.prefix.size(), a.prefix) != 0) continue;
+      nlohmann::json j{{"kind", t.ok ? "timing" : "failure"}, {"problem", t.problem}, {"choice", t.choice}};
       if (t.ok) {
-        fmt::print("timing    {} | {}: {:.2f} us (min {:.2f}, p90 {:.2f}, n={})\n", t.problem, t.choice, t.median_us,
-                   t.min_us, t.p90_us, t.samples);
+        j.update({{"median_us", t.median_us}, {"min_us", t.min_us}, {"p90_us", t.p90_us}, {"samples", t.samples}});
+        emit(std::move(j), fmt::format("timing    {} | {}: {:.2f} us (min {:.2f}, p90 {:.2f}, n={})", t.problem,
+                                       t.choice, t.median_us, t.min_us, t.p90_us, t.samples));
       } else {
-        fmt::print("failure   {} | {}: {}\n", t.problem, t.choice, t.reason);
+        j["reason"] = t.reason;
+        emit(std::move(j), fmt::format("failure   {} | {}: {}", t.problem, t.choice, t.reason));
       }
     }
   }
-  if (a.kind == "binaries" || a.kind == "all") {
-    auto invalid = store->for_each_binary([](const cache::BinaryInfo& b) {
-      fmt::print("binary    {} {:<8} NVRTC {}.{} {:>10} {} ({}, used {})\n", b.key.hex(), b.arch, b.nvrtc_major,
-                 b.nvrtc_minor, human_bytes(double(b.cubin_bytes)), b.name, age(b.created_at_ns), age(b.used_at_ns));
+  uint64_t invalid = 0;
+  if (a.kind == "binaries" || all) {
+    auto bad = store->for_each_binary([&](const cache::BinaryInfo& b) {
+      emit({{"kind", "binary"}, {"key", b.key.hex()}, {"arch", b.arch}, {"name", b.name},
+            {"nvrtc", fmt::format("{}.{}", b.nvrtc_major, b.nvrtc_minor)}, {"cubin_bytes", b.cubin_bytes},
+            {"created_at_ns", b.created_at_ns}, {"used_at_ns", b.used_at_ns}},
+           fmt::format("binary    {} {:<8} NVRTC {}.{} {:>10} {} ({}, used {})", b.key.hex(), b.arch, b.nvrtc_major,
+                       b.nvrtc_minor, human_bytes(double(b.cubin_bytes)), b.name, age(b.created_at_ns),
+                       age(b.used_at_ns)));
       return true;
     });
-    if (!invalid.ok()) fail("ls", invalid.status());
-    if (*invalid) fmt::print("({} binaries fail their checks)\n", *invalid);
+    if (!bad.ok()) fail("ls", bad.status());
+    invalid = *bad;
   }
-  if (a.kind != "decisions" && a.kind != "timings" && a.kind != "binaries" && a.kind != "all") {
-    fail("ls", make_error(ErrorCode::kInvalidArgument, "--kind is decisions, timings, binaries or all"), 2);
+  if (a.json) {
+    fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    return;
+  }
+  if (invalid) fmt::print("({} binaries fail their checks)\n", invalid);
+  if (listed == 0) {
+    // An empty listing must not read as an empty cache: say what the other kinds hold.
+    auto st = store->stats();
+    if (st.ok()) {
+      fmt::print("no {}{} in {} (it holds {} decisions, {} timings, {} failures, {} binaries; --kind all lists "
+                 "everything)\n",
+                 all ? "entries" : a.kind, a.prefix.empty() ? "" : " under '" + a.prefix + "'", st->dir, st->decisions,
+                 st->timings, st->failures, st->binaries);
+    }
   }
 }
 
@@ -190,18 +244,17 @@ void run_clear(const CacheArgs& a) {
 void add_cache_commands(CLI::App& root) {
   auto args = std::make_shared<CacheArgs>();
   CLI::App& g = group(root, "cache", "Inspect and maintain the kernel cache (binaries, timings, decisions)");
-  auto dir_option = [&](CLI::App* c) {
-    c->add_option("--cache-dir", args->dir, "The cache folder (default: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, "
-                                            "else ~/.cache/kiln)");
-  };
+  auto dir_option = [&](CLI::App* c) { add_cache_dir_option(c, args->dir); };
   auto* stats = g.add_subcommand("stats", "Count decisions, timings, failures and binaries; size on disk");
   dir_option(stats);
+  stats->add_flag("--json", args->json, "Print the counts as JSON");
   stats->callback([args] { run_stats(*args); });
 
   auto* ls = g.add_subcommand("ls", "List entries");
   dir_option(ls);
   ls->add_option("--kind", args->kind, "decisions (default), timings, binaries or all");
   ls->add_option("--prefix", args->prefix, "Only problems whose canonical key starts with this");
+  ls->add_flag("--json", args->json, "Print the entries as a JSON list");
   ls->callback([args] { run_ls(*args); });
 
   auto* exp = g.add_subcommand("export", "Write a portable bundle (JSON) of decisions and timings");

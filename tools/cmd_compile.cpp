@@ -177,10 +177,7 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("-o,--output", args->output, "Write the cubin here (and the PTX next to it with --ptx)");
   cmd->add_flag("--ptx", args->ptx, "Also produce PTX");
   cmd->add_flag("--pch", args->pch, "Use NVRTC automatic precompiled headers");
-  cmd->callback([args] {
-    int rc = run_compile(*args);
-    if (rc != 0) throw ExitCode(rc);
-  });
+  on_run(cmd, args, run_compile);
 }
 
 }  // namespace

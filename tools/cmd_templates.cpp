@@ -10,6 +10,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "kiln/jit.h"
@@ -40,6 +41,7 @@ int report_registry_errors() {
 
 struct ListArgs {
   std::vector<std::string> archs{"sm_80", "sm_90", "sm_90a"};
+  bool json = false;
 };
 
 int run_list(const ListArgs& a) {
@@ -54,21 +56,35 @@ int run_list(const ListArgs& a) {
   }
   std::string head = fmt::format("{:<18} {:<14} {:>6} {:>8}", "template", "problem", "params", "grid");
   for (const auto& l : limits) head += fmt::format(" {:>8}", l.arch);
-  fmt::print("{}  description\n", head);
+  if (!a.json) fmt::print("{}  description\n", head);
+  nlohmann::json out = nlohmann::json::array();
+  int broken = 0;
   for (const TemplatePtr& t : all_templates()) {
     auto grid = Grid::create(t);
     if (!grid.ok()) {
-      fmt::print(stderr, "{}: {}\n", t->name(), grid.status().to_string());
+      fmt::print(stderr, "kiln templates list: {}: {}\n", t->name(), grid.status().to_string());
+      ++broken;
       continue;
     }
     size_t nparams = std::count_if(t->params().begin(), t->params().end(),
                                    [](const ParamSpec& s) { return s.role != ParamRole::kDerived; });
     std::string line = fmt::format("{:<18} {:<14} {:>6} {:>8}", t->name(), t->problem(), nparams, grid->size());
-    for (const auto& l : limits) line += fmt::format(" {:>8}", pruned_count(*grid, l));
-    fmt::print("{}  {}\n", line, t->description());
+    nlohmann::json pruned_by_arch = nlohmann::json::object();
+    for (const auto& l : limits) {
+      const size_t n = pruned_count(*grid, l);
+      line += fmt::format(" {:>8}", n);
+      pruned_by_arch[l.arch] = n;
+    }
+    if (a.json) {
+      out.push_back({{"template", t->name()}, {"problem", t->problem()}, {"params", nparams}, {"grid", grid->size()},
+                     {"pruned", pruned_by_arch}, {"description", t->description()}});
+    } else {
+      fmt::print("{}  {}\n", line, t->description());
+    }
   }
-  fmt::print("(grid: configurations over tunable and problem parameters; per arch: those left after pruning)\n");
-  return report_registry_errors();
+  if (a.json) fmt::print("{}\n", out.dump(2));
+  else fmt::print("(grid: configurations over tunable and problem parameters; per arch: those left after pruning)\n");
+  return report_registry_errors() || broken ? 1 : 0;
 }
 
 struct CheckArgs {
@@ -203,6 +219,34 @@ Result<Value> parse_value(const ParamSpec& s, const std::string& text) {
   return make_error(ErrorCode::kInvalidArgument, fmt::format("'{}' is not a {} value for '{}'", text, kind_name(s.kind), s.name));
 }
 
+// A given value must be one the template can take: a tunable int within its declared values' span, a problem
+// int a size from 1 to 2^31 - 1, an enum one of its choices. Outside, the template would render nonsense or
+// nothing, and the error would name some other parameter.
+Status check_range(const ParamSpec& s, const Value& v) {
+  auto bad = [&](const std::string& why) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("{}={} is out of range: {}", s.name, v.short_text(), why));
+  };
+  auto listed = [&] {
+    std::string out;
+    for (const Value& x : s.values) out += (out.empty() ? "" : ", ") + x.short_text();
+    return out;
+  };
+  if (s.kind == ParamKind::kInt) {
+    const int64_t i = v.as_int();
+    if (s.role == ParamRole::kTunable && !s.values.empty()) {
+      auto [lo, hi] = std::minmax_element(s.values.begin(), s.values.end(),
+                                          [](const Value& x, const Value& y) { return x.as_int() < y.as_int(); });
+      if (i < lo->as_int() || i > hi->as_int()) return bad(fmt::format("{} takes {} (from {} to {})", s.name, listed(), lo->short_text(), hi->short_text()));
+    } else if (i < 1 || i > (int64_t{1} << 31) - 1) {
+      return bad("sizes are from 1 to 2147483647");
+    }
+  }
+  if (s.kind == ParamKind::kEnum && std::find(s.values.begin(), s.values.end(), v) == s.values.end()) {
+    return bad(fmt::format("{} is one of {}", s.name, listed()));
+  }
+  return Status();
+}
+
 int run_render(const RenderArgs& a) {
   auto t = find_template(a.name);
   if (!t.ok()) {
@@ -218,9 +262,14 @@ int run_render(const RenderArgs& a) {
       fmt::print(stderr, "kiln templates render: '{}' is not name=value of a parameter of {}\n", as, a.name);
       return 2;
     }
+    if (s->role == ParamRole::kDerived) {
+      fmt::print(stderr, "kiln templates render: '{}': {} is derived from the other parameters, not given\n", as, key);
+      return 2;
+    }
     auto v = parse_value(*s, val);
-    if (!v.ok()) {
-      fmt::print(stderr, "kiln templates render: {}\n", v.status().to_string());
+    Status in_range = v.ok() ? check_range(*s, *v) : v.status();
+    if (!in_range.ok()) {
+      fmt::print(stderr, "kiln templates render: {}\n", in_range.to_string());
       return 2;
     }
     given.insert_or_assign(key, *v);
@@ -233,7 +282,12 @@ int run_render(const RenderArgs& a) {
     return 2;
   }
   auto picks = sample(*grid, *limits, 1);
-  Params p = picks.empty() ? given : picks.front();
+  if (picks.empty()) {
+    fmt::print(stderr, "kiln templates render: no configuration of {} for {} has {} (the template's constraints rule "
+               "it out)\n", a.name, a.arch, given.empty() ? std::string("any parameters") : to_string(given));
+    return 2;
+  }
+  Params p = picks.front();
   auto r = (*t)->render(p);
   if (!r.ok()) {
     fmt::print(stderr, "kiln templates render: {}\n", r.status().to_string());
@@ -250,20 +304,18 @@ void add_templates_command(CLI::App& app) {
   auto list_args = std::make_shared<ListArgs>();
   auto* list = grp.add_subcommand("list", "List templates, their problems, grid sizes and pruned counts per arch");
   list->add_option("--arch", list_args->archs, "Archs to prune for (default sm_80 sm_90 sm_90a)")->allow_extra_args(false);
-  list->callback([list_args] {
-    if (int rc = run_list(*list_args)) throw ExitCode(rc);
-  });
+  list->add_flag("--json", list_args->json, "Print the list as JSON");
+  on_run(list, list_args, run_list);
 
   auto check_args = std::make_shared<CheckArgs>();
   auto* check = grp.add_subcommand("check", "Render every template and NVRTC-compile a sample of configurations");
   check->add_option("--arch", check_args->arch, "Target arch (default sm_90)");
-  check->add_option("--sample", check_args->sample, "Configurations compiled per template (default 4; more when covering every parameter value needs more)");
+  check->add_option("--sample", check_args->sample, "Configurations compiled per template (default 4; more when covering every parameter value needs more)")
+      ->check(CLI::Range(1, 100000));
   check->add_option("--template", check_args->name, "Only this template");
-  check->add_option("-j,--jobs", check_args->jobs, "Compile threads (default: all cores)");
+  check->add_option("-j,--jobs", check_args->jobs, "Compile threads (default: all cores)")->check(CLI::Range(0, 1024));
   check->add_flag("-v,--verbose", check_args->verbose, "Print every compiled configuration");
-  check->callback([check_args] {
-    if (int rc = run_check(*check_args)) throw ExitCode(rc);
-  });
+  on_run(check, check_args, run_check);
 
   auto render_args = std::make_shared<RenderArgs>();
   auto* render = grp.add_subcommand("render", "Print the source of one configuration");
@@ -271,9 +323,7 @@ void add_templates_command(CLI::App& app) {
   render->add_option("params", render_args->assignments,
                      "name=value ... (code parameters as an epilogue: 'bias+gelu:bf16'); the rest from a sample");
   render->add_option("--arch", render_args->arch, "Arch for pruning and the key (default sm_90)");
-  render->callback([render_args] {
-    if (int rc = run_render(*render_args)) throw ExitCode(rc);
-  });
+  on_run(render, render_args, run_render);
 }
 
 }  // namespace

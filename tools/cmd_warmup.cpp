@@ -63,17 +63,14 @@ int run_warmup(const WarmupArgs& a) {
 void add_warmup_command(CLI::App& app) {
   auto args = std::make_shared<WarmupArgs>();
   auto* cmd = app.add_subcommand("warmup", "Load every cached kernel for this device (or a workload) and make it ready");
-  cmd->add_option("--cache-dir", args->dir, "The cache folder (default: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, "
-                                            "else ~/.cache/kiln)");
+  add_cache_dir_option(cmd, args->dir);
   cmd->add_option("--problems", args->problems_file, "A file of canonical problem keys, one a line (default: every "
                                                      "decision for the device)");
-  cmd->add_option("--device", args->device, "Device ordinal (default 0)");
-  cmd->add_option("--threads", args->threads, "Loader threads (default: chosen from measurements)");
+  cmd->add_option("--device", args->device, "Device ordinal (default 0)")->check(CLI::Range(0, 1023));
+  cmd->add_option("--threads", args->threads, "Loader threads (default: chosen from measurements)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_flag("--no-load", args->no_load, "Only read and verify the binaries into memory; load modules at first use");
-  cmd->callback([args] {
-    int rc = run_warmup(*args);
-    if (rc != 0) throw ExitCode(rc);
-  });
+  on_run(cmd, args, run_warmup);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,18 @@ CLI::App& group(CLI::App& root, const std::string& name, const std::string& desc
 struct ExitCode : CLI::RuntimeError {
   explicit ExitCode(int code) : CLI::RuntimeError(code) {}
 };
+
+/// Runs `run(args)` as `cmd`'s callback; a non-zero result is the process's exit status.
+template <class Args, class Run>
+void on_run(CLI::App* cmd, std::shared_ptr<Args> args, Run run) {
+  cmd->callback([args, run] {
+    if (int rc = run(*args); rc != 0) throw ExitCode(rc);
+  });
+}
+
+/// `--cache-dir DIR`, the same on every command that opens the cache; an empty DIR is refused (it would
+/// silently mean the default folder).
+CLI::Option* add_cache_dir_option(CLI::App* cmd, std::string& dir);
 
 }  // namespace kiln::cli
 

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <limits>
+#include <utility>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +16,7 @@
 #include <sstream>
 
 #include "format.h"
+#include "kiln/input.h"
 #include "kiln/cache/problem_key.h"
 #include "kiln/jit/target.h"
 
@@ -95,9 +98,15 @@ struct Fields {
     } else if constexpr (std::is_same_v<T, bool>) {
       if (!it->is_boolean()) return missing = name, T{};
     } else if constexpr (std::is_floating_point_v<T>) {
-      if (!it->is_number()) return missing = name, T{};
+      // Times and durations: finite and not negative (JSON has no NaN, but 1e999 parses as infinity).
+      if (!it->is_number() || !(it->get<double>() >= 0) || it->get<double>() > 1e300) return missing = name, T{};
     } else {
+      // An integer of the field's type: a value out of its range would wrap on conversion.
       if (!it->is_number_integer()) return missing = name, T{};
+      const bool fits = it->is_number_unsigned()
+                            ? it->get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                            : std::in_range<T>(it->get<int64_t>());
+      if (!fits) return missing = name, T{};
     }
     return it->get<T>();
   }
@@ -199,6 +208,34 @@ Result<Binary> read_binary(const json& j) {
   return b;
 }
 
+// The bundle's outer shape, checked before anything is read from it: an object of the right format and
+// version whose sections are lists. (nlohmann's value() throws on a field of another type: never used here.)
+Status check_bundle_shape(const json& doc, const std::string& path) {
+  if (doc.is_discarded() || !doc.is_object()) {
+    return make_error(ErrorCode::kCorrupt, fmt::format("'{}' is not a kiln cache bundle (not a JSON object)", path));
+  }
+  auto format = doc.find("format");
+  if (format == doc.end() || !format->is_string() || format->get<std::string>() != "kiln-cache-bundle") {
+    return make_error(ErrorCode::kCorrupt,
+                      fmt::format("'{}' is not a kiln cache bundle (\"format\" is not \"kiln-cache-bundle\")", path));
+  }
+  auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer()) {
+    return make_error(ErrorCode::kCorrupt, fmt::format("'{}': \"version\" is missing or not an integer", path));
+  }
+  if (version->get<int64_t>() != kBundleVersion) {
+    return make_error(ErrorCode::kCorrupt, fmt::format("'{}' is bundle version {}; this kiln reads version {}", path,
+                                                       version->get<int64_t>(), kBundleVersion));
+  }
+  for (const char* section : {"decisions", "timings", "binaries"}) {
+    auto it = doc.find(section);
+    if (it != doc.end() && !it->is_array()) {
+      return make_error(ErrorCode::kCorrupt, fmt::format("'{}': \"{}\" is not a list", path, section));
+    }
+  }
+  return Status();
+}
+
 }  // namespace
 
 Result<BundleCounts> export_bundle(Store& store, const std::string& path, const ExportOptions& options) {
@@ -287,18 +324,10 @@ Result<BundleCounts> export_bundle(Store& store, const std::string& path, const 
 }
 
 Result<ImportReport> import_bundle(Store& store, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kNotFound, fmt::format("cannot read '{}'", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json doc = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object() || doc.value("format", "") != "kiln-cache-bundle") {
-    return make_error(ErrorCode::kCorrupt, fmt::format("'{}' is not a kiln cache bundle", path));
-  }
-  if (doc.value("version", 0) != kBundleVersion) {
-    return make_error(ErrorCode::kCorrupt, fmt::format("'{}' is bundle version {}; this kiln reads version {}", path,
-                                                       doc.value("version", 0), kBundleVersion));
-  }
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file_limited(path, kBundleBytesLimit));
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  text = std::string();
+  KILN_RETURN_IF_ERROR(check_bundle_shape(doc, path));
   ImportReport report;
   auto reject = [&](const char* kind, size_t i, const Status& why) {
     report.rejected++;

@@ -14,6 +14,9 @@ namespace kiln {
 /// NotFound to kNotFound, anything else to kLibraryError; names the call and where it was made.
 Status to_status(const rocksdb::Status& status, const char* expr, const char* file, int line);
 
+/// A RocksDB call's status as a Status, for the writes whose failures Impl::note_write() records.
+#define KILN_ROCKS_STATUS(call) ::kiln::to_status((call), #call, __FILE__, __LINE__)
+
 namespace cache {
 
 /// Every write is a Merge whose operand is a whole value; the merge keeps the value that first_wins() picks.

@@ -7,6 +7,7 @@
 //   store_write.cpp        puts and batches: the writer's direct write, a reader's staged batch, and the
 //                          writer's ingest of staged batches (also in the background)
 //   store_maintenance.cpp  whole-cache operations: iterating binaries, stats, flush, prune, clear
+//   store_integrity.cpp    damage: checking the folder before opening, quarantine and rebuild, verify, repair
 //
 // Design and trade-offs: docs/cache.md.
 #pragma once
@@ -50,7 +51,28 @@ using ProblemTimings = std::map<std::string, TimingRecord, std::less<>>;
 /// The options of column family `cf` (-1: the default one), shared by the database and the SST files that
 /// readers stage, so that staged files ingest as they are.
 rocksdb::ColumnFamilyOptions cf_options(int cf);
-rocksdb::Options sst_options(int cf);
+rocksdb::Options sst_options(int cf, rocksdb::Env* env = rocksdb::Env::Default());
+/// The database's options. `secondary`: a reader's (keeps every table file open).
+rocksdb::DBOptions db_options(bool secondary, rocksdb::Env* env);
+/// The default column family, then kCfNames, each with cf_options().
+std::vector<rocksdb::ColumnFamilyDescriptor> cf_descriptors();
+
+struct Db;
+
+/// Opens the database at `path` as the writer (`primary`) or as a reader whose own files live in
+/// `secondary_dir`. Errors: kCorrupt for damage (is_damage), else what to_status() says; each names the path.
+Result<std::unique_ptr<Db>> open_db(const std::string& path, bool primary, const std::string& secondary_dir,
+                                    rocksdb::Env* env);
+
+/// Whether RocksDB's status means the database's files are damaged or missing (rather than, say, a busy
+/// lock or a full disk): the cases quarantine and repair are for.
+bool is_damage(const rocksdb::Status& s);
+/// Refuses, before RocksDB sees it, a database path that is not a folder, and one that holds table files or
+/// logs but no CURRENT (RocksDB would create a new empty database over them and later delete them).
+/// Errors: kIoError (not a folder), kCorrupt (CURRENT missing).
+Status check_db_folder(const std::string& db_path);
+/// RocksDB's repair on the database at `path`, with kiln's column families.
+rocksdb::Status repair_db(const std::string& path, rocksdb::Env* env);
 
 // The RocksDB handle and its column families, closed in the right order.
 struct Db {
@@ -92,6 +114,11 @@ struct Store::Impl {
   std::mutex used_mu;
   std::unordered_map<KernelKey, int64_t> used_written;
 
+  std::string quarantined;  // where open moved a damaged database (empty: none)
+  mutable std::mutex write_error_mu;
+  Status write_error;     // the first failed write
+  Status database_error;  // the first failed write to the database: no more writes go to it (see note_write)
+
   std::mutex report_mu;
   std::atomic<uint64_t> invalid_loaded{0};
   bool reported_stale[kCfCount] = {};
@@ -104,12 +131,23 @@ struct Store::Impl {
     if (options.sync_point) options.sync_point(point);
   }
   std::string secondary_dir() const { return readers_dir + "/" + token; }
+  rocksdb::Env* env() const;
+  rocksdb::WriteOptions write_options() const;
+  // Remembers the first failed write (first_write_error()) and passes `s` on. `to_database`: the write went to
+  // RocksDB, whose log writer is left in an error state that a later write or sync trips over (an assertion
+  // in the distribution's build), so the store writes nothing more to this database until it is reopened.
+  Status note_write(Status s, bool to_database = true);
+  // The error that stopped writes to the database (OK when none did).
+  Status database_writable() const;
   // What the writer lock file says about its holder.
   std::string note() const;
 
   // ---- roles and recovery (store_open.cpp)
 
   Status open_role(bool as_writer, FileLock lock);
+  // Writer, at open: moves the damaged database aside into quarantine/, rebuilds one from a copy with
+  // RocksDB's repair (or starts an empty one when that fails too) and opens it. `why` names the damage.
+  Status quarantine_and_rebuild(const Status& why);
   Status write_format_record();
   // Takes the writer role if it is free (and this store may write), then ingests what readers staged.
   Status maybe_promote(bool start_thread = true);

@@ -106,9 +106,10 @@ Status Store::flush() {
   Impl& m = *impl_;
   std::shared_lock role(m.role_mu);
   if (!m.writer) return Status();
+  KILN_RETURN_IF_ERROR(m.database_writable());
   rocksdb::FlushOptions fo;
   std::vector<rocksdb::ColumnFamilyHandle*> cfs(m.db->handles.begin() + 1, m.db->handles.end());
-  KILN_CHECK(m.db->db->Flush(fo, cfs));
+  KILN_RETURN_IF_ERROR(m.note_write(KILN_ROCKS_STATUS(m.db->db->Flush(fo, cfs))));
   return Status();
 }
 
@@ -118,6 +119,7 @@ Result<PruneReport> Store::prune(const PruneOptions& o) {
     return make_error(ErrorCode::kFailedPrecondition,
                       "pruning needs the writer role; another process using the cache holds it");
   }
+  KILN_RETURN_IF_ERROR(m.database_writable());
   KILN_RETURN_IF_ERROR(m.ingest_staged());
   PruneReport report;
   const int64_t now = now_ns();
@@ -216,7 +218,7 @@ Result<PruneReport> Store::prune(const PruneOptions& o) {
       KILN_CHECK(ti->status());
     }
     if (o.dry_run) return report;
-    KILN_CHECK(m.db->db->Write(rocksdb::WriteOptions(), &batch));
+    KILN_RETURN_IF_ERROR(m.note_write(KILN_ROCKS_STATUS(m.db->db->Write(m.write_options(), &batch))));
     m.invalid_loaded = 0;  // every invalid timing and decision was just dropped
     for (const auto& k : dropped_binaries) m.binaries.erase(k);
     // Reclaim the space now rather than at the next compaction.
@@ -232,6 +234,7 @@ Status Store::clear() {
   if (!m.writer) {
     return make_error(ErrorCode::kFailedPrecondition, "clearing needs the writer role; another process using the cache holds it");
   }
+  KILN_RETURN_IF_ERROR(m.database_writable());
   std::shared_lock role(m.role_mu);
   rocksdb::WriteBatch batch;
   for (int cf = 0; cf < kCfCount; ++cf) {
@@ -242,7 +245,7 @@ Status Store::clear() {
     }
     KILN_CHECK(it->status());
   }
-  KILN_CHECK(m.db->db->Write(rocksdb::WriteOptions(), &batch));
+  KILN_RETURN_IF_ERROR(m.note_write(KILN_ROCKS_STATUS(m.db->db->Write(m.write_options(), &batch))));
   m.decisions.clear();
   m.timings.clear();
   m.binaries.clear();

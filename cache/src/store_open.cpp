@@ -17,6 +17,7 @@
 
 #include "format.h"
 #include "rocks.h"
+#include "store_env.h"
 #include "store_impl.h"
 
 namespace kiln::cache {
@@ -46,40 +47,58 @@ rocksdb::ColumnFamilyOptions cf_options(int cf) {
   return o;
 }
 
-rocksdb::Options sst_options(int cf) {
-  return rocksdb::Options(rocksdb::DBOptions(), cf_options(cf));
+rocksdb::Options sst_options(int cf, rocksdb::Env* env) {
+  rocksdb::Options o(rocksdb::DBOptions(), cf_options(cf));
+  o.env = env;
+  return o;
 }
 
-namespace {
+std::vector<rocksdb::ColumnFamilyDescriptor> cf_descriptors() {
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfds;
+  cfds.emplace_back(rocksdb::kDefaultColumnFamilyName, cf_options(-1));
+  for (int i = 0; i < kCfCount; ++i) cfds.emplace_back(kCfNames[i], cf_options(i));
+  return cfds;
+}
 
-rocksdb::DBOptions db_options(bool secondary) {
+rocksdb::DBOptions db_options(bool secondary, rocksdb::Env* env) {
   rocksdb::DBOptions o;
+  o.env = env;
+  // Damage is found at open, not served as a silently shorter cache: every table file is opened and its size
+  // checked (max_open_files -1), and a write-ahead log whose records fail their checksums fails the open.
+  // Only an incomplete last record is tolerated: what a process killed in the middle of a write leaves.
+  o.paranoid_checks = true;
+  o.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   o.create_if_missing = true;
   o.create_missing_column_families = true;
   o.info_log_level = rocksdb::WARN_LEVEL;
   o.keep_log_file_num = 2;
   o.max_log_file_size = 1 << 20;
   o.max_background_jobs = 2;
-  // A secondary keeps every table file open: the writer may delete files it still reads (RocksDB's rule).
-  if (secondary) o.max_open_files = -1;
+  // Every table file open: a secondary must (the writer may delete files it still reads, RocksDB's rule), and
+  // for the writer it is what checks each file's size at open (a truncated table file is damage found then).
+  o.max_open_files = -1;
+  (void)secondary;
   return o;
 }
 
-Result<std::unique_ptr<Db>> open_db(const std::string& path, bool primary, const std::string& secondary_dir) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfds;
-  cfds.emplace_back(rocksdb::kDefaultColumnFamilyName, cf_options(-1));
-  for (int i = 0; i < kCfCount; ++i) cfds.emplace_back(kCfNames[i], cf_options(i));
+Result<std::unique_ptr<Db>> open_db(const std::string& path, bool primary, const std::string& secondary_dir,
+                                    rocksdb::Env* env) {
+  KILN_RETURN_IF_ERROR(check_db_folder(path));
+  auto cfds = cf_descriptors();
   auto out = std::make_unique<Db>();
   out->primary = primary;
   rocksdb::Status s = primary
-      ? rocksdb::DB::Open(db_options(false), path, cfds, &out->handles, &out->db)
-      : rocksdb::DB::OpenAsSecondary(db_options(true), path, secondary_dir, cfds, &out->handles, &out->db);
+      ? rocksdb::DB::Open(db_options(false, env), path, cfds, &out->handles, &out->db)
+      : rocksdb::DB::OpenAsSecondary(db_options(true, env), path, secondary_dir, cfds, &out->handles, &out->db);
   if (!s.ok()) {
-    return to_status(s, primary ? "DB::Open" : "DB::OpenAsSecondary", __FILE__, __LINE__)
-        .with_context(fmt::format("opening the cache database '{}' as {}", path, primary ? "the writer" : "a reader"));
+    Status st = to_status(s, primary ? "DB::Open" : "DB::OpenAsSecondary", __FILE__, __LINE__);
+    if (is_damage(s)) st = make_error(ErrorCode::kCorrupt, st.message());
+    return st.with_context(fmt::format("opening the cache database '{}' as {}", path, primary ? "the writer" : "a reader"));
   }
   return out;
 }
+
+namespace {
 
 std::string random_token() {
   std::random_device rd;
@@ -107,6 +126,30 @@ std::string default_cache_dir() {
 
 std::string Store::Impl::note() const { return fmt::format("pid {} ({})\n", ::getpid(), token); }
 
+rocksdb::Env* Store::Impl::env() const { return env_of(options); }
+
+rocksdb::WriteOptions Store::Impl::write_options() const {
+  rocksdb::WriteOptions wo;
+  wo.sync = options.sync_writes;
+  return wo;
+}
+
+Status Store::Impl::note_write(Status s, bool to_database) {
+  if (!s.ok()) {
+    std::lock_guard lock(write_error_mu);
+    if (write_error.ok()) write_error = s;
+    if (to_database && database_error.ok()) database_error = s;
+  }
+  return s;
+}
+
+Status Store::Impl::database_writable() const {
+  std::lock_guard lock(write_error_mu);
+  if (database_error.ok()) return Status();
+  return make_error(database_error.code(), fmt::format("the cache stopped writing to '{}' after a failed write "
+                                                       "(reopen it to retry): {}", db_path, database_error.to_string()));
+}
+
 Status Store::Impl::write_format_record() {
   std::string value;
   rocksdb::Status s = db->db->Get(rocksdb::ReadOptions(), db->cf(kMeta), std::string(kMetaFormatKey), &value);
@@ -117,8 +160,9 @@ Status Store::Impl::write_format_record() {
   } else if (!s.IsNotFound()) {
     KILN_CHECK(s);
   }
+  KILN_RETURN_IF_ERROR(database_writable());
   MetaRecord m{kFormatVersion, toolchain.kiln, now_ns()};
-  KILN_CHECK(db->db->Merge(rocksdb::WriteOptions(), db->cf(kMeta), std::string(kMetaFormatKey), encode_meta(m)));
+  KILN_CHECK(db->db->Merge(write_options(), db->cf(kMeta), std::string(kMetaFormatKey), encode_meta(m)));
   return Status();
 }
 
@@ -129,18 +173,34 @@ Status Store::Impl::open_role(bool as_writer, FileLock lock) {
   if (!open_lock.ok()) return open_lock.status();
   db.reset();
   if (as_writer) {
-    auto d = open_db(db_path, true, {});
+    auto d = open_db(db_path, true, {}, env());
+    if (!d.ok() && d.status().code() == ErrorCode::kCorrupt && options.on_damage == OnDamage::kQuarantine) {
+      writer_lock = std::move(lock);
+      writer = true;
+      Status s = quarantine_and_rebuild(d.status());
+      if (s.ok()) return Status();
+      d = s;
+      lock = std::move(writer_lock);
+      writer = false;
+    }
     if (d.ok()) {
       db = std::move(d).value();
       writer_lock = std::move(lock);
       writer = true;
-      KILN_RETURN_IF_ERROR(write_format_record());
+      KILN_RETURN_IF_ERROR(note_write(write_format_record()));
       clean_dead();
       return Status();
     }
-    spdlog::warn("kiln cache: could not open {} as the writer: {}", db_path, d.status().to_string());
+    // Without a database to read (the path is a file, the disk is full, ...) a reader would wait for a writer
+    // that is this process, retrying forever: report why it failed. Damage is reported too. A database this
+    // process may read but not write (its folder is read-only to us) can still be read.
+    std::error_code ec;
+    if (options.role == Role::kWriter || d.status().code() == ErrorCode::kCorrupt ||
+        !fs::exists(fs::path(db_path) / "CURRENT", ec)) {
+      return d.status();
+    }
+    spdlog::warn("kiln cache: could not open {} as the writer ({}); reading it", db_path, d.status().to_string());
     lock.release();
-    if (options.role == Role::kWriter) return d.status();
   }
   writer = false;
   std::error_code ec;
@@ -165,7 +225,7 @@ Status Store::Impl::open_role(bool as_writer, FileLock lock) {
     if (!open_lock.ok()) return open_lock.status();
   }
   fs::create_directories(secondary_dir(), ec);
-  KILN_ASSIGN_OR_RETURN(db, open_db(db_path, false, secondary_dir()));
+  KILN_ASSIGN_OR_RETURN(db, open_db(db_path, false, secondary_dir(), env()));
   return Status();
 }
 
@@ -241,10 +301,18 @@ Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
   impl->procs_dir = impl->dir + "/procs";
   impl->token = random_token();
   std::error_code ec;
+  if (impl->dir.empty()) return make_error(ErrorCode::kInvalidArgument, "the cache folder is an empty path");
+  // Damage is left to the writer's open (which may quarantine it); a reader reports it now.
+  if (Status s = check_db_folder(impl->db_path); !s.ok() && (s.code() != ErrorCode::kCorrupt || impl->options.role == Role::kReader)) {
+    return s;
+  }
   if (impl->options.role == Role::kReader && !fs::exists(fs::path(impl->db_path) / "CURRENT", ec)) {
     return make_error(ErrorCode::kNotFound, fmt::format("no kiln cache in '{}'", impl->dir));
   }
   for (const auto& d : {impl->dir, impl->staging_dir, impl->readers_dir, impl->procs_dir}) {
+    if (fs::exists(d, ec) && !fs::is_directory(d, ec)) {
+      return make_error(ErrorCode::kIoError, fmt::format("cannot use '{}': it is a file, not a folder", d));
+    }
     fs::create_directories(d, ec);
     if (ec) return make_error(ErrorCode::kIoError, fmt::format("cannot create '{}': {}", d, ec.message()));
   }
@@ -265,8 +333,17 @@ Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
   bool as_writer = writer_lock.held();
   KILN_RETURN_IF_ERROR(impl->open_role(as_writer, std::move(writer_lock)));
   {
-    std::shared_lock role(impl->role_mu);
-    KILN_RETURN_IF_ERROR(impl->load_memory());
+    std::unique_lock role(impl->role_mu);
+    Status loaded = impl->load_memory();
+    // A damaged block of a table file shows up only when read: loading is the first full read.
+    if (!loaded.ok() && loaded.code() == ErrorCode::kCorrupt && impl->writer &&
+        impl->options.on_damage == OnDamage::kQuarantine && impl->quarantined.empty()) {
+      auto open_lock = FileLock::acquire(impl->dir + "/open.lock", true);
+      if (!open_lock.ok()) return open_lock.status();
+      KILN_RETURN_IF_ERROR(impl->quarantine_and_rebuild(loaded.with_context("reading " + impl->db_path)));
+      loaded = impl->load_memory();
+    }
+    KILN_RETURN_IF_ERROR(loaded);
   }
   if (impl->writer) {
     KILN_RETURN_IF_ERROR(impl->ingest_staged());
@@ -300,6 +377,11 @@ Store::~Store() {
 }
 
 const std::string& Store::dir() const { return impl_->dir; }
+const std::string& Store::quarantined() const { return impl_->quarantined; }
+Status Store::first_write_error() const {
+  std::lock_guard lock(impl_->write_error_mu);
+  return impl_->write_error;
+}
 bool Store::is_writer() const { return impl_->writer; }
 const Toolchain& Store::toolchain() const { return impl_->toolchain; }
 

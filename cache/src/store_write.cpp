@@ -23,13 +23,15 @@ Status Store::Impl::write(std::vector<Entry> entries) {
   {
     std::shared_lock lock(role_mu);
     if (writer) {
+      KILN_RETURN_IF_ERROR(database_writable());
       rocksdb::WriteBatch batch;
       for (const auto& e : entries) KILN_CHECK(batch.Merge(db->cf(e.cf), e.key, e.value));
-      rocksdb::WriteOptions wo;
-      wo.sync = options.sync_writes;
-      KILN_CHECK(db->db->Write(wo, &batch));
+      rocksdb::Status s = db->db->Write(write_options(), &batch);
+      if (!s.ok()) {
+        return note_write(to_status(s, "DB::Write", __FILE__, __LINE__).with_context("writing to the cache database '" + db_path + "'"));
+      }
     } else {
-      KILN_RETURN_IF_ERROR(stage(std::move(entries)));
+      KILN_RETURN_IF_ERROR(note_write(stage(std::move(entries)), false));
     }
   }
   hook("write:after");
@@ -50,6 +52,18 @@ Status Store::Impl::stage(std::vector<Entry> entries) {
   std::error_code ec;
   fs::create_directories(tmp, ec);
   if (ec) return make_error(ErrorCode::kIoError, fmt::format("cannot create '{}': {}", tmp.string(), ec.message()));
+  // A batch that could not be written whole (a full disk) is removed at once, not left for clean_dead().
+  struct RemoveUnlessPublished {
+    fs::path path;
+    bool published = false;
+    ~RemoveUnlessPublished() {
+      std::error_code ec;
+      if (!published) fs::remove_all(path, ec);
+    }
+  } guard{tmp};
+  auto check = [&](const rocksdb::Status& s, const char* what) {
+    return s.ok() ? Status() : to_status(s, what, __FILE__, __LINE__).with_context("staging a batch in '" + tmp.string() + "'");
+  };
   std::array<std::vector<Entry*>, kCfCount> by_cf;
   for (auto& e : entries) by_cf[e.cf].push_back(&e);
   for (int cf = 0; cf < kCfCount; ++cf) {
@@ -57,22 +71,23 @@ Status Store::Impl::stage(std::vector<Entry> entries) {
     if (list.empty()) continue;
     // An SST holds each key once, in order: keep the winner of duplicates.
     std::stable_sort(list.begin(), list.end(), [](Entry* a, Entry* b) { return a->key < b->key; });
-    rocksdb::SstFileWriter w(rocksdb::EnvOptions(), sst_options(cf));
-    KILN_CHECK(w.Open((tmp / (std::string(kCfNames[cf]) + ".sst")).string()));
+    rocksdb::SstFileWriter w(rocksdb::EnvOptions(), sst_options(cf, env()));
+    KILN_RETURN_IF_ERROR(check(w.Open((tmp / (std::string(kCfNames[cf]) + ".sst")).string()), "SstFileWriter::Open"));
     for (size_t i = 0; i < list.size(); ++i) {
       Entry* best = list[i];
       while (i + 1 < list.size() && list[i + 1]->key == best->key) {
         ++i;
         if (!first_wins(best->value, list[i]->value)) best = list[i];
       }
-      KILN_CHECK(w.Merge(best->key, best->value));
+      KILN_RETURN_IF_ERROR(check(w.Merge(best->key, best->value), "SstFileWriter::Merge"));
     }
-    KILN_CHECK(w.Finish());
+    KILN_RETURN_IF_ERROR(check(w.Finish(), "SstFileWriter::Finish"));
   }
   hook("stage:before_publish");
   fs::path final_name = fs::path(staging_dir) / fmt::format("{:020d}-{}-{:08d}", now_ns(), token, seq);
   fs::rename(tmp, final_name, ec);
   if (ec) return make_error(ErrorCode::kIoError, fmt::format("cannot publish '{}': {}", tmp.string(), ec.message()));
+  guard.published = true;
   staged_anything = true;
   hook("stage:after_publish");
   return Status();
@@ -102,6 +117,7 @@ Status Store::Impl::ingest_staged() {
   if (!writer) return Status();
   auto batches = staged_batches();
   if (batches.empty()) return Status();
+  KILN_RETURN_IF_ERROR(database_writable());
   hook("ingest:before");
   constexpr uintmax_t kIngestAsFilesBytes = 4u << 20;
   rocksdb::WriteBatch wb;
@@ -109,7 +125,7 @@ Status Store::Impl::ingest_staged() {
   std::vector<Entry> seen;  // timings and decisions, for this process's memory
   auto commit = [&]() -> Status {
     if (wb.Count() > 0) {
-      KILN_CHECK(db->db->Write(rocksdb::WriteOptions(), &wb));
+      KILN_RETURN_IF_ERROR(note_write(KILN_ROCKS_STATUS(db->db->Write(write_options(), &wb))));
       wb.Clear();
     }
     for (const auto& b : written) {
@@ -136,7 +152,7 @@ Status Store::Impl::ingest_staged() {
     std::vector<Entry> mine_seen;
     Status bad;
     for (const auto& [cf, file] : files) {
-      rocksdb::SstFileReader reader(sst_options(cf));
+      rocksdb::SstFileReader reader(sst_options(cf, env()));
       rocksdb::Status s = reader.Open(file.string());
       if (s.ok()) s = reader.VerifyChecksum();
       if (!s.ok()) {
@@ -174,7 +190,7 @@ Status Store::Impl::ingest_staged() {
         args.push_back(std::move(arg));
       }
       rocksdb::Status s = db->db->IngestExternalFiles(args);
-      if (!s.ok()) return to_status(s, "IngestExternalFiles", __FILE__, __LINE__).with_context("ingesting " + batch.string());
+      if (!s.ok()) return note_write(to_status(s, "IngestExternalFiles", __FILE__, __LINE__).with_context("ingesting " + batch.string()));
     } else {
       for (const auto& e : mine) KILN_CHECK(wb.Merge(db->cf(e.cf), e.key, e.value));
     }
@@ -275,7 +291,9 @@ Status Store::sync() {
   KILN_RETURN_IF_ERROR(m.ingest_staged());
   m.clean_dead();
   std::shared_lock role(m.role_mu);
-  if (m.writer) KILN_CHECK(m.db->db->SyncWAL());
+  if (!m.writer) return Status();
+  KILN_RETURN_IF_ERROR(m.database_writable());
+  KILN_RETURN_IF_ERROR(m.note_write(KILN_ROCKS_STATUS(m.db->db->SyncWAL())));
   return Status();
 }
 

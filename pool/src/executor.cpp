@@ -2,23 +2,22 @@
 
 #include <sched.h>
 
+#include <array>
 #include <cstdlib>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "kiln/enum_names.h"
 #include "kiln/pool/process_pool.h"
 #include "kiln/pool/subprocess.h"
 
 namespace kiln {
 
 std::string_view priority_name(Priority p) {
-  switch (p) {
-    case Priority::kBackground: return "background";
-    case Priority::kNormal: return "normal";
-    case Priority::kOnDemand: return "on-demand";
-  }
-  return "unknown";
+  static constexpr std::array<EnumName<Priority>, 3> kNames{
+      {{Priority::kBackground, "background"}, {Priority::kNormal, "normal"}, {Priority::kOnDemand, "on-demand"}}};
+  return name_in(kNames, p, "unknown");
 }
 
 int available_cores() {
@@ -32,19 +31,15 @@ int available_cores() {
   return hw > 0 ? static_cast<int>(hw) : 1;
 }
 
-std::string_view executor_kind_name(ExecutorKind kind) {
-  switch (kind) {
-    case ExecutorKind::kInline: return "inline";
-    case ExecutorKind::kArena: return "arena";
-    case ExecutorKind::kProcess: return "process";
-  }
-  return "unknown";
-}
+namespace {
+constexpr std::array<EnumName<ExecutorKind>, 3> kExecutorKindNames{
+    {{ExecutorKind::kInline, "inline"}, {ExecutorKind::kArena, "arena"}, {ExecutorKind::kProcess, "process"}}};
+}  // namespace
+
+std::string_view executor_kind_name(ExecutorKind kind) { return name_in(kExecutorKindNames, kind, "unknown"); }
 
 Result<ExecutorKind> parse_executor_kind(std::string_view name) {
-  if (name == "inline") return ExecutorKind::kInline;
-  if (name == "arena") return ExecutorKind::kArena;
-  if (name == "process") return ExecutorKind::kProcess;
+  if (auto kind = value_in(kExecutorKindNames, name)) return *kind;
   return make_error(ErrorCode::kInvalidArgument,
                     fmt::format("unknown executor '{}' (expected inline, arena or process)", name));
 }

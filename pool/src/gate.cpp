@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -22,8 +23,11 @@ struct Flight {
   bool done = false;
 };
 
+// Failures that the same source would meet again, so they are cached. A compile that passed its timeout
+// (a macro bomb, say) is one: retried, it would cost the whole timeout again, every time.
 bool deterministic_failure(const Status& s) {
-  return s.code() == ErrorCode::kCompileError || s.code() == ErrorCode::kInvalidArgument;
+  return s.code() == ErrorCode::kCompileError || s.code() == ErrorCode::kInvalidArgument ||
+         s.code() == ErrorCode::kTimeout;
 }
 
 }  // namespace
@@ -35,6 +39,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
   std::mutex mu;
   std::condition_variable idle;
   std::unordered_map<KernelKey, std::shared_ptr<Flight>> flights;
+  std::unordered_set<KernelKey> compiled_here;  // keys this gate sent to the executor
   size_t active = 0;  // flights not yet completed (their hooks included)
   bool closed = false;
   GateCounters counters;
@@ -64,6 +69,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
       if (auto it = flights.find(key); it != flights.end() && it->second == f) flights.erase(it);
       f->done = true;
       if (from_executor) {
+        compiled_here.insert(key);
         if (r.ok()) {
           ++counters.compiled;
         } else {
@@ -130,7 +136,9 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
     if (auto hit = lookup(key)) {
       {
         std::lock_guard lock(mu);
-        ++(hit->ok() ? counters.cache_hits : counters.cached_failures);
+        // What this gate compiled itself and then found in the cache was not "already cached".
+        if (compiled_here.count(key)) ++counters.repeats;
+        else ++(hit->ok() ? counters.cache_hits : counters.cached_failures);
       }
       complete(f, key, std::move(*hit), false);
       return mine;

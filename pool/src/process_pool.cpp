@@ -23,7 +23,7 @@
 
 #include "job_queue.h"
 #include "kiln/pool/subprocess.h"
-#include "kiln/pool/wire.h"
+#include "wire.h"
 
 namespace kiln {
 
@@ -238,7 +238,13 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     req.want_ptx = job->job.settings.want_ptx;
     req.use_pch = job->job.settings.use_pch;
     req.pch_dir = job->job.settings.pch_dir;
-    w.out += wire::encode(req);
+    Result<std::string> frame = wire::encode(req);
+    if (!frame.ok()) {
+      // A source too large for a frame: this job fails, the worker stays idle for the next.
+      finish(*job, std::move(frame).status().with_context(fmt::format("sending {} to a compile worker", job->name())));
+      return;
+    }
+    w.out += *frame;
     w.state = WorkerState::kBusy;
     w.deadline = Clock::now() + opt.job_timeout;
     emit(PoolEvent::Kind::kJobSent, w.pid, job->id, job->name());
@@ -304,23 +310,23 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
         break;
       }
     }
-    while (w.in.size() >= wire::kHeaderSize && !w.dead) {
-      auto h = wire::decode_header(w.in);
-      if (!h.ok()) {
-        protocol_failure(w, h.status().to_string());
+    while (!w.dead) {
+      auto frame = codec::take_frame(wire::kProtocol, w.in);
+      if (!frame.ok()) {
+        protocol_failure(w, frame.status().to_string());
         return;
       }
-      if (w.in.size() < wire::kHeaderSize + h->length) break;
-      std::string_view payload(w.in.data() + wire::kHeaderSize, h->length);
-      if (h->type == wire::MessageType::kHello) {
-        auto hello = wire::decode_hello(payload);
+      if (!frame->has_value()) break;
+      const codec::Frame& f = **frame;
+      if (f.type == static_cast<uint16_t>(wire::MessageType::kHello)) {
+        auto hello = wire::decode_hello(f.payload);
         if (!hello.ok() || w.state != WorkerState::kStarting) {
           protocol_failure(w, hello.ok() ? "a second hello" : hello.status().to_string());
           return;
         }
         on_hello(w);
-      } else if (h->type == wire::MessageType::kReply) {
-        auto reply = wire::decode_reply(payload);
+      } else if (f.type == static_cast<uint16_t>(wire::MessageType::kReply)) {
+        auto reply = wire::decode_reply(f.payload);
         if (!reply.ok() || w.state != WorkerState::kBusy || !w.job || reply->job_id != w.job->id) {
           protocol_failure(w, reply.ok() ? "a reply for a job it was not given" : reply.status().to_string());
           return;
@@ -330,7 +336,6 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
         protocol_failure(w, "a request frame");
         return;
       }
-      w.in.erase(0, wire::kHeaderSize + h->length);
     }
   }
 

@@ -16,13 +16,18 @@ double steady_seconds() {
 ProgressTracker::ProgressTracker(size_t total, ProgressClock clock)
     : clock_(std::move(clock)), start_(clock_()), total_(total) {}
 
-void ProgressTracker::record(bool ok) {
+void ProgressTracker::record(bool ok) { record_one(ok, false); }
+
+void ProgressTracker::record_free() { record_one(true, true); }
+
+void ProgressTracker::record_one(bool ok, bool free) {
   ProgressSnapshot s;
   std::vector<std::function<void(const ProgressSnapshot&)>> listeners;
   {
     std::lock_guard lock(mu_);
     ++done_;
     if (!ok) ++failed_;
+    if (free) ++free_;
     s = snapshot_locked();
     listeners = listeners_;
   }
@@ -40,8 +45,8 @@ ProgressSnapshot ProgressTracker::snapshot_locked() const {
   s.done = done_;
   s.failed = failed_;
   s.elapsed_seconds = clock_() - start_;
-  if (done_ > 0 && s.elapsed_seconds > 0) {
-    s.rate = static_cast<double>(done_) / s.elapsed_seconds;
+  if (done_ > free_ && s.elapsed_seconds > 0) {
+    s.rate = static_cast<double>(done_ - free_) / s.elapsed_seconds;
     s.eta_seconds = static_cast<double>(total_ - std::min(done_, total_)) / s.rate;
   }
   if (done_ >= total_) s.eta_seconds = 0;

@@ -61,24 +61,44 @@ __device__ __forceinline__ void kiln_store_vec(T* p, const KilnVec<T, N>& v) {
   *reinterpret_cast<KilnVec<T, N>*>(p) = v;
 }
 
-// Reductions over a warp (all lanes get the result).
-__device__ __forceinline__ float kiln_warp_sum(float v) {
+// Reductions over a warp (all lanes get the result), by an associative operation.
+struct KilnSum {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct KilnMax {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+template <class Op>
+__device__ __forceinline__ float kiln_warp_reduce(float v, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ float kiln_warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+__device__ __forceinline__ float kiln_warp_sum(float v) { return kiln_warp_reduce(v, KilnSum{}); }
+__device__ __forceinline__ float kiln_warp_max(float v) { return kiln_warp_reduce(v, KilnMax{}); }
+
+// Where a thread stands in a kernel whose rows are each shared by ROW_THREADS consecutive threads (whole warps),
+// ROWS rows a block: its index among the row's threads, the first warp of its row's group (for
+// kiln_group_reduce) and its row.
+struct KilnRowPlace {
+  int t;
+  int warp0;
+  long long row;
+};
+template <int ROW_THREADS, int ROWS>
+__device__ __forceinline__ KilnRowPlace kiln_row_place() {
+  const int group = threadIdx.x / ROW_THREADS;
+  return {static_cast<int>(threadIdx.x % ROW_THREADS), group * (ROW_THREADS / 32),
+          (long long)blockIdx.x * ROWS + group};
 }
 
-// Sum / max over the WARPS consecutive warps that share a row (WARPS a power of two, <= 32). `scratch` holds
+// Reduction over the WARPS consecutive warps that share a row (WARPS a power of two, <= 32). `scratch` holds
 // at least (blockDim.x / 32) floats; every thread of the block must call it (it has a __syncthreads()).
-// `group_warp0` is the index of the first warp of the caller's group. All callers get the result.
-template <int WARPS>
-__device__ __forceinline__ float kiln_group_sum(float v, float* scratch, int group_warp0) {
-  v = kiln_warp_sum(v);
+// `group_warp0` is the index of the first warp of the caller's group; `identity` is op's neutral value. All
+// callers get the result.
+template <int WARPS, class Op>
+__device__ __forceinline__ float kiln_group_reduce(float v, float* scratch, int group_warp0, float identity, Op op) {
+  v = kiln_warp_reduce(v, op);
   if constexpr (WARPS == 1) {
     return v;
   } else {
@@ -86,21 +106,15 @@ __device__ __forceinline__ float kiln_group_sum(float v, float* scratch, int gro
     __syncthreads();  // scratch may still be read by a previous reduction
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    float r = lane < WARPS ? scratch[group_warp0 + lane] : 0.f;
-    return kiln_warp_sum(r);
+    float r = lane < WARPS ? scratch[group_warp0 + lane] : identity;
+    return kiln_warp_reduce(r, op);
   }
 }
 template <int WARPS>
+__device__ __forceinline__ float kiln_group_sum(float v, float* scratch, int group_warp0) {
+  return kiln_group_reduce<WARPS>(v, scratch, group_warp0, 0.f, KilnSum{});
+}
+template <int WARPS>
 __device__ __forceinline__ float kiln_group_max(float v, float* scratch, int group_warp0) {
-  v = kiln_warp_max(v);
-  if constexpr (WARPS == 1) {
-    return v;
-  } else {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float r = lane < WARPS ? scratch[group_warp0 + lane] : __int_as_float(0xff800000);
-    return kiln_warp_max(r);
-  }
+  return kiln_group_reduce<WARPS>(v, scratch, group_warp0, __int_as_float(0xff800000), KilnMax{});
 }

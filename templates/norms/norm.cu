@@ -14,12 +14,10 @@ ${endif}
 #include "kiln/templates/kernel_args.h"
 
 typedef ${dtype} T;
-constexpr int kThreads = ${threads};
-constexpr int kRowsPerBlock = ${rows_per_block};
-constexpr int kRowThreads = ${row_threads};
+// The row family's tunables (row_params in templates/src/families.h).
+constexpr int kThreads = ${threads}, kRowsPerBlock = ${rows_per_block}, kRowThreads = ${row_threads};
+constexpr int kVec = ${vec}, kItems = ${items};
 constexpr int kWarpsPerRow = kRowThreads / 32;
-constexpr int kVec = ${vec};
-constexpr int kItems = ${items};
 constexpr bool kResidual = ${residual};
 constexpr bool kLayerNorm = ${layernorm};
 constexpr bool kBias = ${has_bias};
@@ -28,10 +26,7 @@ typedef KilnVec<T, kVec> V;
 extern "C" __global__ void __launch_bounds__(kThreads)
 ${if layernorm}kiln_layernorm${else}kiln_rmsnorm${endif}(const KilnNormArgs args) {
   __shared__ float scratch[kThreads / 32];
-  const int group = threadIdx.x / kRowThreads;
-  const int t = threadIdx.x % kRowThreads;
-  const int warp0 = group * kWarpsPerRow;
-  const long long row = (long long)blockIdx.x * kRowsPerBlock + group;
+  const auto [t, warp0, row] = kiln_row_place<kRowThreads, kRowsPerBlock>();
   // Every thread takes part in the group reductions (they synchronise the block); threads past the last row
   // compute on nothing and store nothing.
   const bool active = row < args.rows;

@@ -7,20 +7,15 @@
 #include "kiln/templates/kernel_args.h"
 
 typedef ${dtype} T;
-constexpr int kThreads = ${threads};
-constexpr int kRowsPerBlock = ${rows_per_block};
-constexpr int kRowThreads = ${row_threads};
+// The row family's tunables (row_params in templates/src/families.h).
+constexpr int kThreads = ${threads}, kRowsPerBlock = ${rows_per_block}, kRowThreads = ${row_threads};
+constexpr int kVec = ${vec}, kItems = ${items};
 constexpr int kWarpsPerRow = kRowThreads / 32;
-constexpr int kVec = ${vec};
-constexpr int kItems = ${items};
 typedef KilnVec<T, kVec> V;
 
 extern "C" __global__ void __launch_bounds__(kThreads) kiln_softmax(const KilnSoftmaxArgs args) {
   __shared__ float scratch[kThreads / 32];
-  const int group = threadIdx.x / kRowThreads;
-  const int t = threadIdx.x % kRowThreads;
-  const int warp0 = group * kWarpsPerRow;
-  const long long row = (long long)blockIdx.x * kRowsPerBlock + group;
+  const auto [t, warp0, row] = kiln_row_place<kRowThreads, kRowsPerBlock>();
   const bool active = row < args.rows;
   const int cols = args.cols;
   const float scale = args.scale;

@@ -41,14 +41,12 @@ Status allreduce_constraints(const Params& p, const DeviceLimits& limits, bool f
 
 void add_allreduce_templates(std::vector<TemplateDef>& out) {
   for (bool fused : {false, true}) {
-    TemplateDef d;
-    d.name = fused ? "allreduce_rmsnorm" : "allreduce";
-    d.problem = d.name;
-    d.description = fused ? "all-reduce (sum) across GPUs fused with residual add and RMSNorm, fp32 statistics"
-                          : "all-reduce (sum) across GPUs through peer-mapped buffers, one-shot or two-shot";
-    d.file = "collectives/allreduce.cu";
-    d.headers = {"common/kiln_device.cuh"};
-    d.entry = "kiln_allreduce";
+    const char* name = fused ? "allreduce_rmsnorm" : "allreduce";
+    TemplateDef d = builtin_def(
+        name, name,
+        fused ? "all-reduce (sum) across GPUs fused with residual add and RMSNorm, fp32 statistics"
+              : "all-reduce (sum) across GPUs through peer-mapped buffers, one-shot or two-shot",
+        "collectives/allreduce.cu", "kiln_allreduce");
     d.params = {
         dtype_param("dtype", ParamRole::kProblem, {DType::kBF16, DType::kF16, DType::kF32}, "", "element dtype"),
         int_param("world", ParamRole::kProblem, {2, 4, 8}, "w", "ranks taking part"),

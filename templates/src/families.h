@@ -6,6 +6,8 @@
 // KILN_HAVE_GEMM_TEMPLATES so registry.cpp calls it; texts under templates/gemm/ are embedded by a glob too.
 #pragma once
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/templates/template.h"
@@ -24,6 +26,21 @@ std::vector<ParamSpec> row_params(std::vector<ParamSpec> problem);
 Status row_constraints(const Params& p, const DeviceLimits& limits, int extra_regs);
 Status row_problem(const Params& p, const Shape& s);
 Result<Launch> row_geometry(const Params& p, const Shape& s);
+
+/// A built-in family's identity: its `name`, the `problem` it solves, its text `file` and `entry` kernel; its
+/// headers are the device helpers (common/kiln_device.cuh) then `more_headers`.
+inline TemplateDef builtin_def(std::string name, std::string problem, std::string description, std::string file,
+                               std::string entry, std::vector<std::string> more_headers = {}) {
+  TemplateDef d;
+  d.name = std::move(name);
+  d.problem = std::move(problem);
+  d.description = std::move(description);
+  d.file = std::move(file);
+  d.headers = {"common/kiln_device.cuh"};
+  d.headers.insert(d.headers.end(), more_headers.begin(), more_headers.end());
+  d.entry = std::move(entry);
+  return d;
+}
 
 /// Small shared helpers for families.
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -95,13 +95,9 @@ std::string config_name(const Params& p) {
 }  // namespace
 
 TemplateDef gemm_mma_sm80_def() {
-  TemplateDef d;
-  d.name = "gemm_mma_sm80";
-  d.problem = "gemm";
-  d.description = "tensor-core GEMM: mma.sync m16n8k16 with a cp.async multi-stage pipeline (sm_80+)";
-  d.file = "gemm/mma_sm80.cu";
-  d.headers = {"common/kiln_device.cuh", "gemm/gemm_common.cuh"};
-  d.entry = "kiln_gemm_mma_sm80";
+  TemplateDef d = builtin_def("gemm_mma_sm80", "gemm",
+                              "tensor-core GEMM: mma.sync m16n8k16 with a cp.async multi-stage pipeline (sm_80+)",
+                              "gemm/mma_sm80.cu", "kiln_gemm_mma_sm80", {"gemm/gemm_common.cuh"});
   d.min_cc = 80;
   d.params = gemm_problem_specs();
   d.params.push_back(int_param("align", ParamRole::kProblem, {8, 1}, "a",

@@ -223,13 +223,9 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
 }
 
 TemplateDef gemm_wgmma_sm90_def() {
-  TemplateDef d;
-  d.name = "gemm_wgmma_sm90";
-  d.problem = "gemm";
-  d.description = "Hopper GEMM: wgmma + TMA, warp-specialised producer/consumer with mbarriers (sm_90a)";
-  d.file = "gemm/wgmma_sm90.cu";
-  d.headers = {"common/kiln_device.cuh", "gemm/gemm_common.cuh"};
-  d.entry = "kiln_gemm_wgmma_sm90";
+  TemplateDef d = builtin_def("gemm_wgmma_sm90", "gemm",
+                              "Hopper GEMM: wgmma + TMA, warp-specialised producer/consumer with mbarriers (sm_90a)",
+                              "gemm/wgmma_sm90.cu", "kiln_gemm_wgmma_sm90", {"gemm/gemm_common.cuh"});
   d.min_cc = 90;
   d.needs_arch_specific = true;
   d.params = gemm_problem_specs();

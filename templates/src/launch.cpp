@@ -1,9 +1,13 @@
 // Family launch helpers and subgraphs (see kiln/templates/launch.h).
 #include "kiln/templates/launch.h"
 
+#include <array>
+#include <initializer_list>
+
 #include <fmt/format.h>
 
 #include "families.h"
+#include "kiln/enum_names.h"
 #include "kiln/templates/registry.h"
 
 namespace kiln::templates {
@@ -18,17 +22,31 @@ EpilogueArgs default_epilogue_args() {
 namespace {
 Status bad(std::string msg) { return make_error(ErrorCode::kInvalidArgument, std::move(msg)); }
 
-// Launch::align_bytes / align_elems: what the configuration's vector accesses need (see template.h).
-Status check_ptr(const Launch& g, const void* p, const char* what) {
-  if (p && g.align_bytes > 1 && reinterpret_cast<uintptr_t>(p) % g.align_bytes) {
-    return bad(fmt::format("{} ({}) is not aligned to the {} bytes this configuration's vector accesses need", what,
-                           p, g.align_bytes));
+// Launch::align_bytes / align_elems: what the configuration's vector accesses need (see template.h). An
+// operand's pointer must be aligned to align_bytes (a null one is not checked) and each leading dimension that
+// is used a multiple of align_elems; errors name the operand as "<op>: <name>".
+struct Pointer {
+  const void* p;
+  const char* name;
+};
+struct Stride {
+  long long ld;
+  const char* name;
+  bool used = true;
+};
+Status check_alignment(const Launch& g, const char* op, std::initializer_list<Pointer> pointers,
+                       std::initializer_list<Stride> strides) {
+  for (const Pointer& o : pointers) {
+    if (o.p && g.align_bytes > 1 && reinterpret_cast<uintptr_t>(o.p) % g.align_bytes) {
+      return bad(fmt::format("{}: {} ({}) is not aligned to the {} bytes this configuration's vector accesses need",
+                             op, o.name, o.p, g.align_bytes));
+    }
   }
-  return Status();
-}
-Status check_ld(const Launch& g, long long ld, const char* what) {
-  if (g.align_elems > 1 && ld % g.align_elems) {
-    return bad(fmt::format("{} = {} is not a multiple of {} (this configuration's vector width)", what, ld, g.align_elems));
+  for (const Stride& o : strides) {
+    if (o.used && g.align_elems > 1 && o.ld % g.align_elems) {
+      return bad(fmt::format("{}: {} = {} is not a multiple of {} (this configuration's vector width)", op, o.name,
+                             o.ld, g.align_elems));
+    }
   }
   return Status();
 }
@@ -45,38 +63,32 @@ Status launch(const Kernel& kernel, const Launch& g, const GemmArgs& a, CUstream
   if (a.split_k < 1 || a.k_per_split < 0) return bad("gemm: split_k must be >= 1 and k_per_split >= 0");
   if ((a.m && a.n && a.k) && (!a.a || !a.b)) return bad("gemm: null A or B");
   if (a.split_k > 1 && !a.workspace) return bad("gemm: split-K partials need a workspace");
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.a, "gemm: a"));
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.b, "gemm: b"));
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.d, "gemm: d"));
-  KILN_RETURN_IF_ERROR(check_ld(g, a.lda, "gemm: lda"));
-  KILN_RETURN_IF_ERROR(check_ld(g, a.ldb, "gemm: ldb"));
-  if (a.d) KILN_RETURN_IF_ERROR(check_ld(g, a.ldd, "gemm: ldd"));
+  KILN_RETURN_IF_ERROR(check_alignment(g, "gemm", {{a.a, "a"}, {a.b, "b"}, {a.d, "d"}},
+                                       {{a.lda, "lda"}, {a.ldb, "ldb"}, {a.ldd, "ldd", a.d != nullptr}}));
   return launch_struct(kernel, g, a, stream);
 }
 
 Status launch(const Kernel& kernel, const Launch& g, const NormArgs& a, CUstream stream) {
   if (a.rows < 0 || a.cols < 0) return bad("norm: negative size");
   if (a.rows && a.cols && (!a.x || !a.y || !a.weight)) return bad("norm: null x, y or weight");
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.x, "norm: x"));
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.residual, "norm: residual"));
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.residual_out, "norm: residual_out"));
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.weight, "norm: weight"));
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.bias, "norm: bias"));
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.y, "norm: y"));
-  KILN_RETURN_IF_ERROR(check_ld(g, a.ld_x, "norm: ld_x"));
-  if (a.residual) KILN_RETURN_IF_ERROR(check_ld(g, a.ld_residual, "norm: ld_residual"));
-  if (a.residual_out) KILN_RETURN_IF_ERROR(check_ld(g, a.ld_residual_out, "norm: ld_residual_out"));
-  KILN_RETURN_IF_ERROR(check_ld(g, a.ld_y, "norm: ld_y"));
+  KILN_RETURN_IF_ERROR(check_alignment(g, "norm",
+                                       {{a.x, "x"},
+                                        {a.residual, "residual"},
+                                        {a.residual_out, "residual_out"},
+                                        {a.weight, "weight"},
+                                        {a.bias, "bias"},
+                                        {a.y, "y"}},
+                                       {{a.ld_x, "ld_x"},
+                                        {a.ld_residual, "ld_residual", a.residual != nullptr},
+                                        {a.ld_residual_out, "ld_residual_out", a.residual_out != nullptr},
+                                        {a.ld_y, "ld_y"}}));
   return launch_struct(kernel, g, a, stream);
 }
 
 Status launch(const Kernel& kernel, const Launch& g, const SoftmaxArgs& a, CUstream stream) {
   if (a.rows < 0 || a.cols < 0) return bad("softmax: negative size");
   if (a.rows && a.cols && (!a.x || !a.y)) return bad("softmax: null x or y");
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.x, "softmax: x"));
-  KILN_RETURN_IF_ERROR(check_ptr(g, a.y, "softmax: y"));
-  KILN_RETURN_IF_ERROR(check_ld(g, a.ld_x, "softmax: ld_x"));
-  KILN_RETURN_IF_ERROR(check_ld(g, a.ld_y, "softmax: ld_y"));
+  KILN_RETURN_IF_ERROR(check_alignment(g, "softmax", {{a.x, "x"}, {a.y, "y"}}, {{a.ld_x, "ld_x"}, {a.ld_y, "ld_y"}}));
   return launch_struct(kernel, g, a, stream);
 }
 
@@ -89,12 +101,9 @@ Status launch(const Kernel& kernel, const Launch& g, const SplitKReduceArgs& a, 
 // ------------------------------------------------------------------------------------------------ subgraphs
 
 std::string_view binding_name(Binding b) {
-  switch (b) {
-    case Binding::kGemm: return "gemm";
-    case Binding::kGemmPartials: return "gemm_partials";
-    case Binding::kSplitKReduce: return "splitk_reduce";
-  }
-  return "?";
+  static constexpr std::array<EnumName<Binding>, 3> kNames{
+      {{Binding::kGemm, "gemm"}, {Binding::kGemmPartials, "gemm_partials"}, {Binding::kSplitKReduce, "splitk_reduce"}}};
+  return name_in(kNames, b, "?");
 }
 
 Result<Subgraph> make_splitk_gemm(const TemplatePtr& gemm, const Params& gemm_params, const Params& reduce_params,

@@ -79,14 +79,11 @@ std::vector<ParamSpec> row_params(std::vector<ParamSpec> problem) {
 
 void add_norm_templates(std::vector<TemplateDef>& out) {
   for (bool layer : {false, true}) {
-    TemplateDef d;
-    d.name = layer ? "layernorm" : "rmsnorm";
-    d.problem = d.name;
-    d.description = layer ? "LayerNorm over rows (optional residual add and bias), fp32 statistics"
-                          : "RMSNorm over rows (optional residual add), fp32 statistics";
-    d.file = "norms/norm.cu";
-    d.headers = {"common/kiln_device.cuh"};
-    d.entry = layer ? "kiln_layernorm" : "kiln_rmsnorm";
+    const char* name = layer ? "layernorm" : "rmsnorm";
+    TemplateDef d = builtin_def(name, name,
+                                layer ? "LayerNorm over rows (optional residual add and bias), fp32 statistics"
+                                      : "RMSNorm over rows (optional residual add), fp32 statistics",
+                                "norms/norm.cu", layer ? "kiln_layernorm" : "kiln_rmsnorm");
     std::vector<ParamSpec> problem = {
         dtype_param("dtype", ParamRole::kProblem, {DType::kBF16, DType::kF16, DType::kF32}, "", "x, y, weight dtype"),
         bool_param("residual", ParamRole::kProblem, "res", "add residual first and write the sum to residual_out"),

@@ -4,13 +4,8 @@
 namespace kiln::templates::detail {
 
 void add_softmax_templates(std::vector<TemplateDef>& out) {
-  TemplateDef d;
-  d.name = "softmax";
-  d.problem = "softmax";
-  d.description = "softmax(scale * x) over rows, fp32 arithmetic";
-  d.file = "softmax/softmax.cu";
-  d.headers = {"common/kiln_device.cuh"};
-  d.entry = "kiln_softmax";
+  TemplateDef d = builtin_def("softmax", "softmax", "softmax(scale * x) over rows, fp32 arithmetic",
+                              "softmax/softmax.cu", "kiln_softmax");
   d.params = row_params({dtype_param("dtype", ParamRole::kProblem, {DType::kBF16, DType::kF16, DType::kF32}, "",
                                      "x and y dtype")});
   d.params.push_back(derived_param("row_threads", ParamKind::kInt, "threads per row"));

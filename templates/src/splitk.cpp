@@ -7,13 +7,9 @@
 namespace kiln::templates::detail {
 
 void add_splitk_templates(std::vector<TemplateDef>& out) {
-  TemplateDef d;
-  d.name = "splitk_reduce";
-  d.problem = "splitk_reduce";
-  d.description = "sums split-K fp32 partials, applies the epilogue, writes the output dtype";
-  d.file = "splitk/reduce.cu";
-  d.headers = {"common/kiln_device.cuh"};
-  d.entry = "kiln_splitk_reduce";
+  TemplateDef d = builtin_def("splitk_reduce", "splitk_reduce",
+                              "sums split-K fp32 partials, applies the epilogue, writes the output dtype",
+                              "splitk/reduce.cu", "kiln_splitk_reduce");
   std::vector<Value> epilogues;
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (Value& v : epilogue_samples(t)) epilogues.push_back(std::move(v));

@@ -5,11 +5,13 @@
 #include <cstring>
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "kiln/enum_names.h"
 #include "kiln/jit/device.h"
 #include "text.h"
 
@@ -17,22 +19,15 @@ namespace kiln::templates {
 
 // ------------------------------------------------------------------------------------------------ values
 
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kF32: return "f32";
-  }
-  return "?";
-}
-std::string_view dtype_cpp(DType t) {
-  switch (t) {
-    case DType::kF16: return "__half";
-    case DType::kBF16: return "__nv_bfloat16";
-    case DType::kF32: return "float";
-  }
-  return "?";
-}
+namespace {
+constexpr std::array<EnumName<DType>, 3> kDTypeNames{
+    {{DType::kF16, "f16"}, {DType::kBF16, "bf16"}, {DType::kF32, "f32"}}};
+constexpr std::array<EnumName<DType>, 3> kDTypeCppNames{
+    {{DType::kF16, "__half"}, {DType::kBF16, "__nv_bfloat16"}, {DType::kF32, "float"}}};
+}  // namespace
+
+std::string_view dtype_name(DType t) { return name_in(kDTypeNames, t, "?"); }
+std::string_view dtype_cpp(DType t) { return name_in(kDTypeCppNames, t, "?"); }
 int dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 namespace {
@@ -98,9 +93,9 @@ void store_element(DType t, float v, void* p) {
 }
 
 Result<DType> parse_dtype(std::string_view s) {
-  if (s == "f16" || s == "fp16" || s == "half") return DType::kF16;
-  if (s == "bf16") return DType::kBF16;
-  if (s == "f32" || s == "fp32" || s == "float") return DType::kF32;
+  if (auto t = value_in(kDTypeNames, s)) return *t;
+  if (s == "fp16" || s == "half") return DType::kF16;
+  if (s == "fp32" || s == "float") return DType::kF32;
   return make_error(ErrorCode::kInvalidArgument, fmt::format("unknown dtype '{}' (f16, bf16, f32)", s));
 }
 

@@ -14,6 +14,7 @@
 
 #include "cache_test_util.h"
 #include "format.h"
+#include "raw_db.h"
 #include "kiln/cache/store.h"
 #include "kiln_test.h"
 
@@ -24,6 +25,7 @@ using testing::fake_binary;
 using testing::sample_problem;
 using testing::store_options;
 using testing::TempDir;
+using testing::raw_put;
 
 TimingRecord timing(const std::string& problem, const std::string& choice, double us, int64_t at = 0) {
   TimingRecord t;
@@ -79,20 +81,6 @@ Decision decision(const std::string& problem, const std::string& choice, int64_t
   d.median_us = 12.5;
   d.decided_at_ns = at;
   return d;
-}
-
-// Writes `value` straight into a column family, bypassing the Store (to plant corrupt values).
-void raw_put(const std::string& dir, const std::string& cf_name, const std::string& key, const std::string& value) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfds;
-  for (const char* n : {"default", "binaries", "timings", "decisions", "meta"}) cfds.emplace_back(n, rocksdb::ColumnFamilyOptions());
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), dir + "/db", cfds, &handles, &db).ok());
-  size_t i = 0;
-  while (cfds[i].name != cf_name) ++i;
-  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], key, value).ok());
-  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  delete db;
 }
 
 TEST(Store, RoundTripSurvivesReopen) {

@@ -19,13 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-KernelSource axpy_source() {
-  KernelSource s;
-  s.name = "axpy";
-  s.entry = "axpy";
-  s.source = test_kernels::kAxpy;
-  return s;
-}
+KernelSource axpy_source() { return {.name = "axpy", .entry = "axpy", .source = test_kernels::kAxpy}; }
 
 const Target kSm90{"sm_90"};
 

@@ -19,13 +19,7 @@ Result<Binary> compile_for_device(KernelSource s) {
   return compile(s, t);
 }
 
-KernelSource axpy_source() {
-  KernelSource s;
-  s.name = "axpy";
-  s.entry = "axpy";
-  s.source = test_kernels::kAxpy;
-  return s;
-}
+KernelSource axpy_source() { return {.name = "axpy", .entry = "axpy", .source = test_kernels::kAxpy}; }
 
 std::vector<float> random_floats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -98,10 +92,7 @@ TEST(Gpu, TemplateKernelByNameExpression) {
 
 TEST(Gpu, AttributesRegistersSharedAndSpills) {
   KILN_REQUIRE_GPU();
-  KernelSource s;
-  s.name = "attrs";
-  s.entry = "smem";
-  s.source = R"(
+  KernelSource s{.name = "attrs", .entry = "smem", .source = R"(
 extern "C" __global__ void smem(float* out) {
   __shared__ float tile[1024];
   tile[threadIdx.x] = threadIdx.x;
@@ -113,7 +104,7 @@ extern "C" __global__ void spill(float* out, int idx) {
   for (int i = 0; i < 512; ++i) local[i] = out[i] * i;
   out[threadIdx.x] = local[(idx + threadIdx.x) & 511];
 }
-)";
+)"};
   KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile_for_device(s));
   KILN_ASSERT_OK_AND_ASSIGN(Module m, Module::load(bin));
   KILN_ASSERT_OK_AND_ASSIGN(Kernel smem, m.kernel("smem"));
@@ -131,10 +122,7 @@ extern "C" __global__ void spill(float* out, int idx) {
 
 TEST(Gpu, DynamicSharedMemoryAbove48KiBIsRaisedAutomatically) {
   KILN_REQUIRE_GPU();
-  KernelSource s;
-  s.name = "dyn";
-  s.entry = "dyn";
-  s.source = R"(
+  KernelSource s{.name = "dyn", .entry = "dyn", .source = R"(
 extern "C" __global__ void dyn(int* out, int words) {
   extern __shared__ int buf[];
   for (int i = threadIdx.x; i < words; i += blockDim.x) buf[i] = i;
@@ -143,7 +131,7 @@ extern "C" __global__ void dyn(int* out, int words) {
   for (int i = threadIdx.x; i < words; i += blockDim.x) sum += buf[words - 1 - i];
   atomicAdd(out, sum);
 }
-)";
+)"};
   KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile_for_device(s));
   KILN_ASSERT_OK_AND_ASSIGN(Kernel k, load_kernel(bin));
   const int words = 100 * 1024 / 4;  // 100 KiB

@@ -1,6 +1,8 @@
 // Fakes for the pool tests: counting and blocking compilers, a hand-stepped task runner, an event log.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -199,6 +201,24 @@ class EventLog {
     return n;
   }
   std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+/// Fixture: a one-thread arena executor over a FakeCompiler, its thread held by the job "blocker" that the
+/// derived fixture's SetUp starts with hold(): whatever a test submits queues behind it until
+/// fake.release("blocker").
+class HeldThreadTest : public ::testing::Test {
+ protected:
+  /// Starts the blocker with `start()` (returning its future) and waits until it runs.
+  template <class Start>
+  void hold(Start start) {
+    fake.block("blocker");
+    blocker = start();
+    ASSERT_TRUE(fake.wait_started("blocker"));
+  }
+
+  FakeCompiler fake;
+  std::shared_ptr<Executor> exec = make_arena_executor({.threads = 1, .compile = fake.fn()});
+  Future<Binary> blocker;
 };
 
 }  // namespace kiln::pool_test

@@ -19,6 +19,7 @@ namespace kiln {
 namespace {
 
 using pool_test::FakeCompiler;
+using pool_test::HeldThreadTest;
 using pool_test::named;
 
 CompileJob job(const std::string& name, Priority p = Priority::kNormal) {
@@ -76,12 +77,13 @@ TEST(ArenaExecutor, NeverRunsMoreThanItsCap) {
   EXPECT_EQ(exec->concurrency(), 2);
 }
 
-TEST(ArenaExecutor, OnDemandOvertakesQueuedBackgroundWork) {
-  FakeCompiler fake;
-  auto exec = make_arena_executor({.threads = 1, .compile = fake.fn()});
-  fake.block("blocker");
-  auto blocker = exec->submit(job("blocker")).future;
-  ASSERT_TRUE(fake.wait_started("blocker"));  // the one thread is busy: everything below queues
+// The arena's one thread is busy with "blocker": everything a test submits queues.
+class HeldArena : public HeldThreadTest {
+ protected:
+  void SetUp() override { hold([&] { return exec->submit(job("blocker")).future; }); }
+};
+
+TEST_F(HeldArena, OnDemandOvertakesQueuedBackgroundWork) {
   std::vector<Future<Binary>> fs;
   for (int i = 0; i < 5; ++i) fs.push_back(exec->submit(job("bg" + std::to_string(i), Priority::kBackground)).future);
   fs.push_back(exec->submit(job("normal", Priority::kNormal)).future);
@@ -92,12 +94,7 @@ TEST(ArenaExecutor, OnDemandOvertakesQueuedBackgroundWork) {
             (std::vector<std::string>{"blocker", "urgent", "normal", "bg0", "bg1", "bg2", "bg3", "bg4"}));
 }
 
-TEST(ArenaExecutor, RaisePriorityMovesAQueuedJobUp) {
-  FakeCompiler fake;
-  auto exec = make_arena_executor({.threads = 1, .compile = fake.fn()});
-  fake.block("blocker");
-  auto blocker = exec->submit(job("blocker")).future;
-  ASSERT_TRUE(fake.wait_started("blocker"));
+TEST_F(HeldArena, RaisePriorityMovesAQueuedJobUp) {
   auto a = exec->submit(job("a", Priority::kBackground));
   auto b = exec->submit(job("b", Priority::kBackground));
   auto c = exec->submit(job("c", Priority::kBackground));
@@ -109,12 +106,7 @@ TEST(ArenaExecutor, RaisePriorityMovesAQueuedJobUp) {
   EXPECT_EQ(fake.order(), (std::vector<std::string>{"blocker", "c", "a", "b"}));
 }
 
-TEST(ArenaExecutor, CancellingAQueuedJobFailsItAtOnceWithoutCompiling) {
-  FakeCompiler fake;
-  auto exec = make_arena_executor({.threads = 1, .compile = fake.fn()});
-  fake.block("blocker");
-  auto blocker = exec->submit(job("blocker")).future;
-  ASSERT_TRUE(fake.wait_started("blocker"));
+TEST_F(HeldArena, CancellingAQueuedJobFailsItAtOnceWithoutCompiling) {
   auto x = exec->submit(job("x")).future;
   x.cancel();
   ASSERT_TRUE(x.ready());  // before the blocker finishes
@@ -125,14 +117,9 @@ TEST(ArenaExecutor, CancellingAQueuedJobFailsItAtOnceWithoutCompiling) {
   EXPECT_EQ(fake.calls(), 1);
 }
 
-TEST(ArenaExecutor, CancellingARunningJobFiresItsStopToken) {
-  FakeCompiler fake;
-  auto exec = make_arena_executor({.threads = 1, .compile = fake.fn()});
-  fake.block("long");
-  auto f = exec->submit(job("long")).future;
-  ASSERT_TRUE(fake.wait_started("long"));
-  f.cancel();  // never released: only the stop token can end it
-  EXPECT_EQ(f.get().status().code(), ErrorCode::kCancelled);
+TEST_F(HeldArena, CancellingARunningJobFiresItsStopToken) {
+  blocker.cancel();  // never released: only the stop token can end it
+  EXPECT_EQ(blocker.get().status().code(), ErrorCode::kCancelled);
   // The pool keeps serving.
   KILN_EXPECT_OK(exec->submit(job("after")).future.get());
 }
@@ -185,21 +172,16 @@ TEST(ArenaExecutor, ThousandQueuedJobsHalfCancelled) {
   EXPECT_EQ(exec->counters().cancelled, 500u);
 }
 
-TEST(ArenaExecutor, ShutdownFailsPendingJobsAndStopsRunningOnes) {
-  FakeCompiler fake;
-  auto exec = make_arena_executor({.threads = 1, .compile = fake.fn()});
-  fake.block("running");
-  auto running = exec->submit(job("running")).future;
-  ASSERT_TRUE(fake.wait_started("running"));
+TEST_F(HeldArena, ShutdownFailsPendingJobsAndStopsRunningOnes) {
   std::vector<Future<Binary>> queued;
   for (int i = 0; i < 10; ++i) queued.push_back(exec->submit(job("q" + std::to_string(i))).future);
-  exec->shutdown();  // returns although "running" is never released: its stop token ends it
+  exec->shutdown();  // returns although the blocker is never released: its stop token ends it
   for (auto& f : queued) {
     ASSERT_TRUE(f.ready());
     EXPECT_EQ(f.get().status().code(), ErrorCode::kShutdown);
     EXPECT_NE(f.get().status().message().find("pool shut down"), std::string::npos);
   }
-  EXPECT_EQ(running.get().status().code(), ErrorCode::kShutdown);
+  EXPECT_EQ(blocker.get().status().code(), ErrorCode::kShutdown);
   EXPECT_EQ(exec->submit(job("late")).future.get().status().code(), ErrorCode::kShutdown);
   EXPECT_EQ(fake.calls(), 1);
 }

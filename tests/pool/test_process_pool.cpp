@@ -55,6 +55,17 @@ std::unique_ptr<ProcessPool> ready_pool(EventLog& log, int workers, ProcessPoolO
   return std::move(pool).value();
 }
 
+// Hangs every worker of `pool` on a job of its own (<prefix>0, <prefix>1, ...) and waits until each job is
+// sent, so whatever is submitted next stays queued until they are cancelled. Empty if one was never sent.
+std::vector<Submission> hang_every_worker(Executor& pool, EventLog& log, int workers, const std::string& prefix) {
+  std::vector<Submission> held;
+  for (int i = 0; i < workers; ++i) held.push_back(pool.submit(fault(prefix + std::to_string(i), "hang")));
+  for (const Submission& h : held) {
+    if (log.wait_sent(h.id) == 0) return {};
+  }
+  return held;
+}
+
 bool process_gone(int pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
 TEST(ProcessPool, CompilesARealKernelInAWorker) {
@@ -193,23 +204,29 @@ TEST(ProcessPool, CancellingARunningJobKillsItsWorker) {
   EXPECT_EQ(pool->stats().crashes, 0u);
 }
 
-TEST(ProcessPool, ThousandQueuedJobsHalfCancelled) {
+// Two workers, both hung on a job ("hold0", "hold1"): whatever a test submits stays queued until it cancels them.
+class HungPool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pool = ready_pool(log, 2);
+    ASSERT_TRUE(pool);
+    held = hang_every_worker(*pool, log, 2, "hold");
+    ASSERT_EQ(held.size(), 2u);
+  }
+
   EventLog log;
-  auto pool = ready_pool(log, 2);
-  ASSERT_TRUE(pool);
-  // Both workers hang, so everything below stays queued until they are cancelled.
-  Submission h0 = pool->submit(fault("hold0", "hang"));
-  Submission h1 = pool->submit(fault("hold1", "hang"));
-  ASSERT_NE(log.wait_sent(h0.id), 0);
-  ASSERT_NE(log.wait_sent(h1.id), 0);
+  std::unique_ptr<ProcessPool> pool;
+  std::vector<Submission> held;
+};
+
+TEST_F(HungPool, ThousandQueuedJobsHalfCancelled) {
   std::vector<Future<Binary>> fs;
   for (int i = 0; i < 1000; ++i) fs.push_back(pool->submit(echo("j" + std::to_string(i))).future);
   for (int i = 1; i < 1000; i += 2) {
     fs[i].cancel();
     ASSERT_TRUE(fs[i].ready());  // queued: failed at once
   }
-  h0.future.cancel();
-  h1.future.cancel();
+  for (Submission& h : held) h.future.cancel();
   for (int i = 0; i < 1000; ++i) {
     const Result<Binary>& r = fs[i].get();
     if (i % 2) {
@@ -219,20 +236,13 @@ TEST(ProcessPool, ThousandQueuedJobsHalfCancelled) {
       EXPECT_EQ(r->name, "j" + std::to_string(i));
     }
   }
-  EXPECT_EQ(h0.future.get().status().code(), ErrorCode::kCancelled);
+  EXPECT_EQ(held[0].future.get().status().code(), ErrorCode::kCancelled);
   EXPECT_EQ(pool->stats().jobs_in_workers, 2u + 500u);
   KILN_EXPECT_OK(pool->submit(real("after")).future.get());
 }
 
-TEST(ProcessPool, ShutdownWithJobsPendingFailsThemAndLeavesNoProcess) {
-  EventLog log;
-  auto pool = ready_pool(log, 2);
-  ASSERT_TRUE(pool);
-  Submission h0 = pool->submit(fault("busy0", "hang"));
-  Submission h1 = pool->submit(fault("busy1", "hang"));
-  ASSERT_NE(log.wait_sent(h0.id), 0);
-  ASSERT_NE(log.wait_sent(h1.id), 0);
-  std::vector<Future<Binary>> fs = {h0.future, h1.future};
+TEST_F(HungPool, ShutdownWithJobsPendingFailsThemAndLeavesNoProcess) {
+  std::vector<Future<Binary>> fs = {held[0].future, held[1].future};
   for (int i = 0; i < 10; ++i) fs.push_back(pool->submit(echo("q" + std::to_string(i))).future);
   std::vector<int> pids = pool->worker_pids();
   ASSERT_EQ(pids.size(), 2u);
@@ -308,14 +318,11 @@ TEST(ProcessPool, GateOverTheProcessPool) {
   auto gate = PrecompileGate::create({.executor = pool});
   ASSERT_TRUE(gate.ok());
   // Both workers busy, so the gate's requests provably overlap the one compile they share.
-  Submission h0 = pool->submit(fault("hold0", "hang"));
-  Submission h1 = pool->submit(fault("hold1", "hang"));
-  ASSERT_NE(log.wait_sent(h0.id), 0);
-  ASSERT_NE(log.wait_sent(h1.id), 0);
+  std::vector<Submission> held = hang_every_worker(*pool, log, 2, "hold");
+  ASSERT_EQ(held.size(), 2u);
   std::vector<Future<Binary>> fs;
   for (int i = 0; i < 8; ++i) fs.push_back((*gate)->precompile(named("same"), kTarget));
-  h0.future.cancel();
-  h1.future.cancel();
+  for (Submission& h : held) h.future.cancel();
   for (auto& f : fs) {
     KILN_ASSERT_OK_AND_ASSIGN(Binary b, f.get());
     EXPECT_FALSE(b.cubin.empty());

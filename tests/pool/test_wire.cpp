@@ -1,6 +1,6 @@
-// The process pool's wire format: golden bytes (a change to the format must bump wire::kVersion and update
-// these), round trips, and corrupt input that must fail cleanly.
-#include "kiln/pool/wire.h"
+// The process pool's wire format: golden bytes (a change to the format must bump wire::kProtocol's version and
+// update these), round trips, and corrupt input that must fail cleanly.
+#include "wire.h"
 
 #include <gtest/gtest.h>
 
@@ -17,6 +17,16 @@ std::string hex(std::string_view bytes) {
     out += d[c & 15];
   }
   return out;
+}
+
+constexpr size_t kHeader = codec::kFrameHeaderBytes;
+
+// A whole frame; the test fails if it cannot be encoded.
+template <class Message>
+std::string frame(const Message& m) {
+  auto bytes = wire::encode(m);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().to_string();
+  return bytes.ok() ? *bytes : std::string();
 }
 
 wire::Request sample_request() {
@@ -37,15 +47,15 @@ wire::Request sample_request() {
 }
 
 TEST(Wire, HelloGolden) {
-  std::string bytes = wire::encode(wire::Hello{1234, 13, 0});
-  // magic "KPW1", version 1, type 1 (hello), length 12; pid 1234, NVRTC 13.0.
-  EXPECT_EQ(hex(bytes), "4b505731" "0100" "0100" "0c000000" "d2040000" "0d000000" "00000000");
+  std::string bytes = frame(wire::Hello{1234, 13, 0});
+  // magic "KPW1", version 2, type 1 (hello), length 12; pid 1234, NVRTC 13.0.
+  EXPECT_EQ(hex(bytes), "4b505731" "0200" "0100" "0c000000" "d2040000" "0d000000" "00000000");
 }
 
 TEST(Wire, RequestGolden) {
-  std::string bytes = wire::encode(sample_request());
+  std::string bytes = frame(sample_request());
   EXPECT_EQ(hex(bytes),
-            "4b505731" "0100" "0200" "5e000000"                     // header: type 2 (request), 94 bytes
+            "4b505731" "0200" "0200" "5e000000"                     // header: type 2 (request), 94 bytes
             "0807060504030201"                                        // job id
             "0100000067" "010000006b" "03000000737263"                // name "g", entry "k", source "src"
             "01000000" "050000002d44413d31"                           // options ["-DA=1"]
@@ -58,12 +68,11 @@ TEST(Wire, RequestGolden) {
 
 TEST(Wire, RequestRoundTrip) {
   wire::Request in = sample_request();
-  std::string bytes = wire::encode(in);
-  KILN_ASSERT_OK_AND_ASSIGN(wire::FrameHeader h, wire::decode_header(bytes));
-  EXPECT_EQ(h.type, wire::MessageType::kRequest);
-  EXPECT_EQ(h.version, wire::kVersion);
-  ASSERT_EQ(h.length + wire::kHeaderSize, bytes.size());
-  KILN_ASSERT_OK_AND_ASSIGN(wire::Request out, wire::decode_request(std::string_view(bytes).substr(wire::kHeaderSize)));
+  std::string bytes = frame(in);
+  KILN_ASSERT_OK_AND_ASSIGN(codec::FrameHeader h, codec::parse_header(wire::kProtocol, bytes));
+  EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MessageType::kRequest));
+  ASSERT_EQ(h.length + kHeader, bytes.size());
+  KILN_ASSERT_OK_AND_ASSIGN(wire::Request out, wire::decode_request(std::string_view(bytes).substr(kHeader)));
   EXPECT_EQ(out.job_id, in.job_id);
   EXPECT_EQ(out.source.name, in.source.name);
   EXPECT_EQ(out.source.entry, in.source.entry);
@@ -92,8 +101,8 @@ TEST(Wire, ReplyRoundTripsBinariesAndErrors) {
   b.compile_seconds = 0.25;
   b.nvrtc_major = 13;
   b.nvrtc_minor = 1;
-  std::string bytes = wire::encode(wire::Reply{7, b});
-  KILN_ASSERT_OK_AND_ASSIGN(wire::Reply ok, wire::decode_reply(std::string_view(bytes).substr(wire::kHeaderSize)));
+  std::string bytes = frame(wire::Reply{7, b});
+  KILN_ASSERT_OK_AND_ASSIGN(wire::Reply ok, wire::decode_reply(std::string_view(bytes).substr(kHeader)));
   EXPECT_EQ(ok.job_id, 7u);
   ASSERT_TRUE(ok.result.ok());
   EXPECT_EQ(ok.result->key, b.key);
@@ -104,8 +113,8 @@ TEST(Wire, ReplyRoundTripsBinariesAndErrors) {
 
   Status err = make_error(ErrorCode::kCompileError, "bad", "the log");
   err.with_context("while compiling n");
-  bytes = wire::encode(wire::Reply{8, err});
-  KILN_ASSERT_OK_AND_ASSIGN(wire::Reply bad, wire::decode_reply(std::string_view(bytes).substr(wire::kHeaderSize)));
+  bytes = frame(wire::Reply{8, err});
+  KILN_ASSERT_OK_AND_ASSIGN(wire::Reply bad, wire::decode_reply(std::string_view(bytes).substr(kHeader)));
   ASSERT_FALSE(bad.result.ok());
   EXPECT_EQ(bad.result.status().code(), ErrorCode::kCompileError);
   EXPECT_EQ(bad.result.status().detail(), "the log");
@@ -113,21 +122,21 @@ TEST(Wire, ReplyRoundTripsBinariesAndErrors) {
 }
 
 TEST(Wire, CorruptFramesAreErrorsNotCrashes) {
-  std::string good = wire::encode(sample_request());
+  std::string good = frame(sample_request());
   std::string wrong_magic = good;
   wrong_magic[0] = 'X';
-  EXPECT_EQ(wire::decode_header(wrong_magic).status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(codec::parse_header(wire::kProtocol, wrong_magic).status().code(), ErrorCode::kCorrupt);
   std::string wrong_version = good;
   wrong_version[4] = 9;
-  auto v = wire::decode_header(wrong_version);
+  auto v = codec::parse_header(wire::kProtocol, wrong_version);
   EXPECT_EQ(v.status().code(), ErrorCode::kCorrupt);
   EXPECT_NE(v.status().message().find("version"), std::string::npos);
   std::string huge = good;
   huge[11] = '\x7f';
-  EXPECT_EQ(wire::decode_header(huge).status().code(), ErrorCode::kCorrupt);
-  EXPECT_EQ(wire::decode_header("KPW").status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(codec::parse_header(wire::kProtocol, huge).status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(codec::parse_header(wire::kProtocol, "KPW").status().code(), ErrorCode::kCorrupt);
 
-  std::string_view payload = std::string_view(good).substr(wire::kHeaderSize);
+  std::string_view payload = std::string_view(good).substr(kHeader);
   // Every truncation fails cleanly.
   for (size_t n = 0; n < payload.size(); ++n) {
     EXPECT_EQ(wire::decode_request(payload.substr(0, n)).status().code(), ErrorCode::kCorrupt) << n;
@@ -140,9 +149,9 @@ TEST(Wire, CorruptFramesAreErrorsNotCrashes) {
   lying[8 + 4 + 1 + 4 + 1 + 4 + 3 + 3] = '\x7f';
   EXPECT_EQ(wire::decode_request(lying).status().code(), ErrorCode::kCorrupt);
   // A reply whose status code is out of range.
-  std::string reply = wire::encode(wire::Reply{1, make_error(ErrorCode::kInternal, "x")});
-  std::string body = reply.substr(wire::kHeaderSize);
-  body[9] = '\x63';  // code 99
+  std::string reply = frame(wire::Reply{1, make_error(ErrorCode::kInternal, "x")});
+  std::string body = reply.substr(kHeader);
+  body[9] = '\x63';  // code 99 (after the job id and the ok byte)
   EXPECT_EQ(wire::decode_reply(body).status().code(), ErrorCode::kCorrupt);
 }
 

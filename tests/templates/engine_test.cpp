@@ -52,11 +52,7 @@ Grid test_grid(const TemplatePtr& t) {
 
 // A small template for engine tests: an smem parameter whose constraint is the device's opt-in limit.
 TemplateDef toy_def() {
-  TemplateDef d;
-  d.name = "toy";
-  d.problem = "toy";
-  d.file = "toy.cu";
-  d.entry = "toy_${tile}";
+  TemplateDef d{.name = "toy", .problem = "toy", .file = "toy.cu", .entry = "toy_${tile}"};
   d.params = {
       int_param("tile", ParamRole::kTunable, {32, 64}, "t", "tile"),
       int_param("smem_kib", ParamRole::kTunable, {16, 100, 200}, "s", "shared memory KiB"),
@@ -414,11 +410,7 @@ TEST(Epilogue, RendersCompositionsDeterministically) {
 
 // A GEMM-shaped template with the `partials` problem parameter, for the subgraph description.
 TemplateDef fake_gemm_def() {
-  TemplateDef d;
-  d.name = "fake_gemm";
-  d.problem = "gemm";
-  d.file = "fake.cu";
-  d.entry = "fake_gemm";
+  TemplateDef d{.name = "fake_gemm", .problem = "gemm", .file = "fake.cu", .entry = "fake_gemm"};
   d.params = {int_param("bm", ParamRole::kTunable, {64, 128}, "", ""),
               bool_param("partials", ParamRole::kProblem, "partials", "")};
   d.geometry = [](const Params& p, const Shape& s) -> Result<Launch> {

@@ -195,18 +195,58 @@ std::vector<Params> configs_for(const TemplatePtr& t, const DeviceLimits& lim, s
   return picks;
 }
 
+/// A template and its covering sample (plus `extra`) compiled and loaded for device 0.
+struct Sample {
+  TemplatePtr t;
+  std::vector<Config> configs;
+};
+Result<Sample> sample_for_device(std::string_view name, std::vector<Params> extra = {}) {
+  auto g = gpu();
+  if (!g) return make_error(ErrorCode::kUnavailable, "no usable device 0");
+  KILN_ASSIGN_OR_RETURN(TemplatePtr t, find_template(name));
+  auto configs = build(*t, configs_for(t, g->limits, std::move(extra)), g->target);
+  return Sample{t, std::move(configs)};
+}
+
 struct RowShape {
   int64_t rows, cols, pad;  // leading dimension = cols + pad
 };
 const std::vector<RowShape> kRowShapes = {{1, 4096, 0}, {7, 1000, 0}, {17, 4099, 0},
                                           {4095, 768, 0}, {3, 12288, 0}, {5, 2048, 16}};
 
+/// Runs `check(config, shape, ld)` for every compiled configuration and every row shape it serves, under a
+/// trace naming both; stops at the first fatal failure and expects each shape to have been run by some
+/// configuration.
+template <class Check>
+void for_each_row_run(const TemplatePtr& t, std::vector<Config>& configs, Check check) {
+  std::vector<int> runs_per_shape(kRowShapes.size(), 0);
+  for (Config& c : configs) {
+    if (!c.kernel) continue;
+    for (size_t si = 0; si < kRowShapes.size(); ++si) {
+      const RowShape s = kRowShapes[si];
+      if (!t->check_problem(c.r.params, Shape{s.rows, s.cols}).ok()) continue;
+      ++runs_per_shape[si];
+      SCOPED_TRACE(fmt::format("{} rows={} cols={} ld=+{}", c.r.config_name, s.rows, s.cols, s.pad));
+      check(c, s, s.cols + s.pad);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  for (size_t si = 0; si < kRowShapes.size(); ++si) EXPECT_GT(runs_per_shape[si], 0) << "no config ran shape " << si;
+}
+
+/// Launches configuration `c` of `t` with `a` on shape `s`, waits, and returns `out` (s.rows * ld elements).
+template <class Args>
+Result<std::vector<double>> run_rows(const TemplatePtr& t, const Config& c, const RowShape& s, int64_t ld,
+                                     const Args& a, const Buf& out) {
+  KILN_ASSIGN_OR_RETURN(Launch geo, t->geometry(c.r.params, Shape{s.rows, s.cols}));
+  KILN_RETURN_IF_ERROR(launch(*c.kernel, geo, a, nullptr));
+  KILN_RETURN_IF_ERROR(sync());
+  return download(out, s.rows * ld);
+}
+
 // ------------------------------------------------------------------------------------------------ norms
 
 void check_norm(const std::string& name) {
-  auto g = gpu();
-  ASSERT_TRUE(g);
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, find_template(name));
   const bool layer = name == "layernorm";
   // Plus configurations that keep 8192-wide rows in registers (the benchmark's).
   std::vector<Params> extra;
@@ -217,78 +257,66 @@ void check_norm(const std::string& name) {
     if (layer) p.emplace("has_bias", Value::boolean(true));
     extra.push_back(p);
   }
-  auto configs = build(*t, configs_for(t, g->limits, extra), g->target);
-  std::vector<int> runs_per_shape(kRowShapes.size(), 0);
-  for (Config& c : configs) {
-    if (!c.kernel) continue;
+  KILN_ASSERT_OK_AND_ASSIGN(Sample sample, sample_for_device(name, extra));
+  const TemplatePtr& t = sample.t;
+  for_each_row_run(t, sample.configs, [&](Config& c, const RowShape& s, int64_t ld) {
     const Params& p = c.r.params;
     const DType dt = get_dtype(p, "dtype");
     const bool residual = get_bool(p, "residual");
     const bool has_bias = get_bool(p, "has_bias");
-    for (size_t si = 0; si < kRowShapes.size(); ++si) {
-      const RowShape s = kRowShapes[si];
-      if (!t->check_problem(p, Shape{s.rows, s.cols}).ok()) continue;
-      ++runs_per_shape[si];
-      SCOPED_TRACE(fmt::format("{} rows={} cols={} ld=+{}", c.r.config_name, s.rows, s.cols, s.pad));
-      const int64_t ld = s.cols + s.pad;
-      auto x = round_to(random_values(s.rows * ld, -2, 2), dt);
-      auto res = round_to(random_values(s.rows * ld, -2, 2), dt);
-      auto w = round_to(random_values(s.cols, 0.5, 1.5), dt);
-      auto b = round_to(random_values(s.cols, -1, 1), dt);
-      const float eps = 1e-5f;
-      // Reference.
-      std::vector<double> h_ref(s.rows * s.cols), y_ref(s.rows * s.cols);
-      for (int64_t r = 0; r < s.rows; ++r) {
-        double sum = 0;
-        for (int64_t col = 0; col < s.cols; ++col) {
-          double h = x[r * ld + col];
-          if (residual) h = round_one(static_cast<float>(x[r * ld + col]) + static_cast<float>(res[r * ld + col]), dt);
-          h_ref[r * s.cols + col] = h;
-          sum += layer ? h : h * h;
-        }
-        double mean = layer ? sum / s.cols : 0, var = 0;
-        if (layer) {
-          for (int64_t col = 0; col < s.cols; ++col) var += std::pow(h_ref[r * s.cols + col] - mean, 2);
-          var /= s.cols;
-        } else {
-          var = sum / s.cols;
-        }
-        double inv = 1 / std::sqrt(var + eps);
-        for (int64_t col = 0; col < s.cols; ++col) {
-          double v = (h_ref[r * s.cols + col] - mean) * inv * w[col];
-          if (has_bias) v += b[col];
-          y_ref[r * s.cols + col] = v;
-        }
+    auto x = round_to(random_values(s.rows * ld, -2, 2), dt);
+    auto res = round_to(random_values(s.rows * ld, -2, 2), dt);
+    auto w = round_to(random_values(s.cols, 0.5, 1.5), dt);
+    auto b = round_to(random_values(s.cols, -1, 1), dt);
+    const float eps = 1e-5f;
+    // Reference.
+    std::vector<double> h_ref(s.rows * s.cols), y_ref(s.rows * s.cols);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      double sum = 0;
+      for (int64_t col = 0; col < s.cols; ++col) {
+        double h = x[r * ld + col];
+        if (residual) h = round_one(static_cast<float>(x[r * ld + col]) + static_cast<float>(res[r * ld + col]), dt);
+        h_ref[r * s.cols + col] = h;
+        sum += layer ? h : h * h;
       }
-      KILN_ASSERT_OK_AND_ASSIGN(Buf dx, upload(x, dt));
-      KILN_ASSERT_OK_AND_ASSIGN(Buf dres, upload(res, dt));
-      KILN_ASSERT_OK_AND_ASSIGN(Buf dw, upload(w, dt));
-      KILN_ASSERT_OK_AND_ASSIGN(Buf db, upload(b, dt));
-      KILN_ASSERT_OK_AND_ASSIGN(Buf dy, poisoned(s.rows * ld, dt));
-      KILN_ASSERT_OK_AND_ASSIGN(Buf dro, poisoned(s.rows * ld, dt));
-      NormArgs a{};
-      a.x = ptr(dx);
-      a.residual = residual ? ptr(dres) : nullptr;
-      a.residual_out = residual ? ptr(dro) : nullptr;
-      a.weight = ptr(dw);
-      a.bias = has_bias ? ptr(db) : nullptr;
-      a.y = ptr(dy);
-      a.rows = static_cast<int>(s.rows);
-      a.cols = static_cast<int>(s.cols);
-      a.ld_x = a.ld_residual = a.ld_residual_out = a.ld_y = ld;
-      a.eps = eps;
-      KILN_ASSERT_OK_AND_ASSIGN(Launch geo, t->geometry(p, Shape{s.rows, s.cols}));
-      KILN_ASSERT_OK(launch(*c.kernel, geo, a, nullptr));
-      KILN_ASSERT_OK(sync());
-      KILN_ASSERT_OK_AND_ASSIGN(auto y, download(dy, s.rows * ld));
-      EXPECT_LE(rel_error(y, ld, y_ref, s.rows, s.cols), tolerance(dt));
-      if (residual) {
-        KILN_ASSERT_OK_AND_ASSIGN(auto ro, download(dro, s.rows * ld));
-        EXPECT_LE(rel_error(ro, ld, h_ref, s.rows, s.cols), 1e-6) << "residual_out";
+      double mean = layer ? sum / s.cols : 0, var = 0;
+      if (layer) {
+        for (int64_t col = 0; col < s.cols; ++col) var += std::pow(h_ref[r * s.cols + col] - mean, 2);
+        var /= s.cols;
+      } else {
+        var = sum / s.cols;
+      }
+      double inv = 1 / std::sqrt(var + eps);
+      for (int64_t col = 0; col < s.cols; ++col) {
+        double v = (h_ref[r * s.cols + col] - mean) * inv * w[col];
+        if (has_bias) v += b[col];
+        y_ref[r * s.cols + col] = v;
       }
     }
-  }
-  for (size_t si = 0; si < kRowShapes.size(); ++si) EXPECT_GT(runs_per_shape[si], 0) << "no config ran shape " << si;
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dx, upload(x, dt));
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dres, upload(res, dt));
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dw, upload(w, dt));
+    KILN_ASSERT_OK_AND_ASSIGN(Buf db, upload(b, dt));
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dy, poisoned(s.rows * ld, dt));
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dro, poisoned(s.rows * ld, dt));
+    NormArgs a{};
+    a.x = ptr(dx);
+    a.residual = residual ? ptr(dres) : nullptr;
+    a.residual_out = residual ? ptr(dro) : nullptr;
+    a.weight = ptr(dw);
+    a.bias = has_bias ? ptr(db) : nullptr;
+    a.y = ptr(dy);
+    a.rows = static_cast<int>(s.rows);
+    a.cols = static_cast<int>(s.cols);
+    a.ld_x = a.ld_residual = a.ld_residual_out = a.ld_y = ld;
+    a.eps = eps;
+    KILN_ASSERT_OK_AND_ASSIGN(auto y, run_rows(t, c, s, ld, a, dy));
+    EXPECT_LE(rel_error(y, ld, y_ref, s.rows, s.cols), tolerance(dt));
+    if (residual) {
+      KILN_ASSERT_OK_AND_ASSIGN(auto ro, download(dro, s.rows * ld));
+      EXPECT_LE(rel_error(ro, ld, h_ref, s.rows, s.cols), 1e-6) << "residual_out";
+    }
+  });
 }
 
 TEST(GpuTemplates, RmsNorm) {
@@ -304,47 +332,32 @@ TEST(GpuTemplates, LayerNorm) {
 
 TEST(GpuTemplates, Softmax) {
   KILN_REQUIRE_GPU();
-  auto g = gpu();
-  ASSERT_TRUE(g);
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, find_template("softmax"));
-  auto configs = build(*t, configs_for(t, g->limits), g->target);
-  std::vector<int> runs_per_shape(kRowShapes.size(), 0);
-  for (Config& c : configs) {
-    if (!c.kernel) continue;
+  KILN_ASSERT_OK_AND_ASSIGN(Sample sample, sample_for_device("softmax"));
+  const TemplatePtr& t = sample.t;
+  for_each_row_run(t, sample.configs, [&](Config& c, const RowShape& s, int64_t ld) {
     const Params& p = c.r.params;
     const DType dt = get_dtype(p, "dtype");
-    for (size_t si = 0; si < kRowShapes.size(); ++si) {
-      const RowShape s = kRowShapes[si];
-      if (!t->check_problem(p, Shape{s.rows, s.cols}).ok()) continue;
-      ++runs_per_shape[si];
-      SCOPED_TRACE(fmt::format("{} rows={} cols={} ld=+{}", c.r.config_name, s.rows, s.cols, s.pad));
-      const int64_t ld = s.cols + s.pad;
-      const float scale = 0.7f;
-      auto x = round_to(random_values(s.rows * ld, -6, 6), dt);
-      std::vector<double> ref(s.rows * s.cols);
-      for (int64_t r = 0; r < s.rows; ++r) {
-        double m = -INFINITY, sum = 0;
-        for (int64_t col = 0; col < s.cols; ++col) m = std::max(m, x[r * ld + col] * scale);
-        for (int64_t col = 0; col < s.cols; ++col) sum += std::exp(x[r * ld + col] * scale - m);
-        for (int64_t col = 0; col < s.cols; ++col) ref[r * s.cols + col] = std::exp(x[r * ld + col] * scale - m) / sum;
-      }
-      KILN_ASSERT_OK_AND_ASSIGN(Buf dx, upload(x, dt));
-      KILN_ASSERT_OK_AND_ASSIGN(Buf dy, poisoned(s.rows * ld, dt));
-      SoftmaxArgs a{};
-      a.x = ptr(dx);
-      a.y = ptr(dy);
-      a.rows = static_cast<int>(s.rows);
-      a.cols = static_cast<int>(s.cols);
-      a.ld_x = a.ld_y = ld;
-      a.scale = scale;
-      KILN_ASSERT_OK_AND_ASSIGN(Launch geo, t->geometry(p, Shape{s.rows, s.cols}));
-      KILN_ASSERT_OK(launch(*c.kernel, geo, a, nullptr));
-      KILN_ASSERT_OK(sync());
-      KILN_ASSERT_OK_AND_ASSIGN(auto y, download(dy, s.rows * ld));
-      EXPECT_LE(rel_error(y, ld, ref, s.rows, s.cols), tolerance(dt));
+    const float scale = 0.7f;
+    auto x = round_to(random_values(s.rows * ld, -6, 6), dt);
+    std::vector<double> ref(s.rows * s.cols);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      double m = -INFINITY, sum = 0;
+      for (int64_t col = 0; col < s.cols; ++col) m = std::max(m, x[r * ld + col] * scale);
+      for (int64_t col = 0; col < s.cols; ++col) sum += std::exp(x[r * ld + col] * scale - m);
+      for (int64_t col = 0; col < s.cols; ++col) ref[r * s.cols + col] = std::exp(x[r * ld + col] * scale - m) / sum;
     }
-  }
-  for (size_t si = 0; si < kRowShapes.size(); ++si) EXPECT_GT(runs_per_shape[si], 0) << "no config ran shape " << si;
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dx, upload(x, dt));
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dy, poisoned(s.rows * ld, dt));
+    SoftmaxArgs a{};
+    a.x = ptr(dx);
+    a.y = ptr(dy);
+    a.rows = static_cast<int>(s.rows);
+    a.cols = static_cast<int>(s.cols);
+    a.ld_x = a.ld_y = ld;
+    a.scale = scale;
+    KILN_ASSERT_OK_AND_ASSIGN(auto y, run_rows(t, c, s, ld, a, dy));
+    EXPECT_LE(rel_error(y, ld, ref, s.rows, s.cols), tolerance(dt));
+  });
 }
 
 // ------------------------------------------------------------------------------------------------ split-K
@@ -365,10 +378,9 @@ double apply_ops(double v, const EpilogueSpec& spec, double bias, double residua
 
 TEST(GpuTemplates, SplitKReduce) {
   KILN_REQUIRE_GPU();
-  auto g = gpu();
-  ASSERT_TRUE(g);
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, find_template("splitk_reduce"));
-  auto configs = build(*t, configs_for(t, g->limits), g->target);
+  KILN_ASSERT_OK_AND_ASSIGN(Sample sample, sample_for_device("splitk_reduce"));
+  const TemplatePtr& t = sample.t;
+  std::vector<Config>& configs = sample.configs;
   struct S {
     int64_t m, n, slices, ldd_pad;
   };

@@ -1,8 +1,8 @@
 // run_local_group(): one forked process per rank, supervised by the caller's process.
 //
 // Each rank talks to the parent over its own socket pair (sockets rather than pipes: a send to a rank that
-// died must not raise SIGPIPE in the caller's process). A child sends frames in the pool's wire layout: rank 0
-// its NCCL unique id, which the parent forwards to the other ranks, and every rank its outcome. The parent never
+// died must not raise SIGPIPE in the caller's process). A child sends kiln::codec frames: rank 0 its NCCL
+// unique id, which the parent forwards to the other ranks, and every rank its outcome. The parent never
 // touches CUDA or NCCL: the id is made in rank 0 after the fork, so the caller's process gets no bootstrap
 // thread and forks from whatever state it is in.
 #include <poll.h>
@@ -26,7 +26,8 @@
 #include <spdlog/spdlog.h>
 
 #include "kiln/pool/subprocess.h"
-#include "kiln/pool/wire_codec.h"
+#include "kiln/codec/frame.h"
+#include "kiln/codec/values.h"
 #include "kiln/runtime/comm.h"
 
 #ifndef SYS_pidfd_open
@@ -39,59 +40,44 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Frames have the pool's layout and field encoding (kiln/pool/wire_codec.h) with their own magic "KLG1".
-constexpr uint32_t kGroupMagic = 0x31474C4Bu;  // "KLG1"
-constexpr uint16_t kGroupVersion = 1;
 constexpr uint16_t kIdMessage = 1;       // rank 0 -> parent: NCCL's unique id, forwarded to the other ranks
 constexpr uint16_t kOutcomeMessage = 2;  // every rank -> parent: its Status and result string
+// Version 2: kiln::codec's encodings.
+constexpr codec::Protocol kGroupProtocol{0x31474C4Bu /* "KLG1" */, 2, kOutcomeMessage, "kiln local group"};
 constexpr int kExitNoParent = 120;
 constexpr int kExitCannotReport = 121;
 
 // ---- framing
 
-std::string encode_id(const NcclId& id) {
-  wire::Writer w(kGroupMagic, kGroupVersion, kIdMessage);
-  w.str(std::string_view(id.data(), id.size()));
-  return std::move(w).finish();
+Result<std::string> encode_id(const NcclId& id) {
+  codec::Writer w;
+  w.bytes(std::string_view(id.data(), id.size()), "NCCL id");
+  return codec::seal_frame(kGroupProtocol, kIdMessage, std::move(w));
 }
 
-std::string encode_outcome(const Status& status, const std::string& result) {
-  wire::Writer w(kGroupMagic, kGroupVersion, kOutcomeMessage);
-  w.u8(status.ok() ? 0 : 1);
-  if (!status.ok()) wire::put_status(w, status);
-  w.str(result);
-  return std::move(w).finish();
+Result<std::string> encode_outcome(const Status& status, const std::string& result) {
+  codec::Writer w;
+  codec::put_outcome(w, status);
+  w.bytes(result, "rank result");
+  return codec::seal_frame(kGroupProtocol, kOutcomeMessage, std::move(w));
 }
 
 Result<RankOutcome> decode_outcome(int rank, std::string_view payload) {
-  wire::Reader r(payload);
+  codec::Reader r(payload);
   RankOutcome o;
   o.rank = rank;
-  const uint8_t failed = r.u8();
-  if (failed > 1) r.fail();
-  if (failed == 1) o.status = wire::get_status(r);
-  o.result = r.str();
-  if (!r.finish("rank outcome").ok()) {
-    return make_error(ErrorCode::kCorrupt, fmt::format("rank {} sent a malformed outcome", rank));
+  o.status = codec::get_outcome(r);
+  o.result = r.bytes("rank result");
+  if (Status s = r.finish("rank outcome"); !s.ok()) {
+    return make_error(ErrorCode::kCorrupt, fmt::format("rank {} sent a malformed outcome ({})", rank, s.message()));
   }
   return o;
 }
 
 // ---- the child
 
-bool send_all(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n > 0) {
-      data.remove_prefix(static_cast<size_t>(n));
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
+// A frame to the parent; false when it could not be encoded or sent.
+bool send_frame(int fd, const Result<std::string>& frame) { return frame.ok() && codec::write_all(fd, *frame).ok(); }
 
 Result<NcclId> receive_id(int fd) {
   NcclId id;
@@ -117,7 +103,7 @@ Result<std::string> run_rank(const GroupOptions& options, const RankFunction& fn
   NcclId id;
   if (rank == 0) {
     KILN_ASSIGN_OR_RETURN(id, nccl_unique_id());
-    if (!send_all(fd, encode_id(id))) {
+    if (!send_frame(fd, encode_id(id))) {
       return make_error(ErrorCode::kUnavailable, "cannot send NCCL's unique id to the parent");
     }
   } else {
@@ -157,7 +143,7 @@ Result<std::string> run_rank(const GroupOptions& options, const RankFunction& fn
   }
   bool reported = false;
   try {
-    reported = send_all(fd, encode_outcome(status, result));
+    reported = send_frame(fd, encode_outcome(status, result));
     // The outcome is out before the teardown: a teardown that hangs or crashes cannot lose it. After a failure
     // the communicator is not destroyed at all: peers may be blocked in a collective with this rank, and
     // ncclCommDestroy could wait for them; the process exit releases everything.
@@ -281,38 +267,34 @@ class Supervisor {
 
   void handle_messages(size_t i) {
     RankState& r = ranks_[i];
-    while (r.in.size() >= wire::kHeaderSize) {
-      wire::Reader header(std::string_view(r.in).substr(0, wire::kHeaderSize));
-      const uint32_t magic = header.u32();
-      const uint16_t version = header.u16(), type = header.u16();
-      const uint32_t length = header.u32();
-      const bool framed = magic == kGroupMagic && version == kGroupVersion && length <= wire::kMaxFramePayload;
-      if (framed && r.in.size() - wire::kHeaderSize < length) return;
-      std::string_view payload = framed ? std::string_view(r.in).substr(wire::kHeaderSize, length) : std::string_view();
+    while (true) {
+      auto frame = codec::take_frame(kGroupProtocol, r.in);
+      if (frame.ok() && !frame->has_value()) return;  // wait for the rest
       std::string id;
-      if (framed && type == kIdMessage && i == 0) {
-        wire::Reader p(payload);
-        id = p.str();
+      if (frame.ok() && (*frame)->type == kIdMessage && i == 0) {
+        codec::Reader p((*frame)->payload);
+        id = p.bytes("NCCL id");
         if (!p.finish("NCCL id").ok()) id.clear();
       }
       if (id.size() == sizeof(NcclId)) {
         forward_id(id);
-      } else if (framed && type == kOutcomeMessage && !r.reported) {
-        auto decoded = decode_outcome(static_cast<int>(i), payload);
+      } else if (frame.ok() && (*frame)->type == kOutcomeMessage && !r.reported) {
+        auto decoded = decode_outcome(static_cast<int>(i), (*frame)->payload);
         r.outcome = decoded.ok() ? std::move(decoded).value() : RankOutcome{static_cast<int>(i), decoded.status(), {}};
         r.reported = true;
         if (!r.outcome.status.ok()) note_failure(i, r.outcome.status);
         note_reported();
       } else {
         r.outcome = {static_cast<int>(i),
-                     make_error(ErrorCode::kCorrupt, fmt::format("rank {} sent an unexpected message", i)), {}};
+                     make_error(ErrorCode::kCorrupt, fmt::format("rank {} sent an unexpected message{}", i,
+                                                                 frame.ok() ? "" : " (" + frame.status().message() + ")")),
+                     {}};
         r.reported = true;
         note_failure(i, r.outcome.status);
         note_reported();
         r.in.clear();
         return;
       }
-      r.in.erase(0, wire::kHeaderSize + length);
     }
   }
 

@@ -15,7 +15,6 @@
 #include <spdlog/spdlog.h>
 
 #include "kiln/jit/key.h"
-#include "kiln/pool/wire.h"
 
 namespace kiln::runtime::detail {
 
@@ -60,7 +59,9 @@ class IsolationHost::Worker {
 
   /// Writes `frame` whole, draining stderr meanwhile. kWorkerCrashed when the worker hung up (it is dying:
   /// end() tells how), kTimeout at `deadline`.
-  Status send(std::string_view frame, Clock::time_point deadline) {
+  Status send(const Result<std::string>& encoded, Clock::time_point deadline) {
+    KILN_RETURN_IF_ERROR(encoded.status());
+    std::string_view frame = *encoded;
     while (!frame.empty()) {
       ssize_t n = ::send(p_.sock.get(), frame.data(), frame.size(), MSG_NOSIGNAL);
       if (n > 0) {
@@ -76,18 +77,12 @@ class IsolationHost::Worker {
     return Status();
   }
 
-  /// The next whole frame: its header and payload. kWorkerCrashed when the worker hung up (end() tells how),
-  /// kTimeout at `deadline` (the worker is left running), kCorrupt for a malformed frame.
-  Result<std::pair<bench_wire::FrameHeader, std::string>> receive(Clock::time_point deadline) {
+  /// The next whole frame. kWorkerCrashed when the worker hung up (end() tells how), kTimeout at `deadline`
+  /// (the worker is left running), kCorrupt for a malformed frame.
+  Result<codec::Frame> receive(Clock::time_point deadline) {
     for (;;) {
-      if (in_.size() >= wire::kHeaderSize) {
-        KILN_ASSIGN_OR_RETURN(bench_wire::FrameHeader h, bench_wire::decode_header(in_));
-        if (in_.size() >= wire::kHeaderSize + h.length) {
-          std::string payload = in_.substr(wire::kHeaderSize, h.length);
-          in_.erase(0, wire::kHeaderSize + h.length);
-          return std::make_pair(h, std::move(payload));
-        }
-      }
+      KILN_ASSIGN_OR_RETURN(std::optional<codec::Frame> frame, codec::take_frame(bench_wire::kProtocol, in_));
+      if (frame) return std::move(*frame);
       char buf[65536];
       ssize_t n = ::recv(p_.sock.get(), buf, sizeof buf, 0);
       if (n > 0) {
@@ -296,8 +291,8 @@ Status IsolationHost::ensure_worker() {
     if (frame.status().code() == ErrorCode::kWorkerCrashed) return fail(ErrorCode::kWorkerCrashed, "ended before it was ready");
     return fail(ErrorCode::kWorkerCrashed, "sent a malformed hello (" + frame.status().to_string() + ")");
   }
-  if (frame->first.type != bench_wire::Type::kHello) return fail(ErrorCode::kWorkerCrashed, "did not start with a hello");
-  auto hello = bench_wire::decode_hello(frame->second);
+  if (frame->type != static_cast<uint16_t>(bench_wire::Type::kHello)) return fail(ErrorCode::kWorkerCrashed, "did not start with a hello");
+  auto hello = bench_wire::decode_hello(frame->payload);
   if (!hello.ok()) return fail(ErrorCode::kWorkerCrashed, "sent a malformed hello (" + hello.status().to_string() + ")");
   if (!hello->status.ok()) {
     Status why = hello->status;
@@ -331,9 +326,9 @@ Status IsolationHost::ensure_session() {
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + options_.choice_timeout;
   Status sent = worker_->send(bench_wire::encode(b), deadline);
-  auto frame = sent.ok() ? worker_->receive(deadline) : Result<std::pair<bench_wire::FrameHeader, std::string>>(sent);
-  Result<bench_wire::Begun> begun = frame.ok() && frame->first.type == bench_wire::Type::kBegun
-                                        ? bench_wire::decode_begun(frame->second)
+  auto frame = sent.ok() ? worker_->receive(deadline) : Result<codec::Frame>(sent);
+  Result<bench_wire::Begun> begun = frame.ok() && frame->type == static_cast<uint16_t>(bench_wire::Type::kBegun)
+                                        ? bench_wire::decode_begun(frame->payload)
                                         : Result<bench_wire::Begun>(frame.ok() ? make_error(ErrorCode::kCorrupt, "not a begun frame")
                                                                                : frame.status());
   if (begun.ok() && begun->seq != b.seq) begun = make_error(ErrorCode::kCorrupt, "an answer to another request");
@@ -397,10 +392,10 @@ Result<IsolatedRun> IsolationHost::run(bench_wire::Run request, const Binaries& 
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + options_.choice_timeout;
   Status sent = worker_->send(bench_wire::encode(request), deadline);
-  auto frame = sent.ok() ? worker_->receive(deadline) : Result<std::pair<bench_wire::FrameHeader, std::string>>(sent);
+  auto frame = sent.ok() ? worker_->receive(deadline) : Result<codec::Frame>(sent);
   Result<bench_wire::RunResult> result =
-      frame.ok() && frame->first.type == bench_wire::Type::kRunResult
-          ? bench_wire::decode_run_result(frame->second)
+      frame.ok() && frame->type == static_cast<uint16_t>(bench_wire::Type::kRunResult)
+          ? bench_wire::decode_run_result(frame->payload)
           : Result<bench_wire::RunResult>(frame.ok() ? make_error(ErrorCode::kCorrupt, "not a run-result frame")
                                                      : frame.status());
   if (result.ok() && result->seq != request.seq) result = make_error(ErrorCode::kCorrupt, "an answer to another request");

@@ -1,9 +1,8 @@
 // The bench worker's protocol (kiln/runtime/isolation.h): the messages between the tuner and kiln-bench-worker.
 //
-// Frames have the pool's layout (kiln/pool/wire.h: a 12-byte header of magic, u16 version, u16 type, u32
-// length, then the payload) with their own magic "KBW1", so a compile worker started by mistake, or a worker of
-// another build, is a clean kCorrupt error. Field encodings, KernelSource/Binary/Status included, are the
-// pool's (kiln/pool/wire_codec.h). A session, one problem at a time:
+// Frames of kiln::codec (kiln/codec/frame.h) with their own magic "KBW1", so a compile worker started by
+// mistake, or a worker of another build, is a clean kCorrupt error. Field encodings, Binary and Status
+// included, are the codec's (kiln/codec/values.h). A session, one problem at a time:
 //
 //   worker -> Hello (pid, device, context creation time; or why it could not open a context)
 //   host   -> Begin (problem, seed, bench options, choice-generation knobs, reference name + binaries,
@@ -23,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/codec/frame.h"
 #include "kiln/jit/key.h"
 #include "kiln/runtime/choice.h"
 #include "kiln/runtime/problem.h"
@@ -31,11 +31,12 @@
 
 namespace kiln::runtime::detail::bench_wire {
 
-inline constexpr uint32_t kMagic = 0x3157424Bu;  // "KBW1"
-/// Bump when any message's layout changes; host and worker must agree exactly.
-inline constexpr uint16_t kVersion = 1;
-
 enum class Type : uint16_t { kHello = 1, kBegin = 2, kBegun = 3, kRun = 4, kRunResult = 5, kEnd = 6 };
+
+/// Bump the version when any message's layout changes; host and worker must agree exactly. Version 2:
+/// kiln::codec's encodings.
+inline constexpr codec::Protocol kProtocol{0x3157424Bu /* "KBW1" */, 2, static_cast<uint16_t>(Type::kEnd),
+                                           "kiln bench worker"};
 
 struct Hello {
   int32_t pid = 0;
@@ -101,21 +102,14 @@ struct End {
   uint64_t seq = 0;
 };
 
-struct FrameHeader {
-  Type type = Type::kHello;
-  uint32_t length = 0;
-};
+/// Whole frames (header + payload), ready to write. Errors: a field or the frame over its size limit.
+Result<std::string> encode(const Hello& m);
+Result<std::string> encode(const Begin& m);
+Result<std::string> encode(const Begun& m);
+Result<std::string> encode(const Run& m);
+Result<std::string> encode(const RunResult& m);
+Result<std::string> encode(const End& m);
 
-/// Whole frames (header + payload), ready to write.
-std::string encode(const Hello& m);
-std::string encode(const Begin& m);
-std::string encode(const Begun& m);
-std::string encode(const Run& m);
-std::string encode(const RunResult& m);
-std::string encode(const End& m);
-
-/// Parses the 12 header bytes. kCorrupt for a wrong magic, version or type, or an oversized length.
-Result<FrameHeader> decode_header(std::string_view bytes);
 /// Parse a payload (the bytes after the header) of the given type. kCorrupt when malformed.
 Result<Hello> decode_hello(std::string_view payload);
 Result<Begin> decode_begin(std::string_view payload);

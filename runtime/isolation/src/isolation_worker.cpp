@@ -6,25 +6,19 @@
 // Run checks and measures one choice with the same BenchRunner the in-process tuner uses. A failure that
 // leaves the context unusable is answered with `poisoned`, and the host replaces this process.
 //
-// As the main of its own process, this is the one place in the runtime that ends a process: the hang-up
-// watcher exits as soon as the host closes the socket or dies, even in the middle of a measurement.
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
+// The process around it is the worker skeleton (kiln/pool/worker_loop.h): its hang-up watcher ends the process
+// as soon as the host closes the socket or dies, even in the middle of a measurement.
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -33,7 +27,7 @@
 #include "kiln/jit/device.h"
 #include "kiln/jit/driver.h"
 #include "kiln/jit/key.h"
-#include "kiln/pool/wire.h"
+#include "kiln/pool/worker_loop.h"
 #include "kiln/runtime/bench_worker.h"
 #include "kiln/runtime/ops.h"
 
@@ -44,35 +38,6 @@ using Clock = std::chrono::steady_clock;
 namespace bw = detail::bench_wire;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-bool read_full(int fd, char* buf, size_t n) {
-  while (n > 0) {
-    ssize_t r = ::read(fd, buf, n);
-    if (r > 0) {
-      buf += r;
-      n -= static_cast<size_t>(r);
-    } else if (r < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-bool write_full(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t w = ::write(fd, data.data(), data.size());
-    if (w > 0) {
-      data.remove_prefix(static_cast<size_t>(w));
-    } else if (w < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
 
 std::vector<KernelKey> keys_of(const Choice& c) {
   std::vector<KernelKey> out;
@@ -248,31 +213,10 @@ class BenchWorker {
 }  // namespace
 
 int bench_worker_main(int argc, char** argv, const OpRegistry& ops) {
-  long parent = 0;
-  int fd = 3;
-  int device = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string_view a = argv[i];
-    if (a == "--parent-pid") parent = std::strtol(argv[i + 1], nullptr, 10);
-    if (a == "--fd") fd = static_cast<int>(std::strtol(argv[i + 1], nullptr, 10));
-    if (a == "--device") device = static_cast<int>(std::strtol(argv[i + 1], nullptr, 10));
-  }
-  // Die with the host. The check after it closes the race with a host that died before the prctl.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (parent > 0 && ::getppid() != parent) return 0;
-  ::signal(SIGPIPE, SIG_IGN);
+  const WorkerArgs args = parse_worker_args(argc, argv);
+  if (!attach_to_host(args)) return 0;
+  const int device = static_cast<int>(args.get("--device", 0));
   const std::string tag = fmt::format("kiln-bench-worker[{}]", ::getpid());
-
-  // The host closing its end (retiring this worker) hangs the socket up; a measurement in progress, or a
-  // kernel that never ends, would not notice, so a thread waits for exactly that. events = 0: only hang-ups.
-  std::thread([fd] {
-    pollfd p{fd, 0, 0};
-    while (true) {
-      int n = ::poll(&p, 1, -1);
-      if (n > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL))) ::_exit(0);
-      if (n < 0 && errno != EINTR) ::_exit(0);
-    }
-  }).detach();
 
   const Clock::time_point start = Clock::now();
   bw::Hello hello;
@@ -285,44 +229,36 @@ int bench_worker_main(int argc, char** argv, const OpRegistry& ops) {
   } else if (auto info = device_info(device); info.ok()) {
     hello.device_name = info->name;
   }
-  if (!write_full(fd, bw::encode(hello)) || !hello.status.ok()) return hello.status.ok() ? 0 : 1;
+  auto hello_frame = bw::encode(hello);
+  if (!hello_frame.ok() || !codec::write_all(args.fd, *hello_frame).ok() || !hello.status.ok()) {
+    return hello.status.ok() ? 0 : 1;
+  }
 
   BenchWorker worker(device, tag, ops);
-  std::string header(wire::kHeaderSize, '\0');
-  std::string payload;
-  while (read_full(fd, header.data(), header.size())) {
-    auto h = bw::decode_header(header);
-    if (!h.ok()) {
-      std::fprintf(stderr, "%s: bad frame from the host: %s\n", tag.c_str(), h.status().to_string().c_str());
-      return 2;
-    }
-    payload.resize(h->length);
-    if (!read_full(fd, payload.data(), payload.size())) break;
-    std::string reply;
-    if (h->type == bw::Type::kBegin) {
-      auto req = bw::decode_begin(payload);
-      if (!req.ok()) {
-        std::fprintf(stderr, "%s: bad begin request: %s\n", tag.c_str(), req.status().to_string().c_str());
-        return 2;
+  WorkerLoop loop;
+  loop.protocol = &bw::kProtocol;
+  loop.fd = args.fd;
+  loop.name = tag;
+  loop.handle = [&worker](const codec::Frame& f) -> Result<std::optional<std::string>> {
+    switch (static_cast<bw::Type>(f.type)) {
+      case bw::Type::kBegin: {
+        KILN_ASSIGN_OR_RETURN(bw::Begin req, bw::decode_begin(f.payload));
+        KILN_ASSIGN_OR_RETURN(std::string reply, bw::encode(worker.begin(req)));
+        return std::optional<std::string>(std::move(reply));
       }
-      reply = bw::encode(worker.begin(*req));
-    } else if (h->type == bw::Type::kRun) {
-      auto req = bw::decode_run(payload);
-      if (!req.ok()) {
-        std::fprintf(stderr, "%s: bad run request: %s\n", tag.c_str(), req.status().to_string().c_str());
-        return 2;
+      case bw::Type::kRun: {
+        KILN_ASSIGN_OR_RETURN(bw::Run req, bw::decode_run(f.payload));
+        KILN_ASSIGN_OR_RETURN(std::string reply, bw::encode(worker.run(req)));
+        return std::optional<std::string>(std::move(reply));
       }
-      reply = bw::encode(worker.run(*req));
-    } else if (h->type == bw::Type::kEnd) {
-      worker.end();
-      continue;
-    } else {
-      std::fprintf(stderr, "%s: unexpected message type %d from the host\n", tag.c_str(), static_cast<int>(h->type));
-      return 2;
+      case bw::Type::kEnd:
+        worker.end();
+        return std::optional<std::string>();
+      default:
+        return make_error(ErrorCode::kCorrupt, fmt::format("unexpected message type {} from the host", f.type));
     }
-    if (!write_full(fd, reply)) break;
-  }
-  return 0;
+  };
+  return run_worker_loop(loop);
 }
 
 }  // namespace kiln::runtime

@@ -503,7 +503,7 @@ Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem
   report.problem = problem.describe();
   std::vector<Future<Binary>> futures;
   std::vector<std::string> names;
-  const uint64_t hits_before = gate.counters().cache_hits;
+  const GateCounters before = gate.counters();
   for (const auto& c : choices) {
     for (auto& k : c->kernels()) {
       names.push_back(k.source.name);
@@ -518,7 +518,9 @@ Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem
       report.failures.push_back(fmt::format("{}: {}", names[i], r.status().to_string()));
     }
   }
-  report.cached = static_cast<int>(gate.counters().cache_hits - hits_before);
+  const GateCounters after = gate.counters();
+  report.cached = static_cast<int>(after.cache_hits + after.cached_failures - before.cache_hits - before.cached_failures);
+  report.repeated = static_cast<int>(after.repeats - before.repeats);
   report.seconds = seconds_since(start);
   return report;
 }

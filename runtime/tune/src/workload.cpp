@@ -1,7 +1,8 @@
 #include "kiln/runtime/workload.h"
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,18 +24,24 @@ Result<std::vector<int64_t>> sizes(const json& e, const char* field, const std::
   }
   const json& v = e[field];
   std::vector<int64_t> out;
-  if (v.is_number_integer()) out.push_back(v.get<int64_t>());
+  // An unsigned value past int64's range would wrap to a negative one on conversion: clamp it instead.
+  auto value = [](const json& x) {
+    return x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : x.get<int64_t>();
+  };
+  if (v.is_number_integer()) out.push_back(value(v));
   else if (v.is_array()) {
     for (const auto& x : v) {
       if (!x.is_number_integer()) return bad(where, fmt::format("\"{}\" must hold integers", field));
-      out.push_back(x.get<int64_t>());
+      out.push_back(value(x));
     }
   } else {
     return bad(where, fmt::format("\"{}\" must be an integer or a list of integers", field));
   }
   if (out.empty()) return bad(where, fmt::format("\"{}\" is an empty list", field));
   for (int64_t s : out) {
-    if (s <= 0) return bad(where, fmt::format("\"{}\" has {} (sizes are positive)", field, s));
+    if (s <= 0 || s > kMaxWorkloadDim) {
+      return bad(where, fmt::format("\"{}\" has {} (sizes are from 1 to {})", field, s, kMaxWorkloadDim));
+    }
   }
   return out;
 }
@@ -58,14 +65,59 @@ Result<Layout> layout_field(const json& e, const char* field, const std::string&
 template <class T>
 Result<T> scalar(const json& e, const char* field, T fallback, const std::string& where) {
   if (!e.contains(field)) return fallback;
-  try {
-    return e[field].get<T>();
-  } catch (const json::exception&) {
-    return bad(where, fmt::format("\"{}\" has the wrong type", field));
+  const json& v = e[field];
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (v.is_string()) return v.get<std::string>();
+    return bad(where, fmt::format("\"{}\" must be a string", field));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (v.is_boolean()) return v.get<bool>();
+    return bad(where, fmt::format("\"{}\" must be true or false", field));
+  } else {
+    static_assert(std::is_same_v<T, double>, "numbers are read as double, then range-checked");
+    if (!v.is_number()) return bad(where, fmt::format("\"{}\" must be a number", field));
+    return v.get<double>();
   }
 }
 
-Status expand(const json& e, const std::string& where, Workload& out) {
+// A float field that must lie in (lo, hi), exclusive.
+Result<float> number_in(const json& e, const char* field, float fallback, double lo, double hi,
+                        const std::string& where) {
+  KILN_ASSIGN_OR_RETURN(double v, scalar<double>(e, field, fallback, where));
+  if (!(v > lo && v < hi)) return bad(where, fmt::format("\"{}\" is {} (must be between {} and {})", field, v, lo, hi));
+  return static_cast<float>(v);
+}
+
+// How many problems an entry's lists expand to, and whether an operand of r x c elements is too large.
+uint64_t combinations(std::initializer_list<const std::vector<int64_t>*> lists) {
+  uint64_t n = 1;
+  for (const auto* l : lists) n = n > UINT64_MAX / l->size() ? UINT64_MAX : n * l->size();
+  return n;
+}
+
+Status check_elements(const std::vector<int64_t>& rows, const std::vector<int64_t>& cols, const char* what,
+                      const std::string& where) {
+  const int64_t r = *std::max_element(rows.begin(), rows.end()), c = *std::max_element(cols.begin(), cols.end());
+  if (r > kMaxWorkloadElements / c) {
+    return bad(where, fmt::format("{} of {} x {} elements is larger than the limit of {}", what, r, c, kMaxWorkloadElements));
+  }
+  return Status();
+}
+
+// Expansion stops before it starts when an entry would pass the limit: a few lists of a thousand sizes each
+// must not take the machine's memory.
+Status reserve(Workload& out, uint64_t more, uint64_t limit, const std::string& where) {
+  if (more > limit || out.problems.size() + more > limit) {
+    return make_error(ErrorCode::kOutOfRange,
+                      fmt::format("workload {}: expands to {}{} problems, more than the limit of {} (raise it with ${})",
+                                  where, more == UINT64_MAX ? "over " : "", more == UINT64_MAX ? UINT64_MAX : more, limit,
+                                  kWorkloadProblemsLimit.env));
+  }
+  out.problems.reserve(out.problems.size() + more);
+  out.labels.reserve(out.labels.size() + more);
+  return Status();
+}
+
+Status expand(const json& e, const std::string& where, uint64_t limit, Workload& out) {
   if (!e.is_object() || !e.contains("op") || !e["op"].is_string()) return bad(where, "an entry needs an \"op\" string");
   const std::string op = e["op"].get<std::string>();
   const std::string label = e.contains("name") && e["name"].is_string() ? e["name"].get<std::string>() : op;
@@ -74,6 +126,10 @@ Status expand(const json& e, const std::string& where, Workload& out) {
     KILN_ASSIGN_OR_RETURN(auto ms, sizes(e, "m", where, true));
     KILN_ASSIGN_OR_RETURN(auto ns, sizes(e, "n", where, true));
     KILN_ASSIGN_OR_RETURN(auto ks, sizes(e, "k", where, true));
+    KILN_RETURN_IF_ERROR(check_elements(ms, ks, "operand A", where));
+    KILN_RETURN_IF_ERROR(check_elements(ks, ns, "operand B", where));
+    KILN_RETURN_IF_ERROR(check_elements(ms, ns, "the output", where));
+    KILN_RETURN_IF_ERROR(reserve(out, combinations({&ms, &ns, &ks}), limit, where));
     GemmProblem g;
     g.a = g.b = dtype;
     KILN_ASSIGN_OR_RETURN(g.a_layout, layout_field(e, "layout_a", where));
@@ -97,12 +153,14 @@ Status expand(const json& e, const std::string& where, Workload& out) {
   if (op == "rmsnorm" || op == "layernorm") {
     KILN_ASSIGN_OR_RETURN(auto rows, sizes(e, "rows", where, true));
     KILN_ASSIGN_OR_RETURN(auto cols, sizes(e, "cols", where, true));
+    KILN_RETURN_IF_ERROR(check_elements(rows, cols, "the input", where));
+    KILN_RETURN_IF_ERROR(reserve(out, combinations({&rows, &cols}), limit, where));
     NormProblem n;
     n.layernorm = op == "layernorm";
     n.dtype = dtype;
     KILN_ASSIGN_OR_RETURN(n.residual, scalar<bool>(e, "residual", false, where));
     KILN_ASSIGN_OR_RETURN(n.bias, scalar<bool>(e, "bias", false, where));
-    KILN_ASSIGN_OR_RETURN(n.eps, scalar<float>(e, "eps", 1e-6f, where));
+    KILN_ASSIGN_OR_RETURN(n.eps, number_in(e, "eps", 1e-6f, 0.0, 1.0, where));
     for (int64_t r : rows)
       for (int64_t c : cols) {
         n.rows = r, n.cols = c;
@@ -114,9 +172,11 @@ Status expand(const json& e, const std::string& where, Workload& out) {
   if (op == "softmax") {
     KILN_ASSIGN_OR_RETURN(auto rows, sizes(e, "rows", where, true));
     KILN_ASSIGN_OR_RETURN(auto cols, sizes(e, "cols", where, true));
+    KILN_RETURN_IF_ERROR(check_elements(rows, cols, "the input", where));
+    KILN_RETURN_IF_ERROR(reserve(out, combinations({&rows, &cols}), limit, where));
     SoftmaxProblem s;
     s.dtype = dtype;
-    KILN_ASSIGN_OR_RETURN(s.scale, scalar<float>(e, "scale", 1.0f, where));
+    KILN_ASSIGN_OR_RETURN(s.scale, number_in(e, "scale", 1.0f, -1e30, 1e30, where));
     for (int64_t r : rows)
       for (int64_t c : cols) {
         s.rows = r, s.cols = c;
@@ -140,20 +200,18 @@ Result<Workload> parse_workload(const std::string& text) {
   if (!j.is_object() || !j.contains("problems") || !j["problems"].is_array()) {
     return make_error(ErrorCode::kInvalidArgument, "workload: expected {\"problems\": [...]}");
   }
+  KILN_ASSIGN_OR_RETURN(uint64_t limit, limit_value(kWorkloadProblemsLimit));
   Workload w;
   w.name = j.contains("name") && j["name"].is_string() ? j["name"].get<std::string>() : "workload";
   for (size_t i = 0; i < j["problems"].size(); ++i) {
-    KILN_RETURN_IF_ERROR(expand(j["problems"][i], fmt::format("entry {}", i), w));
+    KILN_RETURN_IF_ERROR(expand(j["problems"][i], fmt::format("entry {}", i), limit, w));
   }
   return w;
 }
 
 Result<Workload> load_workload(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return make_error(ErrorCode::kNotFound, fmt::format("cannot read workload file '{}'", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto w = parse_workload(ss.str());
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file_limited(path, kWorkloadBytesLimit));
+  auto w = parse_workload(text);
   if (!w.ok()) return std::move(w).status().with_context(fmt::format("reading {}", path));
   return w;
 }

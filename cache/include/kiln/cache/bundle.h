@@ -18,11 +18,14 @@
 #include <vector>
 
 #include "kiln/cache/store.h"
+#include "kiln/input.h"
 #include "kiln/status.h"
 
 namespace kiln::cache {
 
 inline constexpr int kBundleVersion = 1;
+/// The largest bundle import reads: 1 GiB unless $KILN_MAX_BUNDLE_BYTES says otherwise.
+inline constexpr InputLimit kBundleBytesLimit{"bundle file", "KILN_MAX_BUNDLE_BYTES", 1ull << 30};
 
 struct ExportOptions {
   /// Include binaries (base64). Default false: decisions and timings only (small; the fleet compiles).

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kiln/cache/bundle.h"
+#include "kiln/cache/integrity.h"
 #include "kiln/cache/preload.h"
 #include "kiln/cache/problem_key.h"
 #include "kiln/cache/records.h"

@@ -26,6 +26,21 @@
 
 namespace kiln::cache {
 
+/// Test hook: the file system RocksDB reads and writes through, to inject faults (a full disk, failing
+/// writes). Defined in cache/src/store_env.h; only the cache's own tests construct one.
+struct StoreEnv;
+
+/// What the writer does when it finds the database damaged at open (a corrupted, truncated or missing table
+/// file, write-ahead log, CURRENT or MANIFEST).
+enum class OnDamage {
+  /// Move the damaged database aside into <dir>/quarantine/, rebuild one from what is intact (RocksDB's
+  /// repair, on a copy), and say so in the log and in Store::quarantined(). The default: a cache that stays
+  /// usable, and nothing deleted.
+  kQuarantine,
+  /// Fail with kCorrupt naming the damaged file; `kiln cache repair` fixes it in place.
+  kFail,
+};
+
 enum class Role {
   kAuto,    // the writer if the role is free, else a reader that stages its writes (the default)
   kWriter,  // the writer or an error (kUnavailable naming the holder): for prune, clear
@@ -51,6 +66,10 @@ struct StoreOptions {
   /// "open:wait_for_writer" (another process holds the writer role and has not created the database yet).
   /// Default none.
   std::function<void(std::string_view point)> sync_point;
+  /// Default kQuarantine. Readers never quarantine: they fail with kCorrupt.
+  OnDamage on_damage = OnDamage::kQuarantine;
+  /// Default none (the real file system).
+  std::shared_ptr<StoreEnv> env;
 };
 
 /// $KILN_CACHE_DIR if set, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln (else ./.kiln-cache).
@@ -112,6 +131,11 @@ class Store {
   bool is_writer() const;
   /// The toolchain stored results are judged against.
   const Toolchain& toolchain() const;
+  /// Where open moved a damaged database (OnDamage::kQuarantine); empty when it found none.
+  const std::string& quarantined() const;
+  /// The first write of this Store that failed (OK when none did). Callers that log a failed write and carry
+  /// on check it before reporting success, so that a full disk never ends in "done".
+  Status first_write_error() const;
 
   // ---- Binaries (read from RocksDB on demand, remembered in memory once read or written).
 

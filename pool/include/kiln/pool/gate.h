@@ -46,8 +46,9 @@ struct GateOptions {
 struct GateCounters {
   uint64_t requests = 0;
   uint64_t joined = 0;           // requests that joined a compile already in flight (single flight)
-  uint64_t cache_hits = 0;       // binaries from lookup
-  uint64_t cached_failures = 0;  // failures from lookup
+  uint64_t cache_hits = 0;       // binaries from lookup that were there before this gate compiled them
+  uint64_t cached_failures = 0;  // failures from lookup, likewise
+  uint64_t repeats = 0;          // lookups answered with what this gate itself compiled earlier
   uint64_t compiles = 0;         // jobs submitted to the executor
   uint64_t compiled = 0;         // of those, successes
   uint64_t failed = 0;           // of those, errors of any kind

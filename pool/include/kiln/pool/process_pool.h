@@ -3,7 +3,7 @@
 //
 // Workers are the small executable kiln-compile-worker, started with posix_spawn by one pool thread (never a
 // fork() of the host, which may hold threads and a CUDA context). Requests and results cross a socket pair in
-// kiln/pool/wire.h's versioned, length-prefixed frames. A worker that crashes, is killed or passes its job's
+// versioned, length-prefixed kiln::codec frames (pool/src/wire.h). A worker that crashes, is killed or passes its job's
 // timeout fails that job only (the error names the kernel, the signal or exit status and the tail of the
 // worker's stderr) and is replaced. Workers exit when the host dies (PR_SET_PDEATHSIG, plus a thread that
 // exits on EOF of the request socket), are recycled after max_jobs_per_worker jobs, and shutdown never

@@ -17,8 +17,8 @@ struct ProgressSnapshot {
   size_t done = 0;    // finished, whatever the result
   size_t failed = 0;  // of those, errors (including cancellations)
   double elapsed_seconds = 0;
-  double rate = 0;          // done per second since the start; 0 before the first
-  double eta_seconds = -1;  // at that rate; -1 while unknown
+  double rate = 0;          // jobs that needed work, per second since the start; 0 before the first
+  double eta_seconds = -1;  // the jobs left at that rate; -1 while unknown
   bool finished() const { return done >= total; }
 };
 
@@ -34,18 +34,23 @@ class ProgressTracker {
 
   /// Records one finished job. Listeners run on this thread, outside the tracker's lock.
   void record(bool ok);
+  /// Records a job that needed no work (found in a cache): done, but left out of the rate, so that a run
+  /// that starts with a hundred instant hits does not promise an ETA a hundred times too short.
+  void record_free();
   ProgressSnapshot snapshot() const;
   /// `listener` runs after every record() with the snapshot it produced.
   void listen(std::function<void(const ProgressSnapshot&)> listener);
 
  private:
   ProgressSnapshot snapshot_locked() const;
+  void record_one(bool ok, bool free);
   mutable std::mutex mu_;
   ProgressClock clock_;
   double start_;
   size_t total_;
   size_t done_ = 0;
   size_t failed_ = 0;
+  size_t free_ = 0;
   std::vector<std::function<void(const ProgressSnapshot&)>> listeners_;
 };
 

@@ -230,7 +230,8 @@ Result<std::unique_ptr<PrecompileGate>> make_cached_gate(std::shared_ptr<cache::
 struct PrecompileReport {
   std::string problem;
   int kernels = 0;
-  int cached = 0;
+  int cached = 0;    // found in the cache, stored there before this run's gate compiled anything
+  int repeated = 0;  // compiled earlier by the same gate (another problem shares the kernel)
   int failed = 0;
   std::vector<std::string> failures;
   double seconds = 0;

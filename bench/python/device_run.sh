@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds kiln's Python extension there (its Python 3.12 differs from the development
+# machine's) against the carried kiln, then runs one mode. Results go to $OUT (or ./.device-py/out).
+#
+# Prepare on the development machine (a build with the shared library, -DKILN_SHARED=ON):
+#   cmake --install build --prefix .device-py/prefix
+#   ../shared/tools/device-pack .device-py build/bin/kiln build/bin/kiln-compile-worker build/bin/kiln-bench-worker \
+#       build/bin/bench_runtime .device-py/prefix/lib/libkiln.so
+# and carry .device-py (the run tool's carry: [".device-py"]). Then, on the GPU machine:
+#   bash bench/python/device_run.sh tests|host|mlp|startup|all
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+dev=$root/.device-py
+mode=${1:-all}
+out=${OUT:-$dev/out}
+mkdir -p "$out"
+py=${KILN_DEVICE_PYTHON:-/opt/torch/.venv/bin/python}
+export LD_LIBRARY_PATH=$dev/lib:$dev/prefix/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PATH=$dev/prefix/bin:$PATH
+export KILN_CLI=$dev/prefix/bin/kiln KILN_SOURCE_DIR=$root
+export KILN_COMPILE_WORKER=${KILN_COMPILE_WORKER:-$dev/prefix/bin/kiln-compile-worker}
+
+echo "== building kiln._C with $($py --version) against $dev/prefix"
+nanobind_dir=$($py -m nanobind --cmake_dir)
+cmake -S python -B "$dev/build-ext" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
+  -Dnanobind_DIR="$nanobind_dir" -DCMAKE_PREFIX_PATH="$dev/prefix" >/dev/null
+cmake --build "$dev/build-ext" -j "$(nproc)"
+rm -rf "$dev/site" && mkdir -p "$dev/site"
+cp -r python/kiln "$dev/site/" && cp "$dev"/build-ext/_C*.so "$dev/site/kiln/"
+export PYTHONPATH=$dev/site
+$py -c "import kiln; print('kiln', kiln.__version__, 'devices', kiln._C.device_count())"
+
+run_tests() { (cd python/tests && $py -m pytest -q -rs -p no:cacheprovider . 2>&1 | tee "$out/pytest.txt"); }
+run_host() { (cd bench/python && $py host_overhead.py --json "$out/python_host_overhead.json" \
+  --bench-runtime "$dev/bin/bench_runtime" 2>&1 | tee "$out/host_overhead.txt"); }
+run_mlp() { (cd bench/python && $py llama_mlp.py --json "$out/python_llama_mlp.json" 2>&1 | tee "$out/llama_mlp.txt"); }
+run_startup() { (cd bench/python && $py startup.py --json "$out/python_startup.json" 2>&1 | tee "$out/startup.txt"); }
+case $mode in
+  tests) run_tests ;;
+  host) run_host ;;
+  mlp) run_mlp ;;
+  startup) run_startup ;;
+  all) run_tests; run_host; run_startup; run_mlp ;;
+  *) echo "usage: $0 tests|host|mlp|startup|all" >&2; exit 2 ;;
+esac

@@ -1,0 +1,324 @@
+// kiln.gemm, kiln.rmsnorm, kiln.softmax: tensors in (tensor.h), the tuned selection out of the current
+// tuner (tuner.h), one launch on the caller's stream. The hot path is a key build, a hash lookup and the
+// launch with the GIL released; everything else happens once per problem.
+#include <fmt/format.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "errors.h"
+#include "kiln/jit/device.h"
+#include "kiln/templates/epilogue.h"
+#include "tensor.h"
+#include "tuner.h"
+
+namespace nb = nanobind;
+
+namespace kiln::py {
+namespace {
+
+using templates::DType;
+using templates::Layout;
+
+[[noreturn]] void bad(const std::string& message) { raise(make_error(ErrorCode::kInvalidArgument, message)); }
+
+void require_cuda(const TensorView& v, const char* what, int device) {
+  if (v.device != DeviceKind::kCuda) bad(fmt::format("{}: kiln runs on CUDA tensors; this one is on the CPU", what));
+  if (v.device_index >= 0 && v.device_index != device) {
+    bad(fmt::format("{}: on cuda:{}, but the other operands are on cuda:{}", what, v.device_index, device));
+  }
+  if (!v.has_kiln_dtype()) bad(fmt::format("{}: dtype {}; kiln takes float16, bfloat16 or float32", what, v.dtype_name));
+}
+
+TensorView view(nb::handle obj, const char* what, int device) {
+  TensorView v = tensor_view(obj, what);
+  require_cuda(v, what, device);
+  return v;
+}
+
+void ensure_thread_context(int device) {
+  // The launching thread needs a current context: torch's threads have one; a fresh thread gets the
+  // device's primary context (the one torch uses).
+  thread_local int ready_for = -1;
+  if (ready_for == device) return;
+  auto ctx = ensure_context(device);
+  if (!ctx.ok()) raise(ctx.status());
+  ready_for = device;
+}
+
+/// The selection for `key`, resolving a miss without the GIL. A miss inside capture with nothing to run
+/// raises kiln.CaptureMissError (kiln.torch catches it and runs torch, except in strict mode).
+const runtime::Selection* selection(const OpKey& key, const runtime::Problem& problem, uintptr_t stream) {
+  std::shared_ptr<PyTuner> tuner = current_tuner();
+  if (const auto* s = tuner->find(key)) return s;
+  Result<const runtime::Selection*> r = make_error(ErrorCode::kInternal, "unset");
+  {
+    nb::gil_scoped_release release;
+    r = tuner->resolve(key, problem, reinterpret_cast<CUstream>(stream));
+  }
+  if (!r.ok()) raise(r.status());
+  return *r;
+}
+
+template <class Args>
+void launch(const runtime::Selection* sel, const Args& args, uintptr_t stream) {
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = sel->run(runtime::OpArgs(args), reinterpret_cast<CUstream>(stream));
+  }
+  check(s);
+}
+
+nb::object new_output(nb::handle like, const TensorView& v, std::initializer_list<int64_t> shape, const char* what) {
+  // Outputs are allocated by the array library of the inputs; kiln allocates nothing of its own per call.
+  if (!v.torch) bad(fmt::format("{}: pass out= (kiln allocates outputs only for torch tensors)", what));
+  nb::list dims;
+  for (int64_t d : shape) dims.append(d);
+  return like.attr("new_empty")(nb::tuple(dims));
+}
+
+// The parsed epilogue for (text, dtypes), by a small string key: parse_epilogue runs once per spelling.
+struct EpilogueEntry {
+  templates::EpilogueSpec spec;
+  uint16_t id = 0;
+};
+const EpilogueEntry& epilogue_of(const std::string& text, DType out, DType bias, DType residual) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, EpilogueEntry> entries;
+  std::string key = text;
+  key += char('0' + int(out)), key += char('0' + int(bias)), key += char('0' + int(residual));
+  std::lock_guard lock(mu);
+  if (auto it = entries.find(key); it != entries.end()) return it->second;
+  auto spec = templates::parse_epilogue(text, out);
+  if (!spec.ok()) raise(spec.status());
+  spec->bias_dtype = bias;
+  spec->residual_dtype = residual;
+  EpilogueEntry e{*spec, intern_epilogue(spec->tag())};
+  return entries.emplace(std::move(key), std::move(e)).first->second;
+}
+
+bool mentions(const std::string& text, const char* op) { return text.find(op) != std::string::npos; }
+
+// Operand layout of a 2-D view: row-major (unit last stride) or column-major (unit first stride), with
+// dense leading dimensions, which is what every kiln GEMM choice takes.
+Layout layout_of(const TensorView& v, const char* what) {
+  int64_t rows = v.shape[0], cols = v.shape[1];
+  if ((v.strides[1] == 1 || cols == 1) && (v.strides[0] == cols || rows == 1)) return Layout::kRowMajor;
+  if ((v.strides[0] == 1 || rows == 1) && (v.strides[1] == rows || cols == 1)) return Layout::kColMajor;
+  bad(fmt::format("{}: strides ({}, {}) for shape ({}, {}); kiln's GEMM takes dense row- or column-major operands "
+                  "(call .contiguous())", what, v.strides[0], v.strides[1], rows, cols));
+}
+
+nb::object gemm(nb::handle a, nb::handle b, nb::handle bias, const std::string& epilogue_text, nb::handle out,
+                nb::handle residual, float alpha, float beta, nb::handle stream_arg) {
+  TensorView va = tensor_view(a, "a");
+  const int device = va.device_index < 0 ? 0 : va.device_index;
+  require_cuda(va, "a", device);
+  TensorView vb = view(b, "b", device);
+  if (va.ndim != 2 || vb.ndim != 2) bad(fmt::format("gemm takes 2-D a and b; got {}-D and {}-D", va.ndim, vb.ndim));
+  const int64_t m = va.shape[0], k = va.shape[1], n = vb.shape[1];
+  if (vb.shape[0] != k) bad(fmt::format("gemm: a is {}x{} and b is {}x{}: inner sizes differ", m, k, vb.shape[0], n));
+  const Layout la = layout_of(va, "a"), lb = layout_of(vb, "b");
+
+  nb::object result = out.is_none() ? new_output(a, va, {m, n}, "gemm") : nb::borrow(out);
+  TensorView vd = view(result, "out", device);
+  if (vd.ndim != 2 || vd.shape[0] != m || vd.shape[1] != n || layout_of(vd, "out") != Layout::kRowMajor) {
+    bad(fmt::format("gemm: out must be a dense row-major {}x{} tensor", m, n));
+  }
+  std::string text = epilogue_text;
+  TensorView vbias, vres;
+  DType bias_dtype = vd.kiln_dtype(), res_dtype = vd.kiln_dtype();
+  if (!bias.is_none()) {
+    vbias = view(bias, "bias", device);
+    if (vbias.ndim != 1 || vbias.shape[0] != n || (n > 1 && vbias.strides[0] != 1)) bad(fmt::format("bias: must be a contiguous vector of {}", n));
+    if (!mentions(text, "bias")) text = text.empty() || text == "none" ? "bias" : "bias+" + text;
+    bias_dtype = vbias.kiln_dtype();
+  } else if (mentions(text, "bias")) {
+    bad(fmt::format("gemm: epilogue '{}' adds a bias but bias is None", text));
+  }
+  if (!residual.is_none()) {
+    vres = view(residual, "residual", device);
+    if (vres.ndim != 2 || vres.shape[0] != m || vres.shape[1] != n || (n > 1 && vres.strides[1] != 1)) {
+      bad(fmt::format("residual: must be a {}x{} tensor with unit last stride", m, n));
+    }
+    if (!mentions(text, "residual")) text = text.empty() || text == "none" ? "residual" : text + "+residual";
+    res_dtype = vres.kiln_dtype();
+  } else if (mentions(text, "residual")) {
+    bad(fmt::format("gemm: epilogue '{}' adds a residual but residual is None", text));
+  }
+  const EpilogueEntry& ep = epilogue_of(text, vd.kiln_dtype(), bias_dtype, res_dtype);
+
+  OpKey key;
+  key.op = kGemm;
+  key.size = m, key.n = n, key.k = k, key.device = device;
+  key.dtype = uint8_t(va.kiln_dtype()), key.dtype_b = uint8_t(vb.kiln_dtype()), key.dtype_out = uint8_t(vd.kiln_dtype());
+  key.layout_a = uint8_t(la), key.layout_b = uint8_t(lb), key.epilogue = ep.id;
+
+  const uintptr_t stream = resolve_stream(stream_arg, va);
+  ensure_thread_context(device);
+  const runtime::Selection* sel = current_tuner()->find(key);
+  if (!sel) {
+    runtime::GemmProblem g{.m = m, .n = n, .k = k, .a = va.kiln_dtype(), .b = vb.kiln_dtype(), .a_layout = la,
+                           .b_layout = lb, .epilogue = ep.spec};
+    sel = selection(key, runtime::Problem::gemm(g), stream);
+  }
+  KilnGemmArgs args{};
+  args.a = reinterpret_cast<const void*>(va.ptr);
+  args.b = reinterpret_cast<const void*>(vb.ptr);
+  args.d = reinterpret_cast<void*>(vd.ptr);
+  args.m = int(m), args.n = int(n), args.k = int(k);
+  args.split_k = 1, args.k_per_split = int(k);
+  args.lda = la == Layout::kRowMajor ? k : m;
+  args.ldb = lb == Layout::kRowMajor ? n : k;
+  args.ldd = n;
+  args.ep.bias = reinterpret_cast<const void*>(vbias.ptr);
+  args.ep.residual = reinterpret_cast<const void*>(vres.ptr);
+  args.ep.ld_residual = residual.is_none() ? n : vres.strides[0];
+  args.ep.alpha = alpha;
+  args.ep.beta = beta;
+  launch(sel, args, stream);
+  return result;
+}
+
+// rows x cols of a tensor whose last dimension is contiguous and whose leading dimensions collapse into one
+// (e.g. [batch, seq, hidden] -> [batch*seq, hidden]); the row stride in elements.
+struct Rows {
+  int64_t rows = 1, cols = 0, ld = 0;
+};
+Rows rows_of(const TensorView& v, const char* what) {
+  if (v.ndim < 1) bad(fmt::format("{}: a scalar; kiln normalises rows of a tensor", what));
+  Rows r;
+  r.cols = v.shape[v.ndim - 1];
+  if (r.cols > 1 && v.strides[v.ndim - 1] != 1) bad(fmt::format("{}: the last dimension must be contiguous", what));
+  r.ld = v.ndim >= 2 ? v.strides[v.ndim - 2] : r.cols;
+  for (int i = v.ndim - 2; i >= 0; --i) {
+    if (i < v.ndim - 2 && v.shape[i] > 1 && v.strides[i] != v.strides[i + 1] * v.shape[i + 1]) {
+      bad(fmt::format("{}: leading dimensions do not collapse into rows (call .contiguous())", what));
+    }
+    r.rows *= v.shape[i];
+  }
+  if (r.rows > 1 && r.ld < r.cols) bad(fmt::format("{}: rows overlap (row stride {} < {})", what, r.ld, r.cols));
+  if (r.rows == 1) r.ld = r.cols;
+  return r;
+}
+
+void same_rows(const Rows& a, const Rows& b, const char* what) {
+  if (a.rows != b.rows || a.cols != b.cols) bad(fmt::format("{}: {}x{} rows, expected {}x{}", what, b.rows, b.cols, a.rows, a.cols));
+}
+
+nb::object new_like(nb::handle x, const TensorView& v, const char* what) {
+  if (!v.torch) bad(fmt::format("{}: pass out= (kiln allocates outputs only for torch tensors)", what));
+  return x.attr("new_empty")(x.attr("shape"));
+}
+
+nb::object rmsnorm(nb::handle x, nb::handle weight, float eps, nb::handle residual, nb::handle out, nb::handle stream_arg) {
+  TensorView vx = tensor_view(x, "x");
+  const int device = vx.device_index < 0 ? 0 : vx.device_index;
+  require_cuda(vx, "x", device);
+  Rows r = rows_of(vx, "x");
+  TensorView vw = view(weight, "weight", device);
+  if (vw.ndim != 1 || vw.shape[0] != r.cols || vw.dtype_code != vx.dtype_code) {
+    bad(fmt::format("weight: must be a vector of {} {}", r.cols, vx.dtype_name));
+  }
+  nb::object result = out.is_none() ? new_like(x, vx, "rmsnorm") : nb::borrow(out);
+  TensorView vy = view(result, "out", device);
+  Rows ry = rows_of(vy, "out");
+  same_rows(r, ry, "out");
+  TensorView vr;
+  Rows rr;
+  if (!residual.is_none()) {
+    vr = view(residual, "residual", device);
+    rr = rows_of(vr, "residual");
+    same_rows(r, rr, "residual");
+  }
+  if (vy.dtype_code != vx.dtype_code || (!residual.is_none() && vr.dtype_code != vx.dtype_code)) {
+    bad("rmsnorm: x, out and residual must have one dtype");
+  }
+  OpKey key;
+  key.op = kRmsNorm;
+  key.size = r.rows, key.n = r.cols, key.device = device;
+  key.dtype = key.dtype_out = uint8_t(vx.kiln_dtype());
+  key.flags = residual.is_none() ? 0 : 1;
+  const uintptr_t stream = resolve_stream(stream_arg, vx);
+  ensure_thread_context(device);
+  const runtime::Selection* sel = current_tuner()->find(key);
+  if (!sel) {
+    runtime::NormProblem p{.rows = r.rows, .cols = r.cols, .dtype = vx.kiln_dtype(), .residual = !residual.is_none(), .eps = eps};
+    sel = selection(key, runtime::Problem::norm(p), stream);
+  }
+  KilnNormArgs a{};
+  a.x = reinterpret_cast<const void*>(vx.ptr);
+  a.weight = reinterpret_cast<const void*>(vw.ptr);
+  a.y = reinterpret_cast<void*>(vy.ptr);
+  a.rows = int(r.rows), a.cols = int(r.cols);
+  a.ld_x = r.ld, a.ld_y = ry.ld;
+  if (!residual.is_none()) {
+    // vLLM's fused_add_rms_norm: h = x + residual is written back into residual.
+    a.residual = reinterpret_cast<const void*>(vr.ptr);
+    a.residual_out = reinterpret_cast<void*>(vr.ptr);
+    a.ld_residual = a.ld_residual_out = rr.ld;
+  }
+  a.eps = eps;
+  launch(sel, a, stream);
+  return result;
+}
+
+nb::object softmax(nb::handle x, float scale, nb::handle out, nb::handle stream_arg) {
+  TensorView vx = tensor_view(x, "x");
+  const int device = vx.device_index < 0 ? 0 : vx.device_index;
+  require_cuda(vx, "x", device);
+  Rows r = rows_of(vx, "x");
+  nb::object result = out.is_none() ? new_like(x, vx, "softmax") : nb::borrow(out);
+  TensorView vy = view(result, "out", device);
+  Rows ry = rows_of(vy, "out");
+  same_rows(r, ry, "out");
+  if (vy.dtype_code != vx.dtype_code) bad("softmax: x and out must have one dtype");
+  OpKey key;
+  key.op = kSoftmax;
+  key.size = r.rows, key.n = r.cols, key.device = device;
+  key.dtype = key.dtype_out = uint8_t(vx.kiln_dtype());
+  const uintptr_t stream = resolve_stream(stream_arg, vx);
+  ensure_thread_context(device);
+  const runtime::Selection* sel = current_tuner()->find(key);
+  if (!sel) {
+    runtime::SoftmaxProblem p{.rows = r.rows, .cols = r.cols, .dtype = vx.kiln_dtype(), .scale = scale};
+    sel = selection(key, runtime::Problem::softmax(p), stream);
+  }
+  KilnSoftmaxArgs a{};
+  a.x = reinterpret_cast<const void*>(vx.ptr);
+  a.y = reinterpret_cast<void*>(vy.ptr);
+  a.rows = int(r.rows), a.cols = int(r.cols);
+  a.ld_x = r.ld, a.ld_y = ry.ld;
+  a.scale = scale;
+  launch(sel, a, stream);
+  return result;
+}
+
+}  // namespace
+
+void bind_ops(nb::module_& m) {
+  m.def("gemm", &gemm, nb::arg("a"), nb::arg("b"), nb::arg("bias").none() = nb::none(), nb::arg("epilogue") = "",
+        nb::arg("out").none() = nb::none(), nb::arg("residual").none() = nb::none(), nb::arg("alpha") = 1.0f,
+        nb::arg("beta") = 1.0f, nb::arg("stream").none() = nb::none(),
+        "gemm(a, b, bias=None, epilogue='', out=None, residual=None, alpha=1.0, beta=1.0, stream=None)\n\n"
+        "out[M,N] = epilogue(a[M,K] @ b[K,N]) with kiln's tuned kernel for the problem.\n\n"
+        "a and b are dense row- or column-major (b = weight.t() of a [N,K] weight is column-major: no copy).\n"
+        "epilogue: ops joined by '+', from scale (x alpha), bias, residual (+ beta * residual), relu, gelu, silu;\n"
+        "a bias or residual tensor adds its op when the text does not name it. out: allocated like a (torch\n"
+        "inputs) when None. stream: an int handle or a stream object; default: torch's current stream for torch\n"
+        "inputs, else the legacy default stream. The first call of a problem tunes it (see kiln.Tuner).");
+  m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("eps") = 1e-6f,
+        nb::arg("residual").none() = nb::none(), nb::arg("out").none() = nb::none(),
+        nb::arg("stream").none() = nb::none(),
+        "rmsnorm(x, weight, eps=1e-6, residual=None, out=None, stream=None)\n\n"
+        "y = h / sqrt(mean(h^2) + eps) * weight over the last dimension, h = x (+ residual). With residual,\n"
+        "h is written back into residual (vLLM's fused_add_rms_norm). Returns y.");
+  m.def("softmax", &softmax, nb::arg("x"), nb::arg("scale") = 1.0f, nb::arg("out").none() = nb::none(),
+        nb::arg("stream").none() = nb::none(),
+        "softmax(x, scale=1.0, out=None, stream=None)\n\ny = softmax(scale * x) over the last dimension.");
+}
+
+}  // namespace kiln::py

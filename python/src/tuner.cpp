@@ -1,0 +1,315 @@
+#include "tuner.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "kiln/cache/problem_key.h"
+#include "kiln/jit/device.h"
+#include "kiln/jit/driver.h"
+#include "kiln/pool/gate.h"
+#include "kiln/runtime/builtin.h"
+#include "kiln/runtime/workload.h"
+
+namespace kiln::py {
+namespace {
+
+Result<bool> capturing(CUstream stream);
+bool measured(const runtime::TuneReport& r);
+
+}  // namespace
+
+// One Store per folder in a process: two tuners on the same folder share it (RocksDB allows one writer
+// per process and folder).
+Result<std::shared_ptr<cache::Store>> shared_store(const std::string& dir) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<cache::Store>> stores;
+  std::lock_guard lock(mu);
+  std::string resolved = dir.empty() ? cache::default_cache_dir() : dir;
+  if (auto s = stores[resolved].lock()) return s;
+  cache::StoreOptions o;
+  o.dir = resolved;
+  KILN_ASSIGN_OR_RETURN(auto store, cache::Store::open(o));
+  std::shared_ptr<cache::Store> shared(std::move(store));
+  stores[resolved] = shared;
+  return shared;
+}
+
+namespace {
+
+Result<bool> capturing(CUstream stream) {
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  KILN_CHECK(d->cuStreamIsCapturing(stream, &status));
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+bool measured(const runtime::TuneReport& r) {
+  for (const auto& c : r.choices)
+    if (c.reps > 0 && !c.from_cache) return true;
+  return false;
+}
+
+}  // namespace
+
+bool OpKey::operator==(const OpKey& o) const {
+  return size == o.size && n == o.n && k == o.k && device == o.device && epilogue == o.epilogue && op == o.op &&
+         dtype == o.dtype && dtype_b == o.dtype_b && dtype_out == o.dtype_out && layout_a == o.layout_a &&
+         layout_b == o.layout_b && flags == o.flags;
+}
+
+size_t OpKeyHash::operator()(const OpKey& k) const {
+  uint64_t h = static_cast<uint64_t>(k.size) * 0x9E3779B97F4A7C15ull;
+  h ^= static_cast<uint64_t>(k.n) * 0xC2B2AE3D27D4EB4Full + (h << 6) + (h >> 2);
+  h ^= static_cast<uint64_t>(k.k) * 0x165667B19E3779F9ull + (h << 6) + (h >> 2);
+  uint64_t small = uint64_t(k.device) | uint64_t(k.epilogue) << 16 | uint64_t(k.op) << 32 | uint64_t(k.dtype) << 36 |
+                   uint64_t(k.dtype_b) << 40 | uint64_t(k.dtype_out) << 44 | uint64_t(k.layout_a) << 48 |
+                   uint64_t(k.layout_b) << 50 | uint64_t(k.flags) << 52;
+  h ^= small * 0x27D4EB2F165667C5ull + (h << 6) + (h >> 2);
+  return static_cast<size_t>(h);
+}
+
+uint16_t intern_epilogue(const std::string& text) {
+  static std::mutex mu;
+  static std::map<std::string, uint16_t> ids;
+  std::lock_guard lock(mu);
+  auto [it, inserted] = ids.emplace(text, static_cast<uint16_t>(ids.size() + 1));
+  return it->second;
+}
+
+Result<OpKey> key_of(const runtime::Problem& problem, int device) {
+  OpKey key;
+  key.device = device;
+  if (const auto* g = std::get_if<runtime::GemmProblem>(&problem.desc)) {
+    key.op = kGemm;
+    key.size = g->m, key.n = g->n, key.k = g->k;
+    key.dtype = uint8_t(g->a), key.dtype_b = uint8_t(g->b), key.dtype_out = uint8_t(g->epilogue.out);
+    key.layout_a = uint8_t(g->a_layout), key.layout_b = uint8_t(g->b_layout);
+    key.epilogue = intern_epilogue(g->epilogue.tag());
+    return key;
+  }
+  if (const auto* n = std::get_if<runtime::NormProblem>(&problem.desc); n && !n->layernorm && !n->bias) {
+    key.op = kRmsNorm;
+    key.size = n->rows, key.n = n->cols;
+    key.dtype = key.dtype_out = uint8_t(n->dtype);
+    key.flags = n->residual ? 1 : 0;
+    return key;
+  }
+  if (const auto* s = std::get_if<runtime::SoftmaxProblem>(&problem.desc)) {
+    key.op = kSoftmax;
+    key.size = s->rows, key.n = s->cols;
+    key.dtype = key.dtype_out = uint8_t(s->dtype);
+    return key;
+  }
+  return make_error(ErrorCode::kUnimplemented,
+                    fmt::format("{}: the Python package runs gemm, rmsnorm and softmax", problem.describe()));
+}
+
+Result<std::shared_ptr<PyTuner>> PyTuner::create(TunerOptions options) {
+  cache::TuneMode mode;
+  if (options.mode.empty()) {
+    KILN_ASSIGN_OR_RETURN(mode, cache::tune_mode_from_env(cache::TuneMode::kTune));
+  } else {
+    KILN_ASSIGN_OR_RETURN(mode, cache::parse_tune_mode(options.mode));
+  }
+  if (!options.executor.empty()) KILN_RETURN_IF_ERROR(parse_executor_kind(options.executor));
+  if (options.configs < 1) return make_error(ErrorCode::kInvalidArgument, "configs must be at least 1");
+  return std::make_shared<PyTuner>(std::move(options), mode);
+}
+
+PyTuner::PyTuner(TunerOptions options, cache::TuneMode mode) : options_(std::move(options)), mode_(mode) {}
+PyTuner::~PyTuner() = default;
+
+Result<runtime::Tuner*> PyTuner::tuner(int device) {
+  std::lock_guard lock(mu_);
+  if (auto it = tuners_.find(device); it != tuners_.end()) return it->second.get();
+  if (!cache_) {
+    std::shared_ptr<cache::Store> store;
+    if (mode_ != cache::TuneMode::kOff) {
+      KILN_ASSIGN_OR_RETURN(store, shared_store(options_.cache_dir));
+    }
+    cache_ = std::make_shared<cache::TuningCache>(mode_, std::move(store));
+  }
+  if (!executor_) {
+    ExecutorOptions eo;
+    if (!options_.executor.empty()) {
+      KILN_ASSIGN_OR_RETURN(eo.kind, parse_executor_kind(options_.executor));
+    }
+    KILN_ASSIGN_OR_RETURN(executor_, make_executor(eo));
+  }
+  runtime::TuneOptions o;
+  o.cache = cache_;
+  o.executor = executor_;
+  o.device = device;
+  o.max_template_configs = options_.configs;
+  KILN_ASSIGN_OR_RETURN(auto t, runtime::make_tuner(std::move(o)));
+  return tuners_.emplace(device, std::move(t)).first->second.get();
+}
+
+const runtime::Selection* PyTuner::find(const OpKey& key) const {
+  std::lock_guard lock(mu_);
+  auto it = selections_.find(key);
+  if (it == selections_.end()) return nullptr;
+  ++stats_.hits;
+  return it->second.get();
+}
+
+Status PyTuner::keep(const OpKey& key, std::shared_ptr<runtime::Selection> sel) {
+  std::lock_guard lock(mu_);
+  families_[key.family()][key.size] = sel.get();
+  selections_[key] = std::move(sel);
+  return Status();
+}
+
+Result<const runtime::Selection*> PyTuner::resolve(const OpKey& key, const runtime::Problem& problem, CUstream stream) {
+  std::lock_guard tune_lock(tune_mu_);
+  if (auto* s = find(key)) return s;
+  KILN_ASSIGN_OR_RETURN(bool in_capture, capturing(stream));
+  if (in_capture) {
+    std::lock_guard lock(mu_);
+    auto fam = families_.find(key.family());
+    if (mode_ != cache::TuneMode::kStrict && fam != families_.end() && !fam->second.empty()) {
+      auto it = fam->second.lower_bound(key.size);
+      if (it == fam->second.end()) --it;
+      ++stats_.capture_nearest;
+      return it->second;
+    }
+    ++stats_.capture_errors;
+    return make_error(ErrorCode::kFailedPrecondition,
+                      fmt::format("{} was not tuned before CUDA-graph capture ({} mode): kiln never tunes, compiles or "
+                                  "allocates inside a capture; run the op once before capturing, or kiln.warmup() a "
+                                  "workload that has it",
+                                  problem.describe(), cache::tune_mode_name(mode_)),
+                      "capture-miss");
+  }
+  KILN_ASSIGN_OR_RETURN(runtime::Tuner * t, tuner(key.device));
+  KILN_ASSIGN_OR_RETURN(auto sel, t->tune(problem));
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.misses;
+    if (measured(sel->report())) ++stats_.tuned;
+  }
+  const runtime::Selection* raw = sel.get();
+  KILN_RETURN_IF_ERROR(keep(key, std::move(sel)));
+  return raw;
+}
+
+Result<WarmupReport> PyTuner::warmup(const std::vector<runtime::Problem>& problems, int device) {
+  auto start = std::chrono::steady_clock::now();
+  WarmupReport r;
+  KILN_ASSIGN_OR_RETURN(runtime::Tuner * t, tuner(device));
+  uint64_t compiles_before = compiles();
+  std::lock_guard tune_lock(tune_mu_);
+  for (const auto& p : problems) {
+    ++r.problems;
+    auto key = key_of(p, device);
+    if (!key.ok()) {
+      ++r.skipped;
+      if (r.errors.size() < 20) r.errors.push_back(key.status().message());
+      continue;
+    }
+    auto sel = t->tune(p);
+    if (!sel.ok()) {
+      ++r.failed;
+      if (r.errors.size() < 20) r.errors.push_back(fmt::format("{}: {}", p.describe(), sel.status().to_string()));
+      continue;
+    }
+    ++r.ready;
+    if ((*sel)->report().decision_from_cache) ++r.from_cached_decision;
+    if (measured((*sel)->report())) ++r.tuned;
+    KILN_RETURN_IF_ERROR(keep(*key, std::move(*sel)));
+  }
+  r.compiled = compiles() - compiles_before;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+namespace {
+
+// A cached decision's problem, back from its canonical key (runtime::Problem::key's inverse for the ops the
+// package runs): the operands carry the shapes, dtypes and layouts, the epilogue tag its ops.
+Result<runtime::Problem> problem_from_key(const cache::ProblemKey& k) {
+  auto dim = [&](size_t operand, size_t i) -> int64_t {
+    return operand < k.operands.size() && i < k.operands[operand].shape.size() ? k.operands[operand].shape[i] : 0;
+  };
+  auto dtype = [&](size_t operand) { return operand < k.operands.size() ? k.operands[operand].dtype : std::string(); };
+  auto attr = [&](const char* name) {
+    for (const auto& [n, v] : k.attributes)
+      if (n == name) return v;
+    return std::string();
+  };
+  std::string json;
+  if (k.op == "gemm" && k.operands.size() == 3) {
+    std::string ops;
+    // The tag is "<op>[dtype]_..._<out dtype>"; an operand's dtype is also in the attributes.
+    std::string tag = k.epilogue;
+    for (size_t pos = 0; !tag.empty() && pos < tag.size();) {
+      size_t end = tag.find('_', pos);
+      if (end == std::string::npos) break;  // the last part is the output dtype
+      std::string part = tag.substr(pos, end - pos);
+      for (const char* op : {"scale", "bias", "residual", "relu", "gelu", "silu"}) {
+        if (part.rfind(op, 0) == 0) ops += (ops.empty() ? "" : "+") + std::string(op);
+      }
+      pos = end + 1;
+    }
+    json = fmt::format(R"({{"op":"gemm","m":{},"k":{},"n":{},"dtype":"{}","layout_a":"{}","layout_b":"{}","out":"{}","epilogue":"{}")",
+                       dim(0, 0), dim(0, 1), dim(1, 1), dtype(0), k.operands[0].layout, k.operands[1].layout, dtype(2), ops);
+    if (!attr("bias").empty()) json += fmt::format(R"(,"bias_dtype":"{}")", attr("bias"));
+    if (!attr("residual").empty()) json += fmt::format(R"(,"residual_dtype":"{}")", attr("residual"));
+    json += "}";
+  } else if ((k.op == "rmsnorm" || k.op == "softmax") && !k.operands.empty()) {
+    json = fmt::format(R"({{"op":"{}","rows":{},"cols":{},"dtype":"{}"{}}})", k.op, dim(0, 0), dim(0, 1), dtype(0),
+                       k.op == "rmsnorm" ? fmt::format(R"(,"residual":{})", attr("residual") == "1") : "");
+  } else {
+    return make_error(ErrorCode::kUnimplemented, fmt::format("op '{}' is not run by the Python package", k.op));
+  }
+  KILN_ASSIGN_OR_RETURN(auto w, runtime::parse_workload(R"({"name":"cache","problems":[)" + json + "]}"));
+  if (w.problems.size() != 1) return make_error(ErrorCode::kInternal, "a decision's key gave no single problem");
+  return w.problems[0];
+}
+
+}  // namespace
+
+Result<std::vector<runtime::Problem>> PyTuner::cached_problems(int device) {
+  KILN_ASSIGN_OR_RETURN(runtime::Tuner * t, tuner(device));
+  std::vector<runtime::Problem> out;
+  if (!t->cache().store()) return out;  // off mode: nothing on disk
+  // The environment (device, driver, CUDA, cuBLAS, kiln) as this tuner writes it, taken from a key it makes.
+  KILN_ASSIGN_OR_RETURN(auto probe, cache::ProblemKey::parse(t->key(runtime::Problem::softmax({.rows = 1, .cols = 1}))));
+  for (const auto& d : t->cache().store()->decisions(cache::environment_prefix(probe.device, probe.versions))) {
+    auto key = cache::ProblemKey::parse(d->problem);
+    if (!key.ok()) continue;
+    auto p = problem_from_key(*key);
+    if (p.ok()) out.push_back(std::move(*p));
+  }
+  return out;
+}
+
+std::string PyTuner::cache_dir() const {
+  std::lock_guard lock(mu_);
+  if (cache_ && cache_->store()) return cache_->store()->dir();
+  return options_.cache_dir.empty() ? cache::default_cache_dir() : options_.cache_dir;
+}
+
+TunerStats PyTuner::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+std::vector<runtime::TuneReport> PyTuner::reports() const {
+  std::lock_guard lock(mu_);
+  std::vector<runtime::TuneReport> out;
+  for (const auto& [device, t] : tuners_)
+    for (auto& r : t->reports()) out.push_back(std::move(r));
+  return out;
+}
+
+uint64_t PyTuner::compiles() const {
+  std::lock_guard lock(mu_);
+  uint64_t n = 0;
+  for (const auto& [device, t] : tuners_) n += t->gate().counters().compiles;
+  return n;
+}
+
+}  // namespace kiln::py

@@ -1,0 +1,60 @@
+"""The serving start-up recipe of docs/python.md: a cache built by `kiln precompile` (no GPU needed), then a
+process that imports kiln, warms up and runs its first op with no compile and no tuning."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import kiln
+from conftest import HAS_GPU, SOURCE_DIR, needs_torch_gpu
+
+WORKLOAD = {"name": "recipe", "problems": [
+    {"op": "gemm", "m": 16, "n": 4096, "k": 4096, "dtype": "bf16", "layout_b": "col"}]}
+
+
+def recipe_code():
+    text = (SOURCE_DIR / "docs" / "python.md").read_text()
+    recipe = text.split("<!-- recipe: tested by python/tests/test_warmup.py -->")[1]
+    return re.search(r"```python\n(.*?)```", recipe, re.S).group(1)
+
+
+def test_warmup_without_a_gpu_is_a_clear_error(cache_dir):
+    if HAS_GPU:
+        pytest.skip("a GPU is here: the no-GPU path is not reachable")
+    with pytest.raises((kiln.NoDriverError, kiln.NoDeviceError)):
+        kiln.warmup(cache_dir, WORKLOAD)
+
+
+@needs_torch_gpu
+def test_serving_recipe(kiln_cli, tmp_path, cache_dir):
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps(WORKLOAD))
+    # The build machine's step (it needs no GPU; here it runs where one is).
+    subprocess.run([kiln_cli, "precompile", "--workload", str(workload), "--arch", "sm_90a", "--cache-dir",
+                    cache_dir], check=True, capture_output=True)
+    env = dict(os.environ, KILN_CACHE=cache_dir, KILN_WORKLOAD=str(workload))
+    run = subprocess.run([sys.executable, "-c", recipe_code()], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1/1 problems ready" in run.stdout
+    # A second process finds the decision too: nothing is measured.
+    run = subprocess.run([sys.executable, "-c", recipe_code()], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 from cached decisions, 0 tuned now, 0 kernels compiled" in run.stdout
+
+
+@needs_torch_gpu
+def test_warmup_from_cached_decisions_only(cache_dir):
+    import torch
+    import kiln.torch  # noqa: F401
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    with kiln.Tuner(cache_dir=cache_dir, configs=4):
+        kiln.softmax(x)  # tunes and stores the decision
+    fresh = kiln.Tuner(cache_dir=cache_dir, mode="strict", configs=4)
+    report = kiln.warmup(tuner=fresh)  # no workload: every decision for this GPU
+    assert report.ready == 1 and report.from_cached_decision == 1 and report.tuned == 0, report
+    assert kiln.current_tuner() is fresh
+    kiln.softmax(x)
+    assert fresh.stats()["hits"] == 1 and fresh.stats()["misses"] == 0
