@@ -174,18 +174,21 @@ static node* parse_unary(parser* p) {
   return parse_primary(p);
 }
 
-static node* parse_term(parser* p) {
-  node* left = parse_unary(p);
+/* A left-associative level of binary operators: operand (op operand)*, op one of the two given. */
+static node* parse_level(parser* p, node* (*operand)(parser*), char op1, enum node_kind kind1, char op2,
+                         enum node_kind kind2) {
+  node* left = operand(p);
   while (left != NULL) {
     enum node_kind k;
-    if (accept(p, '*')) {
-      k = N_MUL;
-    } else if (accept(p, '/')) {
-      k = N_DIV;
+    node* right;
+    if (accept(p, op1)) {
+      k = kind1;
+    } else if (accept(p, op2)) {
+      k = kind2;
     } else {
       break;
     }
-    node* right = parse_unary(p);
+    right = operand(p);
     if (right == NULL) {
       free_node(left);
       return NULL;
@@ -195,26 +198,8 @@ static node* parse_term(parser* p) {
   return left;
 }
 
-static node* parse_expr(parser* p) {
-  node* left = parse_term(p);
-  while (left != NULL) {
-    enum node_kind k;
-    if (accept(p, '+')) {
-      k = N_ADD;
-    } else if (accept(p, '-')) {
-      k = N_SUB;
-    } else {
-      break;
-    }
-    node* right = parse_term(p);
-    if (right == NULL) {
-      free_node(left);
-      return NULL;
-    }
-    left = make(k, left, right);
-  }
-  return left;
-}
+static node* parse_term(parser* p) { return parse_level(p, parse_unary, '*', N_MUL, '/', N_DIV); }
+static node* parse_expr(parser* p) { return parse_level(p, parse_term, '+', N_ADD, '-', N_SUB); }
 
 int ew_parse(const char* text, ew_program** out, char* err, size_t err_cap) {
   char scratch[8];

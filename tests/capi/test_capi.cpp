@@ -584,7 +584,10 @@ TEST_F(CApi, GpuLaunchVariantsTuneCacheAndDispatch) {
   kiln_dispatcher_destroy(d);
   axpy_release(&user2, tb.owner);
 
-  // A buffers callback's error reaches the caller with its message.
+  // A buffers callback's error reaches the caller with its message. (Op names are process-wide: the second
+  // context's registration replaced the first's callbacks, so register the first's again.)
+  kiln_op_destroy(op);
+  ASSERT_EQ(kiln_variants_register(ctx, &v.op, &op), KILN_OK) << kiln_last_error();
   user.fail_buffers = true;
   int64_t fresh = 77777;
   EXPECT_EQ(kiln_op_tune(op, &fresh, 1, nullptr, 0, &sel), KILN_ERROR_UNAVAILABLE);

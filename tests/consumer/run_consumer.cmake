@@ -1,12 +1,19 @@
-# cmake -P script: install kiln, build tests/consumer/project against it, run it.
+# cmake -P script: install kiln into a scratch prefix, check what went in, and build and run two consumers
+# from it: tests/consumer/project (C++, find_package(kiln CONFIG), kiln::kiln) and, with KILN_SHARED,
+# tests/consumer/c_project (C, pkg-config kiln), plus what libkiln.so exports.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
+# Consumers keep their cache here, and choose their executor themselves (the default: the process pool).
+set(ENV{KILN_CACHE_DIR} ${WORK_DIR}/cache)
+unset(ENV{KILN_EXECUTOR})
+unset(ENV{KILN_COMPILE_WORKER})
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
   endif()
   set(last_output "${out}" PARENT_SCOPE)
+  set(last_error "${err}" PARENT_SCOPE)
 endfunction()
 
 run(${CMAKE_COMMAND} --install ${KILN_BUILD_DIR} --prefix ${prefix})
@@ -49,3 +56,47 @@ if(NOT n EQUAL 32)
   message(FATAL_ERROR "the consumer printed a key of ${n} characters: ${last_output}")
 endif()
 message(STATUS "consumer output: ${last_output}")
+
+if(NOT SHARED)
+  return()
+endif()
+include(${CMAKE_CURRENT_LIST_DIR}/check_exports.cmake)
+
+# The C consumer, through pkg-config only.
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${prefix}/${LIBDIR}/pkgconfig
+                        ${PKG_CONFIG} --cflags --libs kiln
+                RESULT_VARIABLE rc OUTPUT_VARIABLE pc_flags ERROR_VARIABLE pc_err OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pkg-config kiln failed: ${pc_err}")
+endif()
+separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
+file(MAKE_DIRECTORY ${WORK_DIR}/c)
+run(${C_COMPILER} -std=c99 -Wall -Wextra -pedantic -Werror ${CMAKE_CURRENT_LIST_DIR}/c_project/main.c ${pc_flags}
+    -o ${WORK_DIR}/c/kiln_c_consumer)
+run(${WORK_DIR}/c/kiln_c_consumer)
+if(NOT last_output MATCHES "\\(C, pkg-config\\): key [0-9a-f]+")
+  message(FATAL_ERROR "unexpected C consumer output: ${last_output}\n${last_error}")
+endif()
+# Its compile worker was found relative to libkiln.so (prefix/bin), so no fallback was taken.
+if(last_error MATCHES "instead of the process pool")
+  message(FATAL_ERROR "the installed kiln did not find its compile worker:\n${last_error}")
+endif()
+message(STATUS "C consumer output: ${last_output}")
+
+# Without the worker executable the consumer still compiles, and says once on stderr which fallback it takes.
+set(worker ${prefix}/${BINDIR}/kiln-compile-worker)
+if(NOT EXISTS ${worker})
+  message(FATAL_ERROR "cmake --install did not install ${worker}")
+endif()
+file(RENAME ${worker} ${worker}.away)
+execute_process(COMMAND ${WORK_DIR}/c/kiln_c_consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(RENAME ${worker}.away ${worker})
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "without its worker the C consumer failed (${rc}):\n${out}\n${err}")
+endif()
+string(REGEX MATCHALL "compiling in this process \\(a TBB arena\\)" said "${err}")
+list(LENGTH said times)
+if(NOT times EQUAL 1)
+  message(FATAL_ERROR "without its worker, kiln should say once that it compiles in the process; stderr was:\n${err}")
+endif()
+message(STATUS "without the worker: ${err}")

@@ -92,6 +92,25 @@ Result<T> read_struct(const T* given, T defaults, size_t first_version_size, con
   return defaults;
 }
 
+/// kInvalidArgument unless `out` (a caller's struct that kiln fills) is given with a size of at least this
+/// version's struct.
+template <class T>
+Status check_out_struct(const T* out, const char* fn, const char* what) {
+  if (out == nullptr || out->size < sizeof(T)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      std::string(fn) + ": " + what + " must be given with its size set to sizeof(the struct)");
+  }
+  return Status();
+}
+
+/// Fills a caller's struct (checked by check_out_struct) with `value`, keeping the caller's size: a newer
+/// caller's larger struct keeps its newer fields.
+template <class T>
+void write_struct(T* out, T value) {
+  value.size = out->size;
+  std::memcpy(static_cast<void*>(out), &value, sizeof(T));
+}
+
 /// A C string that may be null.
 inline std::string str(const char* s) { return s ? std::string(s) : std::string(); }
 

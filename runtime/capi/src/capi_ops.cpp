@@ -236,9 +236,7 @@ KILN_API kiln_status kiln_precompile_workload(kiln_context* ctx, const char* wor
                                               kiln_workload_report* report) {
   return guarded("kiln_precompile_workload", [&]() -> Status {
     if (ctx == nullptr || workload_json == nullptr) return capi::bad_argument("kiln_precompile_workload", "ctx and workload_json must not be NULL");
-    if (report != nullptr && report->size < sizeof(kiln_workload_report)) {
-      return capi::bad_argument("kiln_precompile_workload", "report->size must be sizeof(kiln_workload_report)");
-    }
+    if (report != nullptr) KILN_RETURN_IF_ERROR(capi::check_out_struct(report, "kiln_precompile_workload", "report"));
     KILN_ASSIGN_OR_RETURN(runtime::Workload w, runtime::parse_workload(workload_json));
     KILN_ASSIGN_OR_RETURN(Target t, ctx->target(arch));
     kiln_workload_report r{};
@@ -251,10 +249,7 @@ KILN_API kiln_status kiln_precompile_workload(kiln_context* ctx, const char* wor
       r.failed += pr.failed;
       r.seconds += pr.seconds;
     }
-    if (report != nullptr) {
-      r.size = report->size;
-      std::memcpy(static_cast<void*>(report), &r, sizeof(r));
-    }
+    if (report != nullptr) capi::write_struct(report, r);
     return Status();
   });
 }
@@ -262,9 +257,7 @@ KILN_API kiln_status kiln_precompile_workload(kiln_context* ctx, const char* wor
 KILN_API kiln_status kiln_warmup_workload(kiln_context* ctx, const char* workload_json, kiln_workload_report* report) {
   return guarded("kiln_warmup_workload", [&]() -> Status {
     if (ctx == nullptr || workload_json == nullptr) return capi::bad_argument("kiln_warmup_workload", "ctx and workload_json must not be NULL");
-    if (report != nullptr && report->size < sizeof(kiln_workload_report)) {
-      return capi::bad_argument("kiln_warmup_workload", "report->size must be sizeof(kiln_workload_report)");
-    }
+    if (report != nullptr) KILN_RETURN_IF_ERROR(capi::check_out_struct(report, "kiln_warmup_workload", "report"));
     KILN_ASSIGN_OR_RETURN(runtime::Workload w, runtime::parse_workload(workload_json));
     KILN_ASSIGN_OR_RETURN(runtime::Tuner * tuner, ctx->get_tuner());
     kiln_workload_report r{};
@@ -274,10 +267,7 @@ KILN_API kiln_status kiln_warmup_workload(kiln_context* ctx, const char* workloa
       ++r.decisions;
       r.seconds += sel->report().total_seconds;
     }
-    if (report != nullptr) {
-      r.size = report->size;
-      std::memcpy(static_cast<void*>(report), &r, sizeof(r));
-    }
+    if (report != nullptr) capi::write_struct(report, r);
     return Status();
   });
 }
@@ -286,15 +276,12 @@ KILN_API kiln_status kiln_warmup_workload(kiln_context* ctx, const char* workloa
 
 KILN_API kiln_status kiln_cache_stats_get(kiln_context* ctx, kiln_cache_stats* stats) {
   return guarded("kiln_cache_stats_get", [&]() -> Status {
-    if (ctx == nullptr || stats == nullptr) return capi::bad_argument("kiln_cache_stats_get", "ctx and stats must not be NULL");
-    if (stats->size < sizeof(kiln_cache_stats)) {
-      return capi::bad_argument("kiln_cache_stats_get", "stats->size must be sizeof(kiln_cache_stats)");
-    }
+    if (ctx == nullptr) return capi::bad_argument("kiln_cache_stats_get", "ctx is NULL");
+    KILN_RETURN_IF_ERROR(capi::check_out_struct(stats, "kiln_cache_stats_get", "stats"));
     cache::Store* store = ctx->cache->store();
     if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
     KILN_ASSIGN_OR_RETURN(cache::StoreStats s, store->stats());
     kiln_cache_stats out{};
-    out.size = stats->size;
     out.binaries = s.binaries;
     out.binary_bytes = s.binary_bytes;
     out.timings = s.timings;
@@ -302,7 +289,7 @@ KILN_API kiln_status kiln_cache_stats_get(kiln_context* ctx, kiln_cache_stats* s
     out.decisions = s.decisions;
     out.stale = s.stale;
     out.disk_bytes = s.disk_bytes;
-    std::memcpy(static_cast<void*>(stats), &out, sizeof(out));
+    capi::write_struct(stats, out);
     return Status();
   });
 }

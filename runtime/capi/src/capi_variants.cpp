@@ -223,13 +223,10 @@ KILN_API kiln_status kiln_selection_variant(const kiln_selection* selection, con
 
 KILN_API kiln_status kiln_selection_info(const kiln_selection* selection, kiln_tune_info* info) {
   return guarded("kiln_selection_info", [&]() -> Status {
-    if (selection == nullptr || info == nullptr) return capi::bad_argument("kiln_selection_info", "selection and info must not be NULL");
-    if (info->size < sizeof(kiln_tune_info)) {
-      return capi::bad_argument("kiln_selection_info", "info->size must be sizeof(kiln_tune_info)");
-    }
+    if (selection == nullptr) return capi::bad_argument("kiln_selection_info", "selection is NULL");
+    KILN_RETURN_IF_ERROR(capi::check_out_struct(info, "kiln_selection_info", "info"));
     const runtime::TuneReport& r = selection->selection->report();
     kiln_tune_info out{};
-    out.size = info->size;  // a newer caller's larger struct keeps its size; its newer fields are left alone
     out.from_cache = r.decision_from_cache ? 1 : 0;
     out.candidates = r.candidates;
     out.failures = r.failures;
@@ -237,7 +234,7 @@ KILN_API kiln_status kiln_selection_info(const kiln_selection* selection, kiln_t
       if (c.name == r.chosen) out.median_us = c.median_us;
     }
     out.total_seconds = r.total_seconds;
-    std::memcpy(static_cast<void*>(info), &out, sizeof(out));
+    capi::write_struct(info, out);
     return Status();
   });
 }

@@ -290,8 +290,10 @@ typedef struct kiln_op kiln_op;
 typedef struct kiln_selection kiln_selection;
 typedef struct kiln_dispatcher kiln_dispatcher;
 
-/* Registers the variants (copied; callbacks and `user` are kept) in the context. A changed variant gives new
- * cache keys, so it is tuned again rather than a stale decision reused. */
+/* Registers the variants (copied; callbacks and `user` are kept, and called while an op of that name is
+ * registered) for tunes through the context. Op names are process-wide: registering a name again replaces the
+ * earlier registration (and its callbacks). A changed variant gives new cache keys, so it is tuned again
+ * rather than a stale decision reused. */
 KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_variant_op* op, kiln_op** out);
 KILN_API void kiln_op_destroy(kiln_op* op);
 
