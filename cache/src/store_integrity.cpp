@@ -103,7 +103,8 @@ Status check_db_folder(const std::string& db_path) {
   if (found.empty()) return Status();
   std::sort(found.begin(), found.end());
   return make_error(ErrorCode::kCorrupt,
-                    fmt::format("the cache database '{}' has {} database files ({}{}) but no CURRENT file: it was lost",
+                    fmt::format("the cache database '{}' has {} database files ({}{}) but no CURRENT file: it was lost; "
+                                "`kiln cache repair` rebuilds it",
                                 db_path, found.size(), found.front(), found.size() > 1 ? ", ..." : ""));
 }
 

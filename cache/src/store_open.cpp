@@ -93,7 +93,7 @@ Result<std::unique_ptr<Db>> open_db(const std::string& path, bool primary, const
       : rocksdb::DB::OpenAsSecondary(db_options(true, env), path, secondary_dir, cfds, &out->handles, &out->db);
   if (!s.ok()) {
     Status st = to_status(s, primary ? "DB::Open" : "DB::OpenAsSecondary", __FILE__, __LINE__);
-    if (is_damage(s)) st = make_error(ErrorCode::kCorrupt, st.message());
+    if (is_damage(s)) st = make_error(ErrorCode::kCorrupt, st.message() + "; `kiln cache repair` rebuilds it");
     return st.with_context(fmt::format("opening the cache database '{}' as {}", path, primary ? "the writer" : "a reader"));
   }
   return out;
