@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libtbb-dev librocksdb-dev libxxhash-dev libgtest-dev libgmock-dev
-          libbenchmark-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev python3)
+          libbenchmark-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libssl-dev python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
