@@ -121,6 +121,40 @@ TEST(Workload, ErrorsNameTheEntryAndField) {
   }
 }
 
+TEST(Workload, FieldsOfTheWrongTypeOrRangeAreErrorsNotExceptions) {
+  for (const char* entry : {R"({"op": "gemm", "m": 16, "n": 64, "k": 64, "epilogue": 5})",
+                            R"({"op": "rmsnorm", "rows": 1, "cols": 64, "residual": 3})",
+                            R"({"op": "rmsnorm", "rows": 1, "cols": 64, "eps": "small"})",
+                            R"({"op": "rmsnorm", "rows": 1, "cols": 64, "eps": 0})",
+                            R"({"op": "softmax", "rows": 1, "cols": 64, "scale": 1e300})",
+                            R"({"op": "gemm", "m": 18446744073709551615, "n": 64, "k": 64})",
+                            R"({"op": "gemm", "m": 2147483648, "n": 64, "k": 64})",
+                            R"({"op": "gemm", "m": 2000000000, "n": 2000000000, "k": 8})"}) {
+    auto w = runtime::parse_workload(std::string(R"({"problems": [)") + entry + "]}");
+    ASSERT_FALSE(w.ok()) << entry;
+    EXPECT_EQ(w.status().code(), ErrorCode::kInvalidArgument) << w.status().to_string();
+    EXPECT_NE(w.status().message().find("entry 0"), std::string::npos) << w.status().to_string();
+  }
+}
+
+TEST(Workload, ExpansionIsCountedBeforeItHappens) {
+  std::string m;
+  for (int i = 1; i <= 1000; ++i) m += (i > 1 ? "," : "") + std::to_string(i);
+  auto w = runtime::parse_workload(R"({"problems": [{"op": "gemm", "m": [)" + m + R"(], "n": [)" + m +
+                                   R"(], "k": [)" + m + "]}]}");
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), ErrorCode::kOutOfRange);
+  EXPECT_NE(w.status().message().find("1000000000 problems"), std::string::npos) << w.status().to_string();
+  EXPECT_NE(w.status().message().find("KILN_MAX_WORKLOAD_PROBLEMS"), std::string::npos);
+}
+
+TEST(Workload, TheFileIsReadWithABound) {
+  auto w = runtime::load_workload("/dev/zero");
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), ErrorCode::kOutOfRange);
+  EXPECT_NE(w.status().message().find("/dev/zero"), std::string::npos) << w.status().to_string();
+}
+
 TEST(Workload, ShippedLlamaExampleParses) {
   auto w = load_workload(std::string(KILN_SOURCE_DIR) + "/examples/llama3-8b.json");
   KILN_ASSERT_OK(w);
