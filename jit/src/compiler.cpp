@@ -107,6 +107,15 @@ int flow_callback(void* payload, void*) {
   return 0;
 }
 
+constexpr std::string_view kNoFolder = "/dev/null/";
+
+// The log as if the program had no folder: "/dev/null/gemm.cu(3): error" reads "gemm.cu(3): error".
+std::string without_folder(std::string log, const std::string& base_name) {
+  const std::string full = std::string(kNoFolder) + base_name;
+  for (size_t at = log.find(full); at != std::string::npos; at = log.find(full, at)) log.erase(at, kNoFolder.size());
+  return log;
+}
+
 std::string program_log(nvrtcProgram p) {
   size_t n = 0;
   if (nvrtcGetProgramLogSize(p, &n) != NVRTC_SUCCESS || n <= 1) return {};
@@ -177,7 +186,11 @@ Result<Binary> compile(const KernelSource& src, const Target& target, const Comp
     header_contents.push_back(h.content.c_str());
     header_names.push_back(h.name.c_str());
   }
-  std::string program_name = (src.name.empty() ? std::string("kernel") : src.name) + ".cu";
+  // NVRTC searches the folder of the "source file" for quoted includes: for a bare program name, the current
+  // directory, which no one configured and whose files the key does not see. A name under /dev/null has a
+  // folder that cannot exist. (--no-source-include would also stop quoted includes next to a header.)
+  const std::string base_name = (src.name.empty() ? std::string("kernel") : src.name) + ".cu";
+  const std::string program_name = std::string(kNoFolder) + base_name;
   nvrtcProgram raw = nullptr;
   KILN_CHECK(nvrtcCreateProgram(&raw, src.source.c_str(), program_name.c_str(), static_cast<int>(src.headers.size()),
                                 header_contents.data(), header_names.data()));
@@ -191,9 +204,6 @@ Result<Binary> compile(const KernelSource& src, const Target& target, const Comp
 
   std::vector<std::string> options;
   options.push_back("-arch=" + target.arch);
-  // NVRTC would otherwise search the folder of the "source file" (the program name, so the current
-  // directory) for quoted includes: a folder no one configured, whose files the key does not see.
-  options.push_back("--no-source-include");
   for (const auto& o : src.options) options.push_back(o);
   for (const auto& d : src.include_dirs) options.push_back("-I" + d);
   for (const auto& d : cuda_include_dirs()) options.push_back("-I" + d);
@@ -205,7 +215,7 @@ Result<Binary> compile(const KernelSource& src, const Target& target, const Comp
   for (const auto& o : options) option_ptrs.push_back(o.c_str());
 
   nvrtcResult rc = nvrtcCompileProgram(program.get(), static_cast<int>(option_ptrs.size()), option_ptrs.data());
-  std::string log = program_log(program.get());
+  std::string log = without_folder(program_log(program.get()), base_name);
   if (rc == NVRTC_ERROR_CANCELLED && flow.timed_out.load() && !settings.stop.stop_requested()) {
     return make_error(ErrorCode::kTimeout,
                       fmt::format("compile of '{}' for {} timed out after {:.3g} s ($KILN_COMPILE_TIMEOUT)", src.name,

@@ -109,7 +109,7 @@ TEST(Workload, ErrorsNameTheEntryAndField) {
       {R"({"problems": [{"op": "gemm", "m": [1, -2], "n": 2, "k": 3}]})", "\"m\" has -2"},
       {R"({"problems": [{"op": "gemm", "m": 1, "n": 2, "k": 3, "dtype": "f8"}]})", "f8"},
       {R"({"problems": [{"op": "gemm", "m": 1, "n": 2, "k": 3, "epilogue": "bias+tanh"}]})", "tanh"},
-      {R"({"problems": [{"op": "rmsnorm", "rows": 1, "cols": 2, "residual": "yes"}]})", "\"residual\" has the wrong type"},
+      {R"({"problems": [{"op": "rmsnorm", "rows": 1, "cols": 2, "residual": "yes"}]})", "\"residual\" must be true or false"},
       {R"({"problem": []})", "expected {\"problems\""},
       {R"(not json)", "not JSON"},
   };
