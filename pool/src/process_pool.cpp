@@ -428,6 +428,11 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       if (w.kill_reason == KillReason::kNone && w.state != WorkerState::kRetiring && !shutdown_begun) ++stats.crashes;
       if (w.kill_reason == KillReason::kTimeout) ++stats.timeouts;
     }
+    // Before the event, so that whoever waits for the exit sees the pool's verdict (gave_up) too.
+    if (!started && w.kill_reason != KillReason::kShutdown) {
+      start_failed(
+          fmt::format("worker pid {} {} before it was ready; stderr: {}", w.pid, how, stderr_tail_lines(w.tail)));
+    }
     emit(PoolEvent::Kind::kWorkerExited, w.pid, 0, {}, how);
     if (w.job) {
       std::unique_ptr<Job> job = std::move(w.job);
@@ -438,10 +443,6 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       Status s = job_error(w, *job, how);
       emit(PoolEvent::Kind::kJobFailed, w.pid, job->id, job->name(), s.to_string());
       finish(*job, std::move(s));
-    }
-    if (!started && w.kill_reason != KillReason::kShutdown) {
-      start_failed(
-          fmt::format("worker pid {} {} before it was ready; stderr: {}", w.pid, how, stderr_tail_lines(w.tail)));
     }
   }
 
