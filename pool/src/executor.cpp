@@ -76,7 +76,7 @@ Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options) 
     // speed of the pool (jobs would run in the host arena) or hang the first compile.
     // Named, it must be that one: no falling back to another worker found elsewhere.
     auto path = find_worker_executable(!explicit_path.empty() ? explicit_path : std::string(env_worker));
-    if (!path.ok()) return std::move(path).status().with_context("finding the compile worker ($KILN_COMPILE_WORKER)");
+    if (!path.ok()) return std::move(path).status().with_context("finding the compile worker named by $KILN_COMPILE_WORKER or worker_path");
     KILN_RETURN_IF_ERROR(check_compile_worker(*path, std::chrono::seconds(10)));
   }
   int workers = options.workers;

@@ -427,6 +427,11 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       if (w.kill_reason == KillReason::kNone && w.state != WorkerState::kRetiring && !shutdown_begun) ++stats.crashes;
       if (w.kill_reason == KillReason::kTimeout) ++stats.timeouts;
     }
+    // Before the event, so that whoever waits for the exit sees the pool's verdict (gave_up) too.
+    if (!started && w.kill_reason != KillReason::kShutdown) {
+      start_failed(
+          fmt::format("worker pid {} {} before it was ready; stderr: {}", w.pid, how, stderr_tail_lines(w.tail)));
+    }
     emit(PoolEvent::Kind::kWorkerExited, w.pid, 0, {}, how);
     if (w.job) {
       std::unique_ptr<Job> job = std::move(w.job);
@@ -437,10 +442,6 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       Status s = job_error(w, *job, how);
       emit(PoolEvent::Kind::kJobFailed, w.pid, job->id, job->name(), s.to_string());
       finish(*job, std::move(s));
-    }
-    if (!started && w.kill_reason != KillReason::kShutdown) {
-      start_failed(
-          fmt::format("worker pid {} {} before it was ready; stderr: {}", w.pid, how, stderr_tail_lines(w.tail)));
     }
   }
 
@@ -629,7 +630,9 @@ Result<std::unique_ptr<ProcessPool>> ProcessPool::start(ProcessPoolOptions optio
   impl->opt = std::move(options);
   impl->wake_fd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!impl->wake_fd) return make_error(ErrorCode::kIoError, fmt::format("eventfd failed: {}", std::strerror(errno)));
-  impl->io = std::thread([raw = impl.get()] { raw->io_loop(); });
+  // The thread keeps its Impl alive: the pool's last owner may let go on this very thread (a completion
+  // callback holding a gate that holds the pool), and shutdown() then detaches instead of joining itself.
+  impl->io = std::thread([self = impl] { self->io_loop(); });
   return std::unique_ptr<ProcessPool>(new ProcessPool(std::move(impl)));
 }
 
@@ -672,7 +675,12 @@ void ProcessPool::shutdown() {
   for (auto& job : queued) impl_->finish(*job, pool_detail::shutdown_error(job->name()));
   impl_->wake();
   std::call_once(impl_->join_once, [&] {
-    if (impl_->io.joinable()) impl_->io.join();
+    if (!impl_->io.joinable()) return;
+    if (impl_->io.get_id() == std::this_thread::get_id()) {
+      impl_->io.detach();  // joining itself would throw; the loop ends on its own once this callback returns
+    } else {
+      impl_->io.join();
+    }
   });
   impl_->host->shutdown();
 }

@@ -201,7 +201,7 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
   const DType dtype = get_dtype(params, "dtype");
   KILN_ASSIGN_OR_RETURN(const DriverApi* api, driver());
 
-  alignas(64) CUtensorMap map_a, map_b;
+  CUtensorMap map_a, map_b;  // the type carries its alignment (64 or 128 by toolkit; clang refuses a smaller alignas)
   if (get_layout(params, "layout_a") == Layout::kRowMajor) {  // [M][K]: one box of BM rows per stage
     KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, a.a, a.m, a.k, a.lda, 64, static_cast<unsigned>(c.bm)));
   } else {  // [K][M]: BM / 64 boxes of 64 M x 64 K per stage

@@ -386,7 +386,8 @@ Status Template::validate_given(const Params& p) const {
                                             kind_name(value.kind()), value.short_text()));
     }
     if (s->kind == ParamKind::kEnum &&
-        std::none_of(s->values.begin(), s->values.end(), [&](const Value& v) { return v == value; })) {
+        // Captured by name: clang before 16 cannot capture a structured binding (the fuzz build uses clang).
+        std::none_of(s->values.begin(), s->values.end(), [&given = value](const Value& v) { return v == given; })) {
       std::string choices;
       for (const Value& v : s->values) choices += (choices.empty() ? "" : "|") + v.as_enum();
       return invalid(def_.name, fmt::format("parameter '{}': '{}' is not one of {}", name, value.as_enum(), choices));

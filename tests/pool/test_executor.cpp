@@ -291,15 +291,16 @@ TEST(Executors, ChosenByOptionsThenEnvironment) {
     EXPECT_EQ(exec->concurrency(), available_cores());
   }
   {
-    // ... and the arena where there is none.
+    // ... but a worker someone named and that is not there is an error naming it, never a quiet arena (the
+    // arena is for when no worker was named and none is found).
     ::unsetenv("KILN_EXECUTOR");
     ExecutorOptions o;
     auto p = std::make_shared<ProcessPoolOptions>();
     p->worker_path = "/nonexistent/kiln-compile-worker";
     o.process = p;
-    KILN_ASSERT_OK_AND_ASSIGN(auto exec, make_executor(o));
-    EXPECT_EQ(exec->kind(), "arena");
-    EXPECT_EQ(exec->concurrency(), available_cores());
+    auto exec = make_executor(o);
+    EXPECT_EQ(exec.status().code(), ErrorCode::kNotFound);
+    EXPECT_NE(exec.status().message().find("/nonexistent/kiln-compile-worker"), std::string::npos);
   }
 }
 
