@@ -26,6 +26,7 @@
 #include "kiln_test.h"
 #include "reference_check.h"
 #include "test_isolation_planted.h"
+#include "tuning_dir.h"
 
 namespace kiln::runtime {
 namespace {
@@ -72,18 +73,10 @@ class IsolationGpu : public ::testing::Test {
   void SetUp() override {
     KILN_REQUIRE_GPU();
     KILN_ASSERT_OK(planted::register_ops());
-    dir_ = fs::temp_directory_path() / ("kiln_isolation_gpu_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   std::shared_ptr<cache::TuningCache> cache(const std::string& sub = "cache") {
-    cache::StoreOptions store;
-    store.dir = (dir_ / sub).string();
-    auto c = cache::TuningCache::open(cache::TuneMode::kTune, store);
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
-    return std::shared_ptr<cache::TuningCache>(std::move(c).value());
+    return dir_.open(cache::TuneMode::kTune, sub);
   }
   TuneOptions options(Isolation isolation, EventLog* log, const std::string& worker = "test_isolation_worker") {
     TuneOptions o;
@@ -110,7 +103,7 @@ class IsolationGpu : public ::testing::Test {
     for (const auto& e : spawned) EXPECT_FALSE(alive(e.pid)) << "bench worker " << e.pid << " is still there";
   }
 
-  fs::path dir_;
+  TuningDir dir_{"kiln_isolation_gpu"};
 };
 
 TEST_F(IsolationGpu, PlantedFaultsCostWorkersNotTheHost) {

@@ -14,6 +14,7 @@
 #include "kiln_test.h"
 #include "reference_check.h"
 #include "test_isolation_planted.h"
+#include "tuning_dir.h"
 
 namespace kiln::runtime {
 namespace {
@@ -25,19 +26,9 @@ class TuneGpu : public ::testing::Test {
  protected:
   void SetUp() override {
     KILN_REQUIRE_GPU();
-    dir_ = fs::temp_directory_path() / ("kiln_tune_gpu_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
-  std::shared_ptr<cache::TuningCache> cache(cache::TuneMode mode) {
-    cache::StoreOptions store;
-    store.dir = dir_.string();
-    auto c = cache::TuningCache::open(mode, store);
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
-    return std::shared_ptr<cache::TuningCache>(std::move(c).value());
-  }
+  std::shared_ptr<cache::TuningCache> cache(cache::TuneMode mode) { return dir_.open(mode); }
   std::unique_ptr<Tuner> tuner(cache::TuneMode mode, int configs = 4) {
     TuneOptions o;
     o.cache = cache(mode);
@@ -49,7 +40,7 @@ class TuneGpu : public ::testing::Test {
     return std::move(t).value();
   }
 
-  fs::path dir_;
+  TuningDir dir_{"kiln_tune_gpu"};
 };
 
 Problem gemm(int64_t m, int64_t n, int64_t k, const char* epilogue = "") {

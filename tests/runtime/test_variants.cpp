@@ -16,11 +16,10 @@
 #include "kiln/runtime.h"
 #include "kiln/runtime/variants.h"
 #include "kiln_test.h"
+#include "tuning_dir.h"
 
 namespace kiln::runtime {
 namespace {
-
-namespace fs = std::filesystem;
 
 // y[i] = a * x[i] + y0[i] with VEC elements per thread; BROKEN writes wrong values everywhere, FIRST_OFF only
 // into y[0] (too little for the relative-norm comparison to see; the caller's check sees it).
@@ -194,20 +193,8 @@ TEST(Variants, SourcesCarryDefinesAndNameExpressions) {
 
 class VariantsCompile : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("kiln_variants_{}_{}", ::getpid(),
-                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::shared_ptr<cache::TuningCache> open_cache(cache::TuneMode mode) {
-    cache::StoreOptions store;
-    store.dir = dir_.string();
-    auto c = cache::TuningCache::open(mode, store);
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
-    return std::shared_ptr<cache::TuningCache>(std::move(c).value());
-  }
-  fs::path dir_;
+  std::shared_ptr<cache::TuningCache> open_cache(cache::TuneMode mode) { return dir_.open(mode); }
+  TuningDir dir_{"kiln_variants"};
 };
 
 // What `kiln precompile` does on a build machine: every variant through NVRTC into the cache, no GPU needed.
