@@ -7,9 +7,11 @@
 source "$(dirname "$0")/../bench/support/device_env.sh" "${1:-.device}"
 filter=${2:-*}
 mkdir -p "$OUT/tests"
-# Some CPU-side tests run kiln's programs by the build-tree path they were configured with: give them one.
-built=${KILN_BUILT_BIN:-/work/main/build/bin}
-if [[ ! -e $built ]] && mkdir -p "$(dirname "$built")" 2>/dev/null; then ln -s "$PWD/$D" "$built"; fi
+# Some tests run kiln's programs, or read fixtures, by the paths they were configured with here
+# (/work/main/build/bin, /work/main/tests/...): give them those paths.
+root=${KILN_BUILT_ROOT:-/work/main}
+if [[ ! -e $root ]] && mkdir -p "$(dirname "$root")" 2>/dev/null; then ln -s "$PWD" "$root"; fi
+if [[ ! -e $root/build/bin ]]; then mkdir -p "$root/build" && ln -s "$PWD/$D" "$root/build/bin"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/tests/device.txt" 2>&1
 cat "$OUT/tests/device.txt"
 failed=()
@@ -18,12 +20,14 @@ for t in "$D"/test_* "$D"/templates_*_test; do
   name=$(basename "$t")
   env=()
   case $name in
-    test_isolation_fake_worker) continue ;;  # a worker the isolation tests start, not a test
+    test_isolation_fake_worker|test_isolation_worker) continue ;;  # workers the isolation tests start
     test_jit_no_driver) env=(KILN_CUDA_DRIVER=/nonexistent/libcuda.so.1) ;;  # as its ctest entry sets it
   esac
   start=$(date +%s%N)
-  env "${env[@]}" timeout 600 "$t" --gtest_filter="$filter" --gtest_brief=1 > "$OUT/tests/$name.log" 2>&1
+  env "${env[@]}" timeout "${KILN_TEST_TIMEOUT:-150}" "$t" --gtest_filter="$filter" > "$OUT/tests/$name.log" 2>&1
   rc=$?
+  # A program that ran out of time: name the test it was in.
+  ((rc == 124)) && echo "  timed out in: $(grep -E '^\[ RUN      \]' "$OUT/tests/$name.log" | tail -1)"
   printf '%-34s rc=%-3s %6d ms  %s\n' "$name" "$rc" $(( ($(date +%s%N) - start) / 1000000 )) \
     "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/tests/$name.log" | tr '\n' ' ')"
   ((rc == 0)) || failed+=("$name")
