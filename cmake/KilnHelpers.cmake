@@ -15,6 +15,16 @@ function(kiln_library name)
   endif()
 endfunction()
 
+# kiln_room(name [PUBLIC deps...] [PRIVATE deps...]): kiln_library of every src/*.cpp of the calling folder,
+# linked as given, its src/ (internal headers) seen by itself only.
+function(kiln_room name)
+  cmake_parse_arguments(ARG "" "" "PUBLIC;PRIVATE" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/*.cpp)
+  kiln_library(${name} SOURCES ${sources})
+  target_link_libraries(kiln_${name} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE})
+  target_include_directories(kiln_${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+endfunction()
+
 # kiln_embed(TARGET target NAMESPACE ns FILES f1 f2 ...): builds text files into the target as a table
 # (name -> contents), so that the runtime never reads the source tree. The generated function is
 #   std::span<const kiln::EmbeddedFile> <ns>::embedded_files();

@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libtbb-dev librocksdb-dev libxxhash-dev libgtest-dev libgmock-dev
-          libbenchmark-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev python3)
+          libbenchmark-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libssl-dev python3
+          clang)  # clang (14 on Debian 12) with libFuzzer: scripts/fuzz.sh, run by CI
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

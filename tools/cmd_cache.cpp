@@ -1,4 +1,5 @@
-// kiln cache stats|ls|export|import|prune|clear: look after the cache folder (see docs/cache.md).
+// kiln cache stats|ls|export|import|prune|clear|verify|repair: look after the cache folder (see docs/cache.md,
+// docs/reliability.md).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,9 @@ struct CacheArgs {
   bool other_toolchains = false;
   bool dry_run = false;
   bool yes = false;
+  std::string sign_key;
+  std::vector<std::string> trust_keys;
+  bool trust_unsigned = false;
 };
 
 [[noreturn]] void fail(const std::string& what, const Status& s, int code = 1) {
@@ -185,15 +189,46 @@ void run_ls(const CacheArgs& a) {
 }
 
 void run_export(const CacheArgs& a) {
+  cache::ExportOptions o;
+  o.binaries = a.binaries;
+  o.prefix = a.prefix;
+  if (!a.sign_key.empty()) {
+    auto key = cache::SigningKey::load(a.sign_key);
+    if (!key.ok()) fail("export", key.status(), 2);
+    o.sign_with = std::move(key).value();
+  }
   auto store = open_store(a, cache::Role::kReader, "export");
-  auto n = cache::export_bundle(*store, a.file, {a.binaries, a.prefix});
+  auto n = cache::export_bundle(*store, a.file, o);
   if (!n.ok()) fail("export", n.status());
-  fmt::print("exported {} decisions, {} timings, {} binaries to {}\n", n->decisions, n->timings, n->binaries, a.file);
+  fmt::print("exported {} decisions, {} timings, {} binaries to {}{}\n", n->decisions, n->timings, n->binaries, a.file,
+             o.sign_with ? fmt::format(" (signed with key {})", o.sign_with->id()) : std::string(" (unsigned)"));
+}
+
+cache::ImportOptions import_options(const CacheArgs& a) {
+  cache::ImportOptions o;
+  o.trust_unsigned = a.trust_unsigned;
+  for (const auto& f : a.trust_keys) {
+    auto key = cache::SigningKey::load(f);
+    if (!key.ok()) fail("import", key.status(), 2);
+    o.trusted_keys.push_back(std::move(key).value());
+  }
+  return o;
+}
+
+// What the signature check decided, on stderr when binaries were left out. Returns whether the bundle failed
+// its check (a signature that does not match its content).
+bool report_trust(const cache::ImportReport& r) {
+  if (r.binaries_skipped == 0 && r.signature_valid) return false;
+  fmt::print(stderr, "kiln cache import: the bundle is {}: {} binaries not imported (decisions and timings were). "
+                     "Pass --trust-key FILE with the key it was signed with{}\n",
+             r.signature, r.binaries_skipped, r.signature == "unsigned" ? ", or --trust-unsigned" : "");
+  return !r.signature_valid;
 }
 
 void run_import(const CacheArgs& a) {
+  cache::ImportOptions options = import_options(a);
   auto store = open_store(a, cache::Role::kAuto, "import");
-  auto r = cache::import_bundle(*store, a.file);
+  auto r = cache::import_bundle(*store, a.file, options);
   if (!r.ok()) fail("import", r.status());
   if (auto s = store->sync(); !s.ok()) fail("import", s);
   fmt::print("imported {} decisions, {} timings, {} binaries from {}{}\n", r->imported.decisions, r->imported.timings,
@@ -202,11 +237,34 @@ void run_import(const CacheArgs& a) {
     fmt::print("{} of them were made with another toolchain than {}: stored, but not used here\n", r->other_toolchain,
                store->toolchain().str());
   }
+  bool forged = report_trust(*r);
   if (r->rejected) {
     fmt::print(stderr, "rejected {} entries that failed verification:\n", r->rejected);
     for (const auto& e : r->errors) fmt::print(stderr, "  {}\n", e);
     throw ExitCode(1);
   }
+  if (forged) throw ExitCode(1);
+}
+
+// Exit 0 when the cache verifies, 1 when it is damaged or has bad entries (each named), 2 when there is none.
+void run_verify(const CacheArgs& a) {
+  auto r = cache::verify_cache(a.dir);
+  if (!r.ok()) fail("verify", r.status(), r.status().code() == ErrorCode::kNotFound ? 2 : 1);
+  for (const auto& d : r->damage) fmt::print(stderr, "damage: {}\n", d);
+  for (const auto& e : r->errors) fmt::print(stderr, "bad entry: {}\n", e);
+  fmt::print("checked {} entries in {}: {} bad, {}\n", r->checked, r->dir, r->bad,
+             r->damage.empty() ? "no damage" : fmt::format("{} damaged files (run `kiln cache repair`)", r->damage.size()));
+  if (!r->ok()) throw ExitCode(1);
+}
+
+void run_repair(const CacheArgs& a) {
+  auto r = cache::repair_cache(a.dir);
+  if (!r.ok()) fail("repair", r.status());
+  fmt::print("copied the database as it was to {}\n", r->backup);
+  for (const auto& f : r->set_aside) fmt::print("set aside (unusable): {}\n", f);
+  fmt::print("repaired: {} entries, {} bad, {}\n", r->after.checked, r->after.bad,
+             r->after.damage.empty() ? "no damage left" : r->after.damage.front());
+  if (!r->after.ok()) throw ExitCode(1);
 }
 
 void run_prune(const CacheArgs& a) {
@@ -241,6 +299,16 @@ void run_clear(const CacheArgs& a) {
   fmt::print("cleared {}\n", store->dir());
 }
 
+template <class DirOption>
+void add_integrity_commands(CLI::App& g, const std::shared_ptr<CacheArgs>& args, const DirOption& dir_option) {
+  auto* verify = g.add_subcommand("verify", "Check every table block, log record and entry; exit 1 on damage");
+  dir_option(verify);
+  verify->callback([args] { run_verify(*args); });
+  auto* repair = g.add_subcommand("repair", "Copy the database into quarantine/, then rebuild it from what is intact");
+  dir_option(repair);
+  repair->callback([args] { run_repair(*args); });
+}
+
 void add_cache_commands(CLI::App& root) {
   auto args = std::make_shared<CacheArgs>();
   CLI::App& g = group(root, "cache", "Inspect and maintain the kernel cache (binaries, timings, decisions)");
@@ -262,12 +330,18 @@ void add_cache_commands(CLI::App& root) {
   exp->add_option("file", args->file, "The bundle to write")->required();
   exp->add_flag("--binaries", args->binaries, "Include the cubins (base64)");
   exp->add_option("--prefix", args->prefix, "Only problems whose canonical key starts with this");
+  exp->add_option("--sign-key", args->sign_key, "Sign the bundle with the key in this file (HMAC-SHA256; mode 600)");
   exp->callback([args] { run_export(*args); });
 
   auto* imp = g.add_subcommand("import", "Verify every entry of a bundle and store those that pass");
   dir_option(imp);
   imp->add_option("file", args->file, "The bundle to read")->required();
+  imp->add_option("--trust-key", args->trust_keys, "Import binaries when the bundle is signed with the key in this file "
+                                                   "(repeatable)");
+  imp->add_flag("--trust-unsigned", args->trust_unsigned, "Import the binaries of an unsigned bundle too");
   imp->callback([args] { run_import(*args); });
+
+  add_integrity_commands(g, args, dir_option);
 
   auto* prune = g.add_subcommand("prune", "Drop entries: least recently used, old, for an arch or another toolchain");
   dir_option(prune);

@@ -1,3 +1,6 @@
+#include <stdlib.h>
+
+#include <chrono>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -7,6 +10,7 @@
 #include "commands.h"
 #include "kiln/embedded.h"
 #include "kiln/jit.h"
+#include "kiln/pool/process_pool.h"
 
 namespace kiln::tools_samples {
 std::span<const kiln::EmbeddedFile> embedded_files();
@@ -27,7 +31,29 @@ struct CompileArgs {
   std::string output;
   bool ptx = false;
   bool pch = false;
+  bool allow_outside_includes = false;
+  bool in_worker = false;
 };
+
+// The compile in a kiln-compile-worker process: a source that hangs NVRTC (a macro bomb) is killed at the
+// compile timeout with its worker, which an in-process compile cannot promise (NVRTC checks for
+// cancellation only between its phases).
+Result<Binary> compile_in_worker(const KernelSource& src, const Target& target, const CompileSettings& settings) {
+  ProcessPoolOptions o;
+  o.workers = 1;
+  KILN_ASSIGN_OR_RETURN(o.job_timeout, compile_timeout());
+  KILN_ASSIGN_OR_RETURN(auto pool, ProcessPool::start(std::move(o)));
+  if (!pool->wait_ready(std::chrono::seconds(60))) {
+    std::string why = pool->stats().gave_up;
+    return make_error(ErrorCode::kUnavailable,
+                      fmt::format("the compile worker '{}' did not start{}", pool->worker_path(), why.empty() ? "" : ": " + why));
+  }
+  CompileJob job;
+  job.source = src;
+  job.target = target;
+  job.settings = settings;
+  return pool->submit(std::move(job)).future.get();
+}
 
 std::string basename_without_ext(const std::string& path) {
   std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
@@ -102,7 +128,10 @@ int run_compile(const CompileArgs& a) {
   CompileSettings settings;
   settings.want_ptx = a.ptx;
   settings.use_pch = a.pch;
-  auto bin = compile(*src, target, settings);
+  settings.allow_outside_includes = a.allow_outside_includes;
+  // Workers take the opt-in from the environment they inherit.
+  if (a.allow_outside_includes) ::setenv("KILN_ALLOW_OUTSIDE_INCLUDES", "1", 1);
+  auto bin = a.in_worker ? compile_in_worker(*src, target, settings) : compile(*src, target, settings);
   if (!bin.ok()) {
     fmt::print(stderr, "kiln compile: {}\n", bin.status().to_string());
     if (!bin.status().detail().empty()) fmt::print(stderr, "{}", bin.status().detail());
@@ -177,6 +206,11 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("-o,--output", args->output, "Write the cubin here (and the PTX next to it with --ptx)");
   cmd->add_flag("--ptx", args->ptx, "Also produce PTX");
   cmd->add_flag("--pch", args->pch, "Use NVRTC automatic precompiled headers");
+  cmd->add_flag("--allow-outside-includes", args->allow_outside_includes,
+                "Let the source #include files outside its include folders (-I, its own folder, the CUDA toolkit's)");
+  cmd->add_flag("--worker", args->in_worker,
+                "Compile in a kiln-compile-worker process, killed at the compile timeout ($KILN_COMPILE_TIMEOUT, "
+                "default 300 s)");
   on_run(cmd, args, run_compile);
 }
 

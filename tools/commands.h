@@ -13,6 +13,10 @@ namespace kiln::cli {
 
 using AddCommand = void (*)(CLI::App& root);
 
+/// Parses argv and runs the command it names; the process's exit status. With run_commands false, only
+/// parses (options, validators, command names), for the fuzz target.
+int run(int argc, char** argv, bool run_commands);
+
 /// Every registered command adder, in registration order.
 std::vector<AddCommand>& command_registry();
 

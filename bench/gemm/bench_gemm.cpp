@@ -151,19 +151,10 @@ Operands make_operands(Ctx& c, const Problem& p) {
 }
 
 GemmArgs args_for(const Problem& p, const Operands& o, int set) {
-  GemmArgs a{};
+  GemmArgs a = dense_gemm_args({p.m, p.n, p.k}, p.la, p.lb);
   a.a = o.a[set].as<void>();
   a.b = o.b[set].as<void>();
   a.d = o.d.as<void>();
-  a.m = static_cast<int>(p.m);
-  a.n = static_cast<int>(p.n);
-  a.k = static_cast<int>(p.k);
-  a.split_k = 1;
-  a.k_per_split = static_cast<int>(p.k);
-  a.lda = dense_lda(p.la, {p.m, p.n, p.k});
-  a.ldb = dense_ldb(p.lb, {p.m, p.n, p.k});
-  a.ldd = p.n;
-  a.ep = default_epilogue_args();
   a.ep.bias = o.bias.as<void>();
   return a;
 }

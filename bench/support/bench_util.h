@@ -15,13 +15,9 @@
 
 namespace kiln::bench {
 
+/// Order statistics and the mean of n samples, in the samples' unit.
 struct Stats {
-  double median = 0;
-  double min = 0;
-  double max = 0;
-  double p10 = 0;
-  double p90 = 0;
-  double mean = 0;
+  double median = 0, min = 0, max = 0, p10 = 0, p90 = 0, mean = 0;
   size_t n = 0;
 };
 /// Statistics of `samples` (any unit). Empty input gives all zeros.

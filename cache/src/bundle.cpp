@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <utility>
@@ -236,9 +237,68 @@ Status check_bundle_shape(const json& doc, const std::string& path) {
   return Status();
 }
 
+// A signed bundle's first line: `{` then this, the signature object and a comma, alone on the line.
+constexpr std::string_view kSignaturePrefix = "{\n \"signature\": ";
+
+// The bundle's text with its signature line (when signed), over the text `body` (a JSON object, as dump(1)
+// writes it: "{\n" first).
+std::string signed_text(const std::string& body, const SigningKey& key) {
+  json sig = {{"algorithm", "hmac-sha256"}, {"key_id", key.id()}, {"hmac", key.sign(body)}};
+  return std::string(kSignaturePrefix) + sig.dump() + ",\n" + body.substr(2);
+}
+
+// Which keys a bundle is trusted by, from its text.
+void check_signature(const std::string& text, const ImportOptions& o, ImportReport& report) {
+  auto unsigned_bundle = [&] {
+    report.binaries_trusted = o.trust_unsigned;
+    report.signature = o.trust_unsigned ? "unsigned, trusted as told" : "unsigned";
+  };
+  if (text.compare(0, kSignaturePrefix.size(), kSignaturePrefix) != 0) return unsigned_bundle();
+  size_t nl = text.find('\n', kSignaturePrefix.size());
+  std::string line = text.substr(kSignaturePrefix.size(), nl == std::string::npos ? 0 : nl - kSignaturePrefix.size());
+  json sig = line.size() > 1 && line.back() == ',' ? json::parse(line.substr(0, line.size() - 1), nullptr, false) : json();
+  report.signature_valid = false;
+  auto text_field = [&](const char* name) {
+    auto it = sig.is_object() ? sig.find(name) : sig.end();
+    return it != sig.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (text_field("algorithm") != "hmac-sha256" || text_field("hmac").empty() || text_field("key_id").empty()) {
+    report.signature = "its signature line is malformed";
+    return;
+  }
+  const std::string body = "{\n" + text.substr(nl + 1);
+  const std::string key_id = text_field("key_id");
+  for (const auto& key : o.trusted_keys) {
+    if (key.verify(body, text_field("hmac"))) {
+      report.signature_valid = report.binaries_trusted = true;
+      report.signature = fmt::format("signed with trusted key {} ({})", key.id(), key.origin());
+      return;
+    }
+  }
+  bool known = std::any_of(o.trusted_keys.begin(), o.trusted_keys.end(), [&](const SigningKey& k) { return k.id() == key_id; });
+  report.signature_valid = !known;
+  report.signature = known ? fmt::format("its signature does not match its content for key {} (edited after signing, or damaged)", key_id)
+                           : fmt::format("signed with key {}, which is not a trusted key", key_id);
+}
+
+// Whether `path` would land inside the cache folder `dir` (links and ".." resolved as far as they exist).
+bool inside(const std::string& path, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  auto [dend, pend] = std::mismatch(d.begin(), d.end(), p.begin(), p.end());
+  return dend == d.end();
+}
+
 }  // namespace
 
 Result<BundleCounts> export_bundle(Store& store, const std::string& path, const ExportOptions& options) {
+  if (inside(path, store.dir())) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("refusing to write the bundle '{}' inside the cache folder '{}': it would overwrite "
+                                  "the cache's own files; write it elsewhere", path, store.dir()));
+  }
   BundleCounts counts;
   json doc = {{"format", "kiln-cache-bundle"},
               {"version", kBundleVersion},
@@ -311,6 +371,7 @@ Result<BundleCounts> export_bundle(Store& store, const std::string& path, const 
   doc["binaries"] = std::move(binaries);
   // Invalid UTF-8 in a log or name is replaced rather than thrown about.
   std::string text = doc.dump(1, ' ', false, json::error_handler_t::replace);
+  if (options.sign_with) text = signed_text(text, *options.sign_with);
   std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
   {
     std::ofstream out(tmp, std::ios::binary);
@@ -323,12 +384,12 @@ Result<BundleCounts> export_bundle(Store& store, const std::string& path, const 
   return counts;
 }
 
-Result<ImportReport> import_bundle(Store& store, const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::string text, read_file_limited(path, kBundleBytesLimit));
+Result<ImportReport> import_bundle(Store& store, const std::string& path, const ImportOptions& options) {
+  KILN_ASSIGN_OR_RETURN(const std::string text, read_file_limited(path, kBundleBytesLimit));
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  text = std::string();
   KILN_RETURN_IF_ERROR(check_bundle_shape(doc, path));
   ImportReport report;
+  check_signature(text, options, report);
   auto reject = [&](const char* kind, size_t i, const Status& why) {
     report.rejected++;
     if (report.errors.size() < 20) report.errors.push_back(fmt::format("{} #{}: {}", kind, i, why.to_string()));
@@ -376,6 +437,10 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path) {
     timings.push_back(std::move(t));
     return timings.size() >= 4096 ? flush() : Status();
   }));
+  if (!report.binaries_trusted) {
+    if (auto it = doc.find("binaries"); it != doc.end() && it->is_array()) report.binaries_skipped = it->size();
+    doc.erase("binaries");
+  }
   KILN_RETURN_IF_ERROR(read_section("binaries", "binary", read_binary, [&](Binary b) {
     report.other_toolchain += b.nvrtc_major != here.nvrtc_major || b.nvrtc_minor != here.nvrtc_minor;
     pending_bytes += b.cubin.size();

@@ -29,20 +29,56 @@ std::string seal(ValueKind kind, int64_t stamp, Writer&& payload) {
 
 Status corrupt(std::string what) { return make_error(ErrorCode::kCorrupt, std::move(what)); }
 
-void write_toolchain(Writer& w, const Toolchain& t) {
-  w.i32(t.nvrtc_major);
-  w.i32(t.nvrtc_minor);
-  w.i32(t.driver);
-  w.bytes(t.kiln, "toolchain kiln version");
+// Each payload's fields, in order, for both directions (kiln/codec/codec.h). The stamps are the envelope's.
+template <class IO, class M>
+void toolchain_fields(IO& io, M& t) {
+  io(t.nvrtc_major, "toolchain nvrtc major");
+  io(t.nvrtc_minor, "toolchain nvrtc minor");
+  io(t.driver, "toolchain driver");
+  io(t.kiln, "toolchain kiln version");
 }
 
-Toolchain read_toolchain(Reader& r) {
-  Toolchain t;
-  t.nvrtc_major = r.i32("toolchain nvrtc major");
-  t.nvrtc_minor = r.i32("toolchain nvrtc minor");
-  t.driver = r.i32("toolchain driver");
-  t.kiln = r.bytes("toolchain kiln version");
-  return t;
+template <class IO, class M>
+void timing_fields(IO& io, M& t) {
+  io(t.problem, "timing problem");
+  io(t.choice, "timing choice");
+  io(t.ok, "timing ok");
+  io(t.median_us, "timing median");
+  io(t.min_us, "timing min");
+  io(t.p90_us, "timing p90");
+  io(t.samples, "timing samples");
+  io(t.error, "timing error code");
+  io.expect(t.error >= ErrorCode::kOk && t.error <= ErrorCode::kWrongResult, "timing error code", "is out of range");
+  io(t.reason, "timing reason");
+  toolchain_fields(io, t.toolchain);
+}
+
+// A decision's kernel: a has-kernel flag, then a key (zero without one).
+void kernel_field(Writer& w, const std::optional<KernelKey>& k) {
+  w.boolean(k.has_value());
+  codec::put_key(w, k.value_or(KernelKey{}));
+}
+
+void kernel_field(Reader& r, std::optional<KernelKey>& k) {
+  const bool has = r.boolean("decision has kernel");
+  const KernelKey key = codec::get_key(r, "decision kernel");
+  k = has ? std::optional<KernelKey>(key) : std::nullopt;
+}
+
+template <class IO, class M>
+void decision_fields(IO& io, M& d) {
+  io(d.problem, "decision problem");
+  io(d.choice, "decision choice");
+  io(d.params, "decision params");
+  kernel_field(io, d.kernel);
+  io(d.median_us, "decision median");
+  toolchain_fields(io, d.toolchain);
+}
+
+template <class IO, class M>
+void meta_fields(IO& io, M& m) {
+  io(m.format_version, "meta format version");
+  io(m.kiln_version, "meta kiln version");
 }
 
 // The envelope of a value that must be of kind `want`.
@@ -133,87 +169,46 @@ Result<BinaryInfo> decode_binary_info(std::string_view value) {
   return info;
 }
 
-std::string encode_timing(const TimingRecord& t) {
+namespace {
+
+// A stored record: its payload described by `fields`, its stamp (the record's own time) in the envelope.
+template <class M, class Fields>
+std::string seal_record(ValueKind kind, int64_t M::*stamp, const M& m, Fields fields) {
   Writer w;
-  w.bytes(t.problem, "timing problem");
-  w.bytes(t.choice, "timing choice");
-  w.boolean(t.ok);
-  w.f64(t.median_us);
-  w.f64(t.min_us);
-  w.f64(t.p90_us);
-  w.u32(t.samples);
-  w.i32(static_cast<int32_t>(t.error));
-  w.bytes(t.reason, "timing reason");
-  write_toolchain(w, t.toolchain);
-  return seal(ValueKind::kTiming, t.measured_at_ns, std::move(w));
+  fields(w, m);
+  return seal(kind, m.*stamp, std::move(w));
 }
 
-Result<TimingRecord> decode_timing(std::string_view value) {
-  KILN_ASSIGN_OR_RETURN(Envelope e, open_as(value, ValueKind::kTiming, "timing"));
-  Reader r(e.payload);
-  TimingRecord t;
-  t.problem = r.bytes("timing problem");
-  t.choice = r.bytes("timing choice");
-  t.ok = r.boolean("timing ok");
-  t.median_us = r.f64("timing median");
-  t.min_us = r.f64("timing min");
-  t.p90_us = r.f64("timing p90");
-  t.samples = r.u32("timing samples");
-  const int32_t code = r.i32("timing error code");
-  if (code < 0 || code > static_cast<int32_t>(ErrorCode::kWrongResult)) r.reject("timing error code", "is out of range");
-  t.reason = r.bytes("timing reason");
-  t.toolchain = read_toolchain(r);
-  KILN_RETURN_IF_ERROR(r.finish("stored timing"));
-  t.error = static_cast<ErrorCode>(code);
-  t.measured_at_ns = e.stamp;
-  return t;
-}
-
-std::string encode_decision(const Decision& d) {
-  Writer w;
-  w.bytes(d.problem, "decision problem");
-  w.bytes(d.choice, "decision choice");
-  w.string_pairs(d.params, "decision params");
-  w.boolean(d.kernel.has_value());
-  codec::put_key(w, d.kernel.value_or(KernelKey{}));
-  w.f64(d.median_us);
-  write_toolchain(w, d.toolchain);
-  return seal(ValueKind::kDecision, d.decided_at_ns, std::move(w));
-}
-
-Result<Decision> decode_decision(std::string_view value) {
-  KILN_ASSIGN_OR_RETURN(Envelope e, open_as(value, ValueKind::kDecision, "decision"));
-  Reader r(e.payload);
-  Decision d;
-  d.problem = r.bytes("decision problem");
-  d.choice = r.bytes("decision choice");
-  d.params = r.string_pairs("decision params");
-  const bool has_kernel = r.boolean("decision has kernel");
-  const KernelKey key = codec::get_key(r, "decision kernel");
-  d.median_us = r.f64("decision median");
-  d.toolchain = read_toolchain(r);
-  KILN_RETURN_IF_ERROR(r.finish("stored decision"));
-  if (has_kernel) d.kernel = key;
-  d.decided_at_ns = e.stamp;
-  return d;
-}
-
-std::string encode_meta(const MetaRecord& m) {
-  Writer w;
-  w.u32(m.format_version);
-  w.bytes(m.kiln_version, "meta kiln version");
-  return seal(ValueKind::kMeta, m.created_at_ns, std::move(w));
-}
-
-Result<MetaRecord> decode_meta(std::string_view value) {
-  KILN_ASSIGN_OR_RETURN(Envelope e, open_as(value, ValueKind::kMeta, "meta"));
-  Reader r(e.payload);
-  MetaRecord m;
-  m.format_version = r.u32("meta format version");
-  m.kiln_version = r.bytes("meta kiln version");
-  KILN_RETURN_IF_ERROR(r.finish("stored meta record"));
-  m.created_at_ns = e.stamp;
+template <class M, class Fields>
+Result<M> open_record(std::string_view value, ValueKind want, std::string_view what, int64_t M::*stamp,
+                      Fields fields) {
+  KILN_ASSIGN_OR_RETURN(Envelope e, open_as(value, want, what));
+  KILN_ASSIGN_OR_RETURN(M m, codec::read_record<M>(e.payload, fmt::format("stored {}", what), fields));
+  m.*stamp = e.stamp;
   return m;
+}
+
+}  // namespace
+
+std::string encode_timing(const TimingRecord& t) {
+  return seal_record(ValueKind::kTiming, &TimingRecord::measured_at_ns, t, timing_fields<Writer, const TimingRecord>);
+}
+Result<TimingRecord> decode_timing(std::string_view value) {
+  return open_record(value, ValueKind::kTiming, "timing", &TimingRecord::measured_at_ns,
+                     timing_fields<Reader, TimingRecord>);
+}
+std::string encode_decision(const Decision& d) {
+  return seal_record(ValueKind::kDecision, &Decision::decided_at_ns, d, decision_fields<Writer, const Decision>);
+}
+Result<Decision> decode_decision(std::string_view value) {
+  return open_record(value, ValueKind::kDecision, "decision", &Decision::decided_at_ns,
+                     decision_fields<Reader, Decision>);
+}
+std::string encode_meta(const MetaRecord& m) {
+  return seal_record(ValueKind::kMeta, &MetaRecord::created_at_ns, m, meta_fields<Writer, const MetaRecord>);
+}
+Result<MetaRecord> decode_meta(std::string_view value) {
+  return open_record(value, ValueKind::kMeta, "meta", &MetaRecord::created_at_ns, meta_fields<Reader, MetaRecord>);
 }
 
 std::string encode_used(int64_t used_at_ns) { return seal(ValueKind::kUsed, used_at_ns, Writer()); }

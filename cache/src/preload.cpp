@@ -94,17 +94,19 @@ Result<Preloaded> preload(Store& store, const PreloadOptions& options) {
         slots[i].error = bin.status();
         continue;
       }
-      if (!options.load_modules) {
-        // Keep the verified binary where the runtime's first use will find it without reading the database.
-        (void)store.get_binary(*dec.kernel, {}, /*remember=*/true);
-        slots[i].verified = true;
-        continue;
-      }
+      // A binary for another arch is missing for this device, whether modules are loaded now or at first use
+      // (the verify-only path used to count it as verified).
       auto target = Target::parse((*bin)->arch);
       if (!target.ok() || target->compute_capability() != cc) {
         slots[i].missing = true;
         slots[i].error = make_error(ErrorCode::kNotFound, fmt::format("binary {} is for {}, the device is {}",
                                                                       dec.kernel->hex(), (*bin)->arch, info.arch()));
+        continue;
+      }
+      if (!options.load_modules) {
+        // Keep the verified binary where the runtime's first use will find it without reading the database.
+        (void)store.get_binary(*dec.kernel, {}, /*remember=*/true);
+        slots[i].verified = true;
         continue;
       }
       auto module = Module::load(**bin);

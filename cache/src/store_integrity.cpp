@@ -103,7 +103,8 @@ Status check_db_folder(const std::string& db_path) {
   if (found.empty()) return Status();
   std::sort(found.begin(), found.end());
   return make_error(ErrorCode::kCorrupt,
-                    fmt::format("the cache database '{}' has {} database files ({}{}) but no CURRENT file: it was lost",
+                    fmt::format("the cache database '{}' has {} database files ({}{}) but no CURRENT file: it was lost; "
+                                "`kiln cache repair` rebuilds it",
                                 db_path, found.size(), found.front(), found.size() > 1 ? ", ..." : ""));
 }
 
@@ -206,7 +207,9 @@ Result<VerifyReport> verify_cache(const std::string& dir_in) {
   }
   if (!s.ok()) {
     fs::remove_all(secondary, ec);
-    if (!is_damage(s)) return to_status(s, "DB::Open", __FILE__, __LINE__).with_context("verifying " + db_path);
+    // A database whose creation was interrupted (a full disk) has a CURRENT but not all its column families.
+    bool incomplete = s.IsInvalidArgument() && s.ToString().find("Column family not found") != std::string::npos;
+    if (!is_damage(s) && !incomplete) return to_status(s, "DB::Open", __FILE__, __LINE__).with_context("verifying " + db_path);
     report.damage.push_back(s.ToString());
     return report;
   }

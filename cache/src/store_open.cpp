@@ -3,6 +3,7 @@
 // catching up with the writer, and recovery: the format record, and cleaning what dead processes left.
 // Everything that decides which database handle this process holds lives here, so the rest of the store
 // (store_read.cpp, store_write.cpp, store_maintenance.cpp) only uses the handle under role_mu.
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -92,7 +93,7 @@ Result<std::unique_ptr<Db>> open_db(const std::string& path, bool primary, const
       : rocksdb::DB::OpenAsSecondary(db_options(true, env), path, secondary_dir, cfds, &out->handles, &out->db);
   if (!s.ok()) {
     Status st = to_status(s, primary ? "DB::Open" : "DB::OpenAsSecondary", __FILE__, __LINE__);
-    if (is_damage(s)) st = make_error(ErrorCode::kCorrupt, st.message());
+    if (is_damage(s)) st = make_error(ErrorCode::kCorrupt, st.message() + "; `kiln cache repair` rebuilds it");
     return st.with_context(fmt::format("opening the cache database '{}' as {}", path, primary ? "the writer" : "a reader"));
   }
   return out;
@@ -315,6 +316,13 @@ Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
     }
     fs::create_directories(d, ec);
     if (ec) return make_error(ErrorCode::kIoError, fmt::format("cannot create '{}': {}", d, ec.message()));
+  }
+  if (struct statvfs v {}; impl->options.min_free_bytes > 0 && ::statvfs(impl->dir.c_str(), &v) == 0 &&
+                            uint64_t(v.f_bavail) * v.f_frsize < impl->options.min_free_bytes) {
+    return make_error(ErrorCode::kIoError,
+                      fmt::format("not enough free space for the cache '{}': {} KiB free, kiln needs {} KiB to open it "
+                                  "safely (free some space, or point --cache-dir elsewhere)",
+                                  impl->dir, uint64_t(v.f_bavail) * v.f_frsize / 1024, impl->options.min_free_bytes / 1024));
   }
   KILN_ASSIGN_OR_RETURN(impl->proc_lock, FileLock::acquire(impl->procs_dir + "/" + impl->token + ".lock", false));
 

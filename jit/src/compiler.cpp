@@ -3,6 +3,7 @@
 #include <nvrtc.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -11,6 +12,7 @@
 
 #include "kiln/jit/cuda_status.h"
 #include "testing.h"
+#include "includes.h"
 #include "options.h"
 
 #ifndef KILN_DEFAULT_CUDA_INCLUDE
@@ -86,10 +88,32 @@ std::function<void()>& flow_hook() {
   return hook;
 }
 
-// NVRTC's flow callback: 1 cancels. stop_requested() never goes back to false, as NVRTC requires.
+struct FlowState {
+  std::stop_token stop;
+  std::chrono::steady_clock::time_point deadline;
+  std::atomic<bool> timed_out{false};
+};
+
+// NVRTC's flow callback: 1 cancels. Neither a stop request nor a passed deadline ever goes back, as NVRTC
+// requires of the answer.
 int flow_callback(void* payload, void*) {
   if (const auto& hook = flow_hook()) hook();
-  return static_cast<const std::stop_token*>(payload)->stop_requested() ? 1 : 0;
+  auto* state = static_cast<FlowState*>(payload);
+  if (state->stop.stop_requested()) return 1;
+  if (state->timed_out.load() || std::chrono::steady_clock::now() >= state->deadline) {
+    state->timed_out.store(true);
+    return 1;
+  }
+  return 0;
+}
+
+constexpr std::string_view kNoFolder = "/dev/null/";
+
+// The log as if the program had no folder: "/dev/null/gemm.cu(3): error" reads "gemm.cu(3): error".
+std::string without_folder(std::string log, const std::string& base_name) {
+  const std::string full = std::string(kNoFolder) + base_name;
+  for (size_t at = log.find(full); at != std::string::npos; at = log.find(full, at)) log.erase(at, kNoFolder.size());
+  return log;
 }
 
 std::string program_log(nvrtcProgram p) {
@@ -130,9 +154,28 @@ Status validate(const KernelSource& src) {
 
 void testing::set_nvrtc_flow_hook(std::function<void()> hook) { flow_hook() = std::move(hook); }
 
+Result<std::chrono::milliseconds> compile_timeout() {
+  const char* env = std::getenv("KILN_COMPILE_TIMEOUT");
+  if (!env || !*env) return std::chrono::milliseconds(300'000);
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  if (end == env || *end != '\0' || !(seconds > 0) || seconds > 1e7) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("$KILN_COMPILE_TIMEOUT='{}' is not a number of seconds (e.g. 300, 2.5)", env));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
 Result<Binary> compile(const KernelSource& src, const Target& target, const CompileSettings& settings) {
   KILN_RETURN_IF_ERROR(validate(src));
   KILN_RETURN_IF_ERROR(Target::parse(target.arch));
+  if (!settings.allow_outside_includes && !detail::outside_includes_allowed_by_env()) {
+    KILN_RETURN_IF_ERROR(detail::check_includes(src, cuda_include_dirs()));
+  }
+  std::chrono::milliseconds timeout = settings.timeout;
+  if (timeout.count() <= 0) {
+    KILN_ASSIGN_OR_RETURN(timeout, compile_timeout());
+  }
   if (settings.stop.stop_requested()) {
     return make_error(ErrorCode::kCancelled, fmt::format("compile of '{}' cancelled before it started", src.name));
   }
@@ -143,15 +186,21 @@ Result<Binary> compile(const KernelSource& src, const Target& target, const Comp
     header_contents.push_back(h.content.c_str());
     header_names.push_back(h.name.c_str());
   }
-  std::string program_name = (src.name.empty() ? std::string("kernel") : src.name) + ".cu";
+  // NVRTC searches the folder of the "source file" for quoted includes: for a bare program name, the current
+  // directory, which no one configured and whose files the key does not see. A name under /dev/null has a
+  // folder that cannot exist. (--no-source-include would also stop quoted includes next to a header.)
+  const std::string base_name = (src.name.empty() ? std::string("kernel") : src.name) + ".cu";
+  const std::string program_name = std::string(kNoFolder) + base_name;
   nvrtcProgram raw = nullptr;
   KILN_CHECK(nvrtcCreateProgram(&raw, src.source.c_str(), program_name.c_str(), static_cast<int>(src.headers.size()),
                                 header_contents.data(), header_names.data()));
   Program program(raw);
   for (const auto& e : src.name_expressions) KILN_CHECK(nvrtcAddNameExpression(program.get(), e.c_str()));
   // Copy the token: the callback may run on NVRTC's threads while `settings` belongs to the caller.
-  std::stop_token stop = settings.stop;
-  if (stop.stop_possible()) KILN_CHECK(nvrtcSetFlowCallback(program.get(), &flow_callback, &stop));
+  FlowState flow;
+  flow.stop = settings.stop;
+  flow.deadline = start + timeout;
+  KILN_CHECK(nvrtcSetFlowCallback(program.get(), &flow_callback, &flow));
 
   std::vector<std::string> options;
   options.push_back("-arch=" + target.arch);
@@ -166,7 +215,12 @@ Result<Binary> compile(const KernelSource& src, const Target& target, const Comp
   for (const auto& o : options) option_ptrs.push_back(o.c_str());
 
   nvrtcResult rc = nvrtcCompileProgram(program.get(), static_cast<int>(option_ptrs.size()), option_ptrs.data());
-  std::string log = program_log(program.get());
+  std::string log = without_folder(program_log(program.get()), base_name);
+  if (rc == NVRTC_ERROR_CANCELLED && flow.timed_out.load() && !settings.stop.stop_requested()) {
+    return make_error(ErrorCode::kTimeout,
+                      fmt::format("compile of '{}' for {} timed out after {:.3g} s ($KILN_COMPILE_TIMEOUT)", src.name,
+                                  target.arch, std::chrono::duration<double>(timeout).count()));
+  }
   if (rc == NVRTC_ERROR_CANCELLED) {
     return make_error(ErrorCode::kCancelled, fmt::format("compile of '{}' for {} cancelled", src.name, target.arch));
   }

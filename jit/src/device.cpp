@@ -88,6 +88,15 @@ Result<int> current_device() {
   return static_cast<int>(dev);
 }
 
+// ---- owned handles: released quietly where the driver is already gone (at process exit)
+
+void detail::destroy_stream(CUstream s) {
+  if (auto d = driver(); d.ok()) (void)(*d)->cuStreamDestroy(s);
+}
+void detail::destroy_event(CUevent e) {
+  if (auto d = driver(); d.ok()) (void)(*d)->cuEventDestroy(e);
+}
+
 // ---- Stream ----
 
 Result<Stream> Stream::create() {
@@ -97,26 +106,9 @@ Result<Stream> Stream::create() {
   return Stream(s);
 }
 
-Stream& Stream::operator=(Stream&& other) noexcept {
-  if (this != &other) {
-    reset();
-    stream_ = other.stream_;
-    other.stream_ = nullptr;
-  }
-  return *this;
-}
-
-Stream::~Stream() { reset(); }
-
-void Stream::reset() {
-  if (stream_ == nullptr) return;
-  if (auto d = driver(); d.ok()) (void)(*d)->cuStreamDestroy(stream_);
-  stream_ = nullptr;
-}
-
 Status Stream::synchronize() const {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  KILN_CHECK(d->cuStreamSynchronize(stream_));
+  KILN_CHECK(d->cuStreamSynchronize(get()));
   return Status();
 }
 
@@ -129,39 +121,22 @@ Result<Event> Event::create() {
   return Event(e);
 }
 
-Event& Event::operator=(Event&& other) noexcept {
-  if (this != &other) {
-    reset();
-    event_ = other.event_;
-    other.event_ = nullptr;
-  }
-  return *this;
-}
-
-Event::~Event() { reset(); }
-
-void Event::reset() {
-  if (event_ == nullptr) return;
-  if (auto d = driver(); d.ok()) (void)(*d)->cuEventDestroy(event_);
-  event_ = nullptr;
-}
-
 Status Event::record(CUstream stream) const {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  KILN_CHECK(d->cuEventRecord(event_, stream));
+  KILN_CHECK(d->cuEventRecord(get(), stream));
   return Status();
 }
 
 Status Event::synchronize() const {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  KILN_CHECK(d->cuEventSynchronize(event_));
+  KILN_CHECK(d->cuEventSynchronize(get()));
   return Status();
 }
 
 Result<float> Event::elapsed_ms_since(const Event& start) const {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
   float ms = 0;
-  KILN_CHECK(d->cuEventElapsedTime(&ms, start.event_, event_));
+  KILN_CHECK(d->cuEventElapsedTime(&ms, start.get(), get()));
   return ms;
 }
 

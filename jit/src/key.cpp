@@ -3,7 +3,12 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+#include <limits.h>
+#include <stdlib.h>
+
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <charconv>
 #include <fstream>
 #include <map>
@@ -16,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "kiln/jit/compiler.h"
+#include "includes.h"
 #include "options.h"
 
 namespace kiln {
@@ -48,37 +54,98 @@ std::vector<std::string> canonical_options(const std::vector<std::string>& optio
 
 namespace {
 
-// One `#include` directive: its spelling and whether it was "quoted" (searched next to the includer first).
-struct Directive {
-  std::string name;
-  bool quoted;
-};
-
-// Every #include directive in `text`, taken or not: a superset of what the preprocessor will read, so that
-// no header that can change the binary is missed (an extra one only costs a possible spurious miss).
-std::vector<Directive> scan_includes(std::string_view text) {
-  std::vector<Directive> out;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos) eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    pos = eol + 1;
-    size_t i = line.find_first_not_of(" \t");
-    if (i == std::string_view::npos || line[i] != '#') continue;
-    i = line.find_first_not_of(" \t", i + 1);
-    if (i == std::string_view::npos || line.compare(i, 7, "include") != 0) continue;
-    i = line.find_first_not_of(" \t", i + 7);
-    if (i == std::string_view::npos) continue;
-    char open = line[i];
-    char close = open == '"' ? '"' : open == '<' ? '>' : 0;
-    if (close == 0) continue;  // a computed #include: its target shows up through other directives or not at all
-    size_t end = line.find(close, i + 1);
-    if (end == std::string_view::npos) continue;
-    out.push_back({std::string(line.substr(i + 1, end - i - 1)), open == '"'});
+// The text as the preprocessor's directive parser sees it: backslash-newlines spliced and comments replaced
+// by a space (newlines kept), so that `#inc\\<newline>lude` or `#/**/include` cannot hide a directive.
+std::string directive_view(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  enum { kCode, kLine, kBlock, kString, kChar } state = kCode;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\\' && i + 1 < text.size() && (text[i + 1] == '\n' || (text[i + 1] == '\r' && i + 2 < text.size() && text[i + 2] == '\n'))) {
+      i += text[i + 1] == '\r' ? 2 : 1;  // a line splice: as if the two lines were one
+      continue;
+    }
+    const char c = text[i];
+    const char next = i + 1 < text.size() ? text[i + 1] : '\0';
+    switch (state) {
+      case kCode:
+        if (c == '/' && next == '/') state = kLine, out.push_back(' '), ++i;
+        else if (c == '/' && next == '*') state = kBlock, out.push_back(' '), ++i;
+        else {
+          if (c == '"') state = kString;
+          else if (c == '\'') state = kChar;
+          out.push_back(c);
+        }
+        break;
+      case kLine:
+        if (c == '\n') state = kCode, out.push_back(c);
+        break;
+      case kBlock:
+        if (c == '*' && next == '/') state = kCode, ++i;
+        else if (c == '\n') out.push_back(c);
+        break;
+      case kString:
+      case kChar:
+        out.push_back(c);
+        if (c == '\\' && next != '\0' && next != '\n') out.push_back(next), ++i;
+        else if (c == (state == kString ? '"' : '\'') || c == '\n') state = kCode;
+        break;
+    }
   }
   return out;
 }
+
+}  // namespace
+
+namespace detail {
+
+// Every #include (and #include_next) directive in `text`, taken or not: a superset of what the preprocessor
+// will read, so that no header that can change the binary is missed (an extra one only costs a possible
+// spurious miss). `#` may be spelled `%:`.
+std::vector<IncludeDirective> scan_includes(std::string_view raw) {
+  const std::string text = directive_view(raw);
+  std::vector<IncludeDirective> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    std::string_view line = std::string_view(text).substr(pos, eol - pos);
+    pos = eol + 1;
+    size_t i = line.find_first_not_of(" \t\r\f\v");
+    if (i == std::string_view::npos) continue;
+    if (line[i] == '#') i += 1;
+    else if (line.compare(i, 2, "%:") == 0) i += 2;
+    else continue;
+    i = line.find_first_not_of(" \t\r\f\v", i);
+    if (i == std::string_view::npos) continue;
+    size_t word = 0;
+    if (line.compare(i, 12, "include_next") == 0) word = 12;
+    else if (line.compare(i, 7, "include") == 0) word = 7;
+    else if (line.compare(i, 6, "import") == 0) word = 6;
+    if (word == 0) continue;
+    const char after = i + word < line.size() ? line[i + word] : ' ';
+    if (std::isalnum(static_cast<unsigned char>(after)) || after == '_') continue;  // #includex: another word
+    i = line.find_first_not_of(" \t\r\f\v", i + word);
+    if (i == std::string_view::npos) continue;
+    char open = line[i];
+    char close = open == '"' ? '"' : open == '<' ? '>' : 0;
+    size_t end = close ? line.find(close, i + 1) : std::string_view::npos;
+    if (end == std::string_view::npos) {
+      // A computed #include (#include MACRO): which file it reads is known only after macro expansion.
+      out.push_back({std::string(line.substr(i)), false, true});
+      continue;
+    }
+    out.push_back({std::string(line.substr(i + 1, end - i - 1)), open == '"', false});
+  }
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+
+using Directive = detail::IncludeDirective;
+using detail::scan_includes;
 
 // What the key needs of a header file on disk, memoised per path and refreshed when size or mtime change.
 struct FileFacts {
@@ -155,6 +222,107 @@ class KeyHasher {
 
 }  // namespace
 
+namespace detail {
+
+std::vector<IncludeUse> walk_includes(const KernelSource& source, const std::vector<std::string>& cuda_dirs) {
+  std::set<std::string> memory;
+  for (const auto& hd : source.headers) memory.insert(hd.name);
+  std::vector<std::string> dirs = include_dirs_of(source);
+  for (const auto& d : cuda_dirs) dirs.push_back(d);
+  std::vector<IncludeUse> out;
+  std::set<std::string> visited_paths;
+  std::vector<std::pair<Directive, std::string>> work;  // directive, path of the includer ("" = memory)
+  for (const auto& d : scan_includes(source.source)) work.push_back({d, ""});
+  for (const auto& hd : source.headers) {
+    for (const auto& d : scan_includes(hd.content)) work.push_back({d, ""});
+  }
+  while (!work.empty()) {
+    auto [dir, from] = std::move(work.back());
+    work.pop_back();
+    IncludeUse use{dir, from, {}, "?"};
+    if (dir.computed || memory.count(dir.name)) {  // in memory: hashed with the source
+      out.push_back(std::move(use));
+      continue;
+    }
+    std::vector<std::string> candidates;
+    if (!dir.name.empty() && dir.name.front() == '/') {
+      candidates.push_back(dir.name);  // an absolute path is read as it is, never searched for
+    } else {
+      if (dir.quoted && !from.empty()) candidates.push_back(dirname_of(from) + "/" + dir.name);
+      for (const auto& d : dirs) candidates.push_back(d + "/" + dir.name);
+    }
+    std::shared_ptr<const FileFacts> facts;
+    for (const auto& c : candidates) {
+      if ((facts = header_facts().get(c))) {
+        use.path = c;
+        break;
+      }
+    }
+    // Not on disk: one of NVRTC's built-in headers (covered by its version) or skipped code; the spelling
+    // still counts.
+    if (facts) use.hash = fmt::format("{:016x}{:016x}", facts->hash.high64, facts->hash.low64);
+    const std::string path = use.path;
+    out.push_back(std::move(use));
+    if (!facts || !visited_paths.insert(path).second) continue;
+    for (const auto& d : facts->includes) work.push_back({d, path});
+  }
+  return out;
+}
+
+namespace {
+
+// The canonical form of an existing path (symbolic links and `..` resolved); empty when it has none.
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) ? std::string(buf) : std::string();
+}
+
+bool inside(const std::string& path, const std::string& dir) {
+  return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && (dir == "/" || path[dir.size()] == '/');
+}
+
+}  // namespace
+
+bool outside_includes_allowed_by_env() {
+  const char* v = std::getenv("KILN_ALLOW_OUTSIDE_INCLUDES");
+  return v && std::string_view(v) == "1";
+}
+
+Status check_includes(const KernelSource& source, const std::vector<std::string>& cuda_dirs) {
+  std::vector<std::string> roots;
+  for (const auto& d : include_dirs_of(source)) roots.push_back(real_path(d));
+  for (const auto& d : cuda_dirs) roots.push_back(real_path(d));
+  auto where = [&](const IncludeUse& u) {
+    return fmt::format("#include {}{}{} in {}", u.directive.computed ? "" : u.directive.quoted ? "\"" : "<",
+                       u.directive.name, u.directive.computed ? "" : u.directive.quoted ? "\"" : ">",
+                       u.includer.empty() ? fmt::format("'{}'", source.name) : fmt::format("'{}'", u.includer));
+  };
+  const std::string hint = "(include folders: the source's -I folders and the CUDA toolkit's; "
+                           "KILN_ALLOW_OUTSIDE_INCLUDES=1 or --allow-outside-includes lifts this)";
+  for (const auto& use : walk_includes(source, cuda_dirs)) {
+    // A computed include in a header of the include folders (Thrust has dozens) is the folder's own business;
+    // in the source or its in-memory headers it is refused: only expansion would tell what it reads.
+    if (use.directive.computed && !use.includer.empty()) continue;
+    if (use.directive.computed) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("kernel '{}': {} is a computed include, which cannot be checked against the "
+                                    "include folders {}", source.name, where(use), hint));
+    }
+    if (use.path.empty()) continue;
+    const std::string real = real_path(use.path);
+    bool ok = false;
+    for (const auto& r : roots) ok = ok || (!r.empty() && inside(real, r));
+    if (!ok) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("kernel '{}': {} reads a file outside the include folders {}", source.name,
+                                    where(use), hint));
+    }
+  }
+  return Status();
+}
+
+}  // namespace detail
+
 KernelKey make_key(const KernelSource& source, const Target& target) {
   KeyHasher h;
   h.add("kiln-kernel-key");
@@ -180,40 +348,10 @@ KernelKey make_key(const KernelSource& source, const Target& target) {
   }
 
   // Headers on disk reachable from the source and the in-memory headers, keyed by their include spelling.
-  std::vector<std::string> dirs = detail::include_dirs_of(source);
-  for (const auto& d : cuda_include_dirs()) dirs.push_back(d);
   std::set<std::pair<std::string, std::string>> found;  // (spelling, content hash hex | "?")
-  std::set<std::string> visited_paths;
-  std::vector<std::pair<Directive, std::string>> work;  // directive, directory of the includer ("" = memory)
-  for (const auto& d : scan_includes(source.source)) work.push_back({d, ""});
-  for (const auto& [name, content] : memory) {
-    for (const auto& d : scan_includes(*content)) work.push_back({d, ""});
-  }
-  while (!work.empty()) {
-    auto [dir, from] = std::move(work.back());
-    work.pop_back();
-    if (memory.count(dir.name)) continue;  // an in-memory header: already hashed
-    std::vector<std::string> candidates;
-    if (dir.quoted && !from.empty()) candidates.push_back(from + "/" + dir.name);
-    for (const auto& d : dirs) candidates.push_back(d + "/" + dir.name);
-    std::shared_ptr<const FileFacts> facts;
-    std::string path;
-    for (const auto& c : candidates) {
-      if ((facts = header_facts().get(c))) {
-        path = c;
-        break;
-      }
-    }
-    if (!facts) {
-      // Not on disk: one of NVRTC's built-in headers (covered by its version) or skipped code. The
-      // spelling still counts.
-      found.insert({dir.name, "?"});
-      continue;
-    }
-    found.insert({dir.name, fmt::format("{:016x}{:016x}", facts->hash.high64, facts->hash.low64)});
-    if (!visited_paths.insert(path).second) continue;
-    std::string here = dirname_of(path);
-    for (const auto& d : facts->includes) work.push_back({d, here});
+  for (const auto& use : detail::walk_includes(source, cuda_include_dirs())) {
+    if (use.directive.computed) continue;  // only refused (compiler.cpp), never followed
+    found.insert({use.directive.name, use.hash});
   }
   h.add(uint64_t{found.size()});
   for (const auto& [spelling, hash] : found) {

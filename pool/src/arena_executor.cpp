@@ -32,6 +32,7 @@ namespace {
 
 using pool_detail::Job;
 using pool_detail::JobQueue;
+using pool_detail::complete;
 
 CompileFn or_default(CompileFn fn) {
   if (fn) return fn;
@@ -108,15 +109,7 @@ struct ArenaCore : std::enable_shared_from_this<ArenaCore> {
   bool shut_down = false;
   ExecutorCounters counters;
 
-  void finish(Job& job, Result<Binary> r) {
-    {
-      std::lock_guard lock(mu);
-      ++counters.completed;
-      if (!r.ok()) ++counters.failed;
-      if (!r.ok() && r.status().code() == ErrorCode::kCancelled) ++counters.cancelled;
-    }
-    job.promise.set(std::move(r));
-  }
+  void finish(Job& job, Result<Binary> r) { complete(mu, counters, job, std::move(r)); }
 
   // One arena task: runs the best queued job, which need not be the one whose submit enqueued it.
   void run_one() {

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <array>
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -59,14 +60,24 @@ Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options) 
     kind = *parsed;
     chosen = true;
   }
-  if (!chosen) {
-    const std::string explicit_path = options.process ? options.process->worker_path : std::string();
+  const std::string explicit_path = options.process ? options.process->worker_path : std::string();
+  const char* env_worker = std::getenv("KILN_COMPILE_WORKER");
+  const bool named = !explicit_path.empty() || (env_worker && *env_worker);
+  if (!chosen && !named) {
     if (auto found = find_worker_executable(explicit_path); !found.ok()) {
       kind = ExecutorKind::kArena;
       report_fallback_once("compile worker", fmt::format("{}; compiling in this process (a TBB arena) instead of the "
                                                          "process pool (KILN_EXECUTOR=arena says so and silences this)",
                                                          found.status().message()));
     }
+  }
+  if (kind == ExecutorKind::kProcess && named) {
+    // A worker someone named is checked now, loudly: a typo or a wrong program must not quietly cost the
+    // speed of the pool (jobs would run in the host arena) or hang the first compile.
+    // Named, it must be that one: no falling back to another worker found elsewhere.
+    auto path = find_worker_executable(!explicit_path.empty() ? explicit_path : std::string(env_worker));
+    if (!path.ok()) return std::move(path).status().with_context("finding the compile worker ($KILN_COMPILE_WORKER)");
+    KILN_RETURN_IF_ERROR(check_compile_worker(*path, std::chrono::seconds(10)));
   }
   int workers = options.workers;
   if (workers <= 0) {
@@ -92,6 +103,9 @@ Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options) 
     }
     case ExecutorKind::kProcess: {
       ProcessPoolOptions p = options.process ? *options.process : ProcessPoolOptions{};
+      if (!options.process) {
+        KILN_ASSIGN_OR_RETURN(p.job_timeout, compile_timeout());
+      }
       if (workers > 0) p.workers = workers;
       if (options.compile && !p.host_compile) p.host_compile = options.compile;
       if (options.callbacks && !p.callbacks) p.callbacks = options.callbacks;

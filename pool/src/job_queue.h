@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stop_token>
 #include <string>
 #include <unordered_map>
@@ -28,6 +29,18 @@ struct Job {
 
 /// The next id of the process-wide job counter (ids start at 1).
 JobId next_job_id();
+
+/// Completes a job's future with `r` and counts it in `counters` (guarded by `mu`, which the caller must not
+/// hold: the future's callbacks run on this thread).
+inline void complete(std::mutex& mu, ExecutorCounters& counters, Job& job, Result<Binary> r) {
+  {
+    std::lock_guard lock(mu);
+    ++counters.completed;
+    if (!r.ok()) ++counters.failed;
+    if (!r.ok() && r.status().code() == ErrorCode::kCancelled) ++counters.cancelled;
+  }
+  job.promise.set(std::move(r));
+}
 
 class JobQueue {
  public:

@@ -28,6 +28,7 @@
 namespace kiln {
 
 using pool_detail::Job;
+using pool_detail::complete;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -108,15 +109,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
   }
 
   // Completes a job's future (never under `mu`: callbacks run on this thread).
-  void finish(Job& job, Result<Binary> r) {
-    {
-      std::lock_guard lock(mu);
-      ++counters.completed;
-      if (!r.ok()) ++counters.failed;
-      if (!r.ok() && r.status().code() == ErrorCode::kCancelled) ++counters.cancelled;
-    }
-    job.promise.set(std::move(r));
-  }
+  void finish(Job& job, Result<Binary> r) { complete(mu, counters, job, std::move(r)); }
 
   void cancel(JobId id) {
     std::unique_ptr<Job> job;
@@ -203,6 +196,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       if (!broken.empty()) return;
       broken = fmt::format("compile workers could not start ({}); compiling in the host instead", why);
       report_fallback_once("compile worker start", fmt::format("{} (a TBB arena in this process, not the process pool)", broken));
+      stats.gave_up = broken;
       ready = false;
       ready_flag.store(false, std::memory_order_release);
       queued = queue.take_all();
@@ -393,7 +387,9 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
 
   void kill_worker(Worker& w, KillReason why) {
     if (w.kill_reason == KillReason::kNone) w.kill_reason = why;
-    // Safe from pid reuse: the worker is not reaped until reap() below.
+    // Safe from pid reuse: the worker is not reaped until reap() below. Its whole process group goes: a
+    // "worker" that is a script leaves children holding its stderr, and reap() would wait on them.
+    ::kill(-w.pid, SIGKILL);
     ::kill(w.pid, SIGKILL);
   }
 
@@ -404,15 +400,25 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     // Its stderr may still hold the last lines; once the process is gone the pipe ends, so reading until
     // EOF cannot block for long. A worker whose socket broke but which is still alive is killed first.
     if (w.err) {
+      ::kill(-w.pid, SIGKILL);
       ::kill(w.pid, SIGKILL);
-      set_nonblocking(w.err.get(), false);
-      read_stderr(w);
+      // Bounded: a descendant that left the group can hold the pipe open forever.
+      const auto until = Clock::now() + std::chrono::seconds(2);
+      while (w.err && Clock::now() < until) {
+        pollfd p{w.err.get(), POLLIN, 0};
+        if (::poll(&p, 1, 100) > 0) read_stderr(w);
+      }
     }
     int status = 0;
     while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
     }
     std::string how = describe_wait_status(status);
     const bool started = w.state != WorkerState::kStarting;
+    // Why a worker that never said hello went: what the handshake (check_compile_worker) reports.
+    if (!started && w.kill_reason == KillReason::kProtocol) how += "; it " + w.protocol_error;
+    if (!started && w.kill_reason == KillReason::kStartup) {
+      how += fmt::format(" after saying no hello within {:.3g} s", std::chrono::duration<double>(opt.startup_timeout).count());
+    }
     {
       std::lock_guard lock(mu);
       pids.erase(std::remove(pids.begin(), pids.end(), w.pid), pids.end());

@@ -28,6 +28,20 @@ int gemm_alignment(int64_t lda, int64_t ldb) {
 int64_t dense_lda(Layout a, const Shape& s) { return a == Layout::kRowMajor ? s.k : s.m; }
 int64_t dense_ldb(Layout b, const Shape& s) { return b == Layout::kRowMajor ? s.n : s.k; }
 
+GemmArgs dense_gemm_args(const Shape& s, Layout a, Layout b) {
+  GemmArgs g{};
+  g.m = static_cast<int>(s.m);
+  g.n = static_cast<int>(s.n);
+  g.k = static_cast<int>(s.k);
+  g.split_k = 1;
+  g.k_per_split = g.k;
+  g.lda = dense_lda(a, s);
+  g.ldb = dense_ldb(b, s);
+  g.ldd = s.n;
+  g.ep = default_epilogue_args();
+  return g;
+}
+
 bool gemm_needs_tma(const Params& params) { return params.contains("consumers"); }
 
 Status launch_gemm(const Kernel& kernel, const Params& params, const Launch& geometry, const GemmArgs& args,

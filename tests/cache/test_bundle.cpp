@@ -3,21 +3,23 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "cache_test_util.h"
 #include "kiln/cache/bundle.h"
+#include "kiln/cache/integrity.h"
+#include "kiln/cache/signing.h"
 #include "kiln/cache/problem_key.h"
 #include "kiln_test.h"
 
 namespace kiln::cache {
 namespace {
 
-using testing::fake_binary;
-using testing::sample_problem;
-using testing::store_options;
-using testing::TempDir;
+using namespace testing;  // cache_test_util.h: TempDir, store_options, sample_problem, fake_binary
 
 void fill(Store& s) {
   for (int i = 0; i < 5; ++i) {
@@ -51,15 +53,28 @@ nlohmann::json read_json(const std::string& path) {
 }
 void write_json(const std::string& path, const nlohmann::json& j) { std::ofstream(path) << j.dump(); }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+SigningKey test_key(char c) { return SigningKey::from_bytes(std::string(40, c), "a test key").value(); }
+
 // Folders for a source store (a), a destination store (b) and bundle files, and the bundle's path.
 class Bundle : public ::testing::Test {
  protected:
-  // Opens `src` in a, fills it, and exports it with its binaries to `path`.
-  void export_filled() {
+  // Opens `src` in a, fills it, and exports it with its binaries to `path`, signed with `key` unless told not.
+  void export_filled(bool sign = true) {
     KILN_ASSERT_OK_AND_ASSIGN(src, Store::open(store_options(a)));
     fill(*src);
-    KILN_ASSERT_OK_AND_ASSIGN(exported, export_bundle(*src, path, {.binaries = true}));
+    ExportOptions o{.binaries = true};
+    if (sign) o.sign_with = key;
+    KILN_ASSERT_OK_AND_ASSIGN(exported, export_bundle(*src, path, o));
   }
+
+  SigningKey key = test_key('k');
 
   TempDir a, b, files;
   std::string path = files.path() + "/bundle.json";
@@ -73,7 +88,9 @@ TEST_F(Bundle, ExportImportRoundTrip) {
   EXPECT_EQ(exported.timings, 10u);
   EXPECT_EQ(exported.binaries, 5u);
   KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(b)));
-  KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path));
+  KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path, {.trusted_keys = {key}}));
+  EXPECT_TRUE(report.binaries_trusted) << report.signature;
+  EXPECT_NE(report.signature.find("trusted key " + key.id()), std::string::npos) << report.signature;
   EXPECT_EQ(report.rejected, 0u) << (report.errors.empty() ? "" : report.errors[0]);
   EXPECT_EQ(report.imported.decisions, 5u);
   EXPECT_EQ(report.imported.timings, 10u);
@@ -105,7 +122,7 @@ TEST_F(Bundle, ImportVerifiesEveryEntry) {
   j["timings"].push_back(42);                          // not an object
   write_json(path, j);
   KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(b)));
-  KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path));
+  KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path, {.trust_unsigned = true}));
   EXPECT_EQ(report.rejected, 7u);
   EXPECT_EQ(report.errors.size(), 7u);
   EXPECT_EQ(report.imported.decisions, 3u);
@@ -115,6 +132,123 @@ TEST_F(Bundle, ImportVerifiesEveryEntry) {
   EXPECT_EQ(dst->decision(first), nullptr);  // the edited decision was not stored
   KILN_ASSERT_OK_AND_ASSIGN(auto st, dst->stats());
   EXPECT_EQ(st.invalid, 0u);
+}
+
+// ---- trust: binaries only from a bundle signed with a trusted key, or when told to trust unsigned ones
+
+TEST_F(Bundle, UnsignedBundleImportsDecisionsAndTimingsOnly) {
+  ASSERT_NO_FATAL_FAILURE(export_filled(/*sign=*/false));
+  KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(b)));
+  KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path, {.trusted_keys = {key}}));
+  EXPECT_EQ(report.signature, "unsigned");
+  EXPECT_FALSE(report.binaries_trusted);
+  EXPECT_EQ(report.imported.binaries, 0u);
+  EXPECT_EQ(report.binaries_skipped, 5u);
+  EXPECT_EQ(report.imported.decisions, 5u);
+  EXPECT_EQ(report.imported.timings, 10u);
+  EXPECT_FALSE(dst->has_binary(*src->decisions()[0]->kernel));
+}
+
+// An attacker replaces the cubins and recomputes every hash: on main at 60375ad they were imported.
+TEST_F(Bundle, SwappedCubinsAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(export_filled());
+  const std::string signed_text = read_text(path);
+  // The attacker's bundle: the same kernel keys, other code, hashes that match it.
+  TempDir c;
+  std::string evil = files.path() + "/evil.json";
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(auto attacker, Store::open(store_options(c)));
+    fill(*attacker);
+    for (int i = 0; i < 5; ++i) {
+      Binary bin = fake_binary(40 + i, 3000);
+      bin.cubin.replace(100, 8, "EVILCODE");
+      KILN_ASSERT_OK(attacker->put_binary(bin));
+    }
+    KILN_ASSERT_OK(export_bundle(*attacker, evil, {.binaries = true}).status());
+  }
+  KernelKey k = *src->decisions()[0]->kernel;
+  // Unsigned: refused without --trust-unsigned.
+  {
+    TempDir d;
+    KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(d)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, evil, {.trusted_keys = {key}}));
+    EXPECT_EQ(report.imported.binaries, 0u);
+    EXPECT_EQ(report.rejected, 0u);  // every hash matches: only the missing signature tells
+    EXPECT_FALSE(dst->has_binary(k));
+  }
+  // Under the signature of the real bundle: the signature does not match.
+  std::string evil_text = read_text(evil);
+  std::string forged = signed_text.substr(0, signed_text.find('\n', 3) + 1) + evil_text.substr(2);
+  std::ofstream(evil, std::ios::binary | std::ios::trunc) << forged;
+  {
+    TempDir d;
+    KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(d)));
+    KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, evil, {.trusted_keys = {key}, .trust_unsigned = true}));
+    EXPECT_FALSE(report.signature_valid);
+    EXPECT_NE(report.signature.find("does not match"), std::string::npos) << report.signature;
+    EXPECT_EQ(report.imported.binaries, 0u);
+    EXPECT_EQ(report.binaries_skipped, 5u);
+    EXPECT_FALSE(dst->has_binary(k));
+  }
+}
+
+TEST_F(Bundle, WrongKeyImportsNoBinaries) {
+  ASSERT_NO_FATAL_FAILURE(export_filled());
+  KILN_ASSERT_OK_AND_ASSIGN(auto dst, Store::open(store_options(b)));
+  SigningKey other = test_key('o');
+  KILN_ASSERT_OK_AND_ASSIGN(auto report, import_bundle(*dst, path, {.trusted_keys = {other}, .trust_unsigned = true}));
+  EXPECT_FALSE(report.binaries_trusted);
+  EXPECT_TRUE(report.signature_valid);  // nothing says it was edited: only that its signer is not trusted
+  EXPECT_NE(report.signature.find("signed with key " + key.id() + ", which is not a trusted key"), std::string::npos)
+      << report.signature;
+  EXPECT_EQ(report.imported.binaries, 0u);
+  EXPECT_EQ(report.imported.decisions, 5u);
+}
+
+TEST_F(Bundle, ExportRefusesADestinationInsideTheCache) {
+  KILN_ASSERT_OK_AND_ASSIGN(src, Store::open(store_options(a)));
+  fill(*src);
+  KILN_ASSERT_OK(src->flush());
+  std::filesystem::create_symlink(a.path() + "/db", files.path() + "/link");
+  for (const std::string& dest : {a.path() + "/db/CURRENT", a.path() + "/bundle.json",
+                                  files.path() + "/../" + std::filesystem::path(a.path()).filename().string() + "/db/x.json",
+                                  files.path() + "/link/CURRENT"}) {
+    auto r = export_bundle(*src, dest);
+    ASSERT_FALSE(r.ok()) << dest;
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("inside the cache folder"), std::string::npos) << r.status().to_string();
+  }
+  src.reset();
+  auto v = verify_cache(a.path());
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->ok());
+}
+
+TEST(SigningKey, LoadsAKeyFileItsOwnerAloneMayRead) {
+  TempDir d;
+  std::string file = d.path() + "/kiln.key";
+  std::ofstream(file) << std::string(64, 'a') << "\n";
+  ::chmod(file.c_str(), 0644);
+  auto open_key = SigningKey::load(file);
+  ASSERT_FALSE(open_key.ok());
+  EXPECT_EQ(open_key.status().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(open_key.status().message().find(file), std::string::npos);
+  ::chmod(file.c_str(), 0600);
+  KILN_ASSERT_OK_AND_ASSIGN(SigningKey k, SigningKey::load(file));
+  EXPECT_EQ(k.id(), SigningKey::from_bytes(std::string(64, 'a')).value().id());  // the newline is not the key
+  std::string sig = k.sign("data");
+  EXPECT_EQ(sig.size(), 64u);
+  EXPECT_TRUE(k.verify("data", sig));
+  EXPECT_FALSE(k.verify("date", sig));
+  EXPECT_FALSE(k.verify("data", sig.substr(1)));
+  // The known answer, from `printf data | openssl dgst -sha256 -hmac aaaa...` (64 a's).
+  EXPECT_EQ(sig, "d18cebfa78b60c299f8365c9661dd2f93ef713e32749eba4c31a49cbf1396e16");
+  std::string short_file = d.path() + "/short.key";
+  std::ofstream(short_file) << "tooshort";
+  ::chmod(short_file.c_str(), 0600);
+  EXPECT_EQ(SigningKey::load(short_file).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(SigningKey::load(d.path() + "/missing.key").status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(SigningKey::load(d.path()).status().code(), ErrorCode::kFailedPrecondition);  // a folder
 }
 
 TEST_F(Bundle, NotABundle) {
@@ -194,7 +328,7 @@ TEST(CacheCli, StatsLsExportImportPruneClear) {
   std::string bundle = files.path() + "/b.json";
   ASSERT_EQ(run(kiln + " cache export " + bundle + " --binaries --cache-dir " + a.path(), &out), 0) << out;
   EXPECT_NE(out.find("exported 5 decisions, 10 timings, 5 binaries"), std::string::npos) << out;
-  ASSERT_EQ(run(kiln + " cache import " + bundle + " --cache-dir " + b.path(), &out), 0) << out;
+  ASSERT_EQ(run(kiln + " cache import " + bundle + " --trust-unsigned --cache-dir " + b.path(), &out), 0) << out;
   EXPECT_NE(out.find("imported 5 decisions, 10 timings, 5 binaries"), std::string::npos) << out;
   ASSERT_EQ(run(kiln + " cache prune --max-size 0 --older-than 1d --dry-run --cache-dir " + b.path(), &out), 0) << out;
   EXPECT_NE(out.find("would drop 0 binaries"), std::string::npos) << out;
@@ -210,6 +344,87 @@ TEST(CacheCli, StatsLsExportImportPruneClear) {
   EXPECT_EQ(run(kiln + " cache prune --cache-dir " + b.path(), &out), 1) << out;
   EXPECT_NE(out.find("pid"), std::string::npos) << out;
   EXPECT_EQ(run(kiln + " cache stats --cache-dir " + files.path() + "/none", &out), 1) << out;
+}
+
+// Storage faults and trust through the CLI: exit status and a message naming the path at fault.
+TEST(CacheCli, FaultsNameThePathAndExitNonZero) {
+  TempDir a, files;
+  const std::string kiln = KILN_CLI;
+  std::string out;
+  std::ofstream(a.path() + "/db") << "not a database";
+  EXPECT_EQ(run(kiln + " cache stats --cache-dir " + a.path(), &out), 1) << out;
+  EXPECT_NE(out.find("'" + a.path() + "/db': it is a file, not a folder"), std::string::npos) << out;
+  EXPECT_EQ(run(kiln + " cache import " + files.path() + "/none.json --cache-dir " + a.path(), &out), 1) << out;
+  EXPECT_NE(out.find(a.path() + "/db"), std::string::npos) << out;
+  EXPECT_EQ(run(kiln + " cache verify --cache-dir " + a.path(), &out), 1) << out;
+  std::filesystem::remove(a.path() + "/db");
+
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(auto s, Store::open(store_options(a)));
+    fill(*s);
+    KILN_ASSERT_OK(s->flush());  // into table files, which the test damages below
+  }
+  ASSERT_EQ(run(kiln + " cache verify --cache-dir " + a.path(), &out), 0) << out;
+  EXPECT_NE(out.find(": 0 bad, no damage"), std::string::npos) << out;
+  // Export into the cache's own folder is refused and the cache still verifies.
+  EXPECT_EQ(run(kiln + " cache export " + a.path() + "/db/CURRENT --cache-dir " + a.path(), &out), 1) << out;
+  EXPECT_NE(out.find("inside the cache folder"), std::string::npos) << out;
+  ASSERT_EQ(run(kiln + " cache verify --cache-dir " + a.path(), &out), 0) << out;
+
+  // A damaged table file: verify names it and fails, repair fixes it, verify passes again.
+  std::string sst;
+  for (const auto& e : std::filesystem::directory_iterator(a.path() + "/db")) {
+    if (e.path().extension() == ".sst" && (sst.empty() || e.file_size() > std::filesystem::file_size(sst))) sst = e.path().string();
+  }
+  ASSERT_FALSE(sst.empty());
+  {
+    std::fstream f(sst, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.write("\x01\x02\x03\x04\x05\x06\x07\x08", 8);
+  }
+  EXPECT_EQ(run(kiln + " cache verify --cache-dir " + a.path(), &out), 1) << out;
+  EXPECT_NE(out.find(std::filesystem::path(sst).filename().string()), std::string::npos) << out;
+  ASSERT_EQ(run(kiln + " cache repair --cache-dir " + a.path(), &out), 0) << out;
+  EXPECT_NE(out.find(a.path() + "/quarantine/"), std::string::npos) << out;
+  EXPECT_EQ(run(kiln + " cache verify --cache-dir " + a.path(), &out), 0) << out;
+}
+
+TEST(CacheCli, SignedBundlesAndTrust) {
+  TempDir a, b, files;
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(auto s, Store::open(store_options(a)));
+    fill(*s);
+  }
+  const std::string kiln = KILN_CLI;
+  std::string key = files.path() + "/kiln.key", other = files.path() + "/other.key";
+  std::ofstream(key) << std::string(64, '7') << "\n";
+  std::ofstream(other) << std::string(64, '8') << "\n";
+  std::string out;
+  std::string bundle = files.path() + "/b.json";
+  // A key others may read is refused, naming it.
+  ::chmod(key.c_str(), 0644);
+  EXPECT_EQ(run(kiln + " cache export " + bundle + " --binaries --sign-key " + key + " --cache-dir " + a.path(), &out), 2) << out;
+  EXPECT_NE(out.find(key), std::string::npos) << out;
+  ::chmod(key.c_str(), 0600);
+  ::chmod(other.c_str(), 0600);
+  ASSERT_EQ(run(kiln + " cache export " + bundle + " --binaries --sign-key " + key + " --cache-dir " + a.path(), &out), 0) << out;
+  EXPECT_NE(out.find("signed with key"), std::string::npos) << out;
+  // Without a key: decisions and timings only, and it says so.
+  ASSERT_EQ(run(kiln + " cache import " + bundle + " --cache-dir " + b.path(), &out), 0) << out;
+  EXPECT_NE(out.find("imported 5 decisions, 10 timings, 0 binaries"), std::string::npos) << out;
+  EXPECT_NE(out.find("5 binaries not imported"), std::string::npos) << out;
+  // With the wrong key: the same.
+  ASSERT_EQ(run(kiln + " cache import " + bundle + " --trust-key " + other + " --cache-dir " + b.path(), &out), 0) << out;
+  EXPECT_NE(out.find("which is not a trusted key"), std::string::npos) << out;
+  // With the right key: the binaries too.
+  ASSERT_EQ(run(kiln + " cache import " + bundle + " --trust-key " + key + " --cache-dir " + b.path(), &out), 0) << out;
+  EXPECT_NE(out.find("imported 5 decisions, 10 timings, 5 binaries"), std::string::npos) << out;
+  // Edited after signing: a failed check.
+  std::string text = read_text(bundle);
+  text[text.size() / 2] = text[text.size() / 2] == '1' ? '2' : '1';
+  std::ofstream(bundle, std::ios::trunc | std::ios::binary) << text;
+  EXPECT_EQ(run(kiln + " cache import " + bundle + " --trust-key " + key + " --cache-dir " + b.path(), &out), 1) << out;
+  EXPECT_NE(out.find("does not match its content"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -202,6 +202,44 @@ TEST(StorageFaults, FullDiskFailsTheWriteAndIsRemembered) {
   EXPECT_TRUE(v->ok()) << (v->damage.empty() ? "" : v->damage[0]);
 }
 
+// The disk fills while the memtable is flushed to a table file: the flush fails, later writes fail (no abort),
+// and what the log holds is there after reopening.
+TEST(StorageFaults, FullDiskDuringAFlushFailsItAndLosesNothingAcknowledged) {
+  TempDir d;
+  auto disk = std::make_shared<FullDiskFs>();
+  StoreOptions o = store_options(d);
+  o.env = FullDiskFs::env(disk);
+  {
+    auto store = Store::open(o);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    for (int i = 0; i < 50; ++i) KILN_ASSERT_OK((*store)->put_timing(timing(i)));
+    disk->fill_after(0);
+    Status f = (*store)->flush();
+    ASSERT_FALSE(f.ok()) << "a flush to a full disk reported success";
+    EXPECT_NE(f.to_string().find("No space left"), std::string::npos) << f.to_string();
+    EXPECT_FALSE((*store)->put_timing(timing(99)).ok());
+    EXPECT_FALSE((*store)->first_write_error().ok());
+  }
+  disk->make_room();
+  auto store = Store::open(store_options(d));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  EXPECT_EQ((*store)->all_timings().size(), 50u);
+}
+
+// A disk too full to open a database on is refused before RocksDB starts writing (the distribution's RocksDB
+// aborts when a disk fills during its open: on main at 60375ad `kiln cache stats` died so).
+TEST(StorageFaults, NearlyFullDiskIsRefusedAtOpen) {
+  TempDir d;
+  StoreOptions o = store_options(d);
+  o.min_free_bytes = uint64_t(1) << 62;  // more than any disk has free
+  auto s = Store::open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), ErrorCode::kIoError);
+  EXPECT_NE(s.status().message().find("not enough free space for the cache '" + d.path() + "'"), std::string::npos)
+      << s.status().to_string();
+  EXPECT_FALSE(fs::exists(d.path() + "/db")) << "RocksDB was started on a full disk";
+}
+
 // A reader stages its writes as table files: a full disk there fails the write and leaves no half batch.
 TEST(StorageFaults, FullDiskFailsAStagedWriteAndLeavesNothingBehind) {
   TempDir d;

@@ -21,11 +21,7 @@
 namespace kiln::cache {
 namespace {
 
-using testing::fake_binary;
-using testing::sample_problem;
-using testing::store_options;
-using testing::TempDir;
-using testing::raw_put;
+using namespace testing;  // cache_test_util.h: TempDir, store_options, sample_problem, fake_binary, raw_put
 
 TimingRecord timing(const std::string& problem, const std::string& choice, double us, int64_t at = 0) {
   TimingRecord t;

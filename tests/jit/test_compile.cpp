@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <stop_token>
@@ -144,6 +145,84 @@ TEST(Compile, RejectsBadInput) {
   KernelSource no_entry = axpy_source();
   no_entry.entry.clear();
   EXPECT_EQ(compile(no_entry, kSm90).status().code(), ErrorCode::kInvalidArgument);
+}
+
+// A folder with src/ (the include folder) and secret/ beside it, whose file must never be read or echoed.
+struct Folders {
+  fs::path root = fs::temp_directory_path() / ("kiln_outside_" + std::to_string(::getpid()));
+  Folders() {
+    fs::create_directories(root / "src");
+    fs::create_directories(root / "secret");
+    std::ofstream(root / "secret" / "secret.h") << "int kiln_secret = 424242; this is not C++\n";
+    std::ofstream(root / "src" / "fine.h") << "constexpr int kFine = 1;\n";
+  }
+  ~Folders() { fs::remove_all(root); }
+  KernelSource with(const std::string& include_line) const {
+    KernelSource s;
+    s.name = "outside";
+    s.entry = "k";
+    s.include_dirs = {(root / "src").string()};
+    s.source = include_line + "\nextern \"C\" __global__ void k(int* p) { p[0] = 1; }\n";
+    return s;
+  }
+};
+
+TEST(Compile, IncludesOutsideTheIncludeFoldersAreRefused) {
+  Folders f;
+  fs::create_symlink(f.root / "secret" / "secret.h", f.root / "src" / "link.h");
+  for (std::string line : {"#include \"" + (f.root / "secret" / "secret.h").string() + "\"",
+                           std::string("#include \"../secret/secret.h\""), std::string("#include <link.h>"),
+                           std::string("#define F \"fine.h\"\n#include F"),
+                           std::string("#include \"fine.h\"\n#inc\\\nlude \"../secret/secret.h\"")}) {
+    auto r = compile(f.with(line), kSm90);
+    ASSERT_FALSE(r.ok()) << line;
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("'outside'"), std::string::npos) << r.status().to_string();
+    EXPECT_EQ(r.status().to_string_with_detail().find("424242"), std::string::npos) << "the secret was echoed";
+  }
+  // Inside the folder, and the toolkit's own headers, compile.
+  KILN_EXPECT_OK(compile(f.with("#include \"fine.h\"\n#include <cuda_fp16.h>"), kSm90).status());
+}
+
+TEST(Compile, OutsideIncludesOnlyWhenAllowed) {
+  Folders f;
+  std::ofstream(f.root / "secret" / "ok.h") << "constexpr int kOk = 1;\n";
+  KernelSource src = f.with("#include \"" + (f.root / "secret" / "ok.h").string() + "\"");
+  EXPECT_EQ(compile(src, kSm90).status().code(), ErrorCode::kInvalidArgument);
+  CompileSettings allowed;
+  allowed.allow_outside_includes = true;
+  KILN_EXPECT_OK(compile(src, kSm90, allowed).status());
+}
+
+TEST(Compile, NeverSearchesTheCurrentDirectory) {
+  // NVRTC searches the "source file's folder", the current directory for a program named "x.cu", unless told
+  // not to: a folder no one configured, whose headers the key does not see.
+  Folders f;
+  const fs::path before = fs::current_path();
+  fs::current_path(f.root / "secret");
+  std::ofstream("cwd_only.h") << "constexpr int kCwd = 1;\n";
+  KernelSource s;
+  s.name = "cwd";
+  s.entry = "k";
+  s.source = "#include \"cwd_only.h\"\nextern \"C\" __global__ void k(int* p) { p[0] = kCwd; }\n";
+  auto r = compile(s, kSm90);
+  fs::current_path(before);
+  EXPECT_EQ(r.status().code(), ErrorCode::kCompileError) << r.status().to_string();
+}
+
+TEST(Compile, InProcessTimeoutThroughTheFlowCallback) {
+  // The deadline is checked where NVRTC calls its flow callback: a deadline already passed cancels at the
+  // first call, as a kTimeout.
+  CompileSettings settings;
+  settings.timeout = std::chrono::milliseconds(1);
+  const auto start = std::chrono::steady_clock::now();
+  testing::set_nvrtc_flow_hook([start] {
+    while (std::chrono::steady_clock::now() < start + std::chrono::milliseconds(2)) {
+    }
+  });
+  auto r = compile(axpy_source(), kSm90, settings);
+  testing::set_nvrtc_flow_hook({});
+  EXPECT_EQ(r.status().code(), ErrorCode::kTimeout) << r.status().to_string();
 }
 
 TEST(Target, ParsesArches) {

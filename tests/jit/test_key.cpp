@@ -93,6 +93,45 @@ TEST(KernelKey, ChangesWhenANestedHeaderOnDiskChanges) {
   fs::remove_all(dir);
 }
 
+// Rewrites `path` with `text` and moves its mtime on, so the header cache cannot keep the old facts.
+void rewrite(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+  fs::last_write_time(path, fs::last_write_time(path) + std::chrono::seconds(2));
+}
+
+TEST(KernelKey, CoversTheContentOfAnAbsoluteInclude) {
+  fs::path dir = fs::temp_directory_path() / ("kiln_key_abs_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "abs.cuh") << "constexpr int kAbs = 1;\n";
+  KernelSource src;
+  src.name = "abs";
+  src.entry = "k";
+  src.source = "#include \"" + (dir / "abs.cuh").string() + "\"\nextern \"C\" __global__ void k() {}\n";
+  KernelKey before = make_key(src, kSm90);
+  rewrite(dir / "abs.cuh", "constexpr int kAbs = 2;\n");
+  EXPECT_NE(make_key(src, kSm90), before) << "the key ignored the content of an absolute include";
+  fs::remove_all(dir);
+}
+
+TEST(KernelKey, DirectivesHiddenBySplicesCommentsOrDigraphsStillCount) {
+  fs::path dir = fs::temp_directory_path() / ("kiln_key_hidden_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "h.cuh") << "constexpr int kH = 1;\n";
+  for (std::string spelling : {"#inc\\\nlude \"h.cuh\"", "#/* c */include \"h.cuh\"", "%:include \"h.cuh\"",
+                               "  #  include_next <h.cuh>"}) {
+    KernelSource src;
+    src.name = "hidden";
+    src.entry = "k";
+    src.include_dirs = {dir.string()};
+    src.source = spelling + "\nextern \"C\" __global__ void k() {}\n";
+    rewrite(dir / "h.cuh", "constexpr int kH = 1;\n");
+    KernelKey before = make_key(src, kSm90);
+    rewrite(dir / "h.cuh", "constexpr int kH = 2;\n");
+    EXPECT_NE(make_key(src, kSm90), before) << spelling;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(KernelKey, EveryInputThatChangesTheBinaryChangesIt) {
   const KernelSource base = test_kernels::probe_source("");
   const KernelKey k0 = make_key(base, kSm90);

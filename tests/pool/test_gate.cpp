@@ -165,6 +165,19 @@ TEST(Gate, CachedKeysNeverReachTheCompiler) {
   EXPECT_EQ(c.compiles, 3u);         // cold, bad, stopped
 }
 
+TEST(Gate, ATimedOutCompileIsRememberedLikeACompileError) {
+  // A compile that passed its timeout (a macro bomb) would cost the whole timeout again at every run.
+  std::vector<std::string> remembered;
+  GateOptions o;
+  o.on_failed = [&](const KernelKey&, const Status& s) { remembered.push_back(s.message()); };
+  CompileFn times_out = [](const KernelSource& s, const Target&, const CompileSettings&) -> Result<Binary> {
+    return make_error(ErrorCode::kTimeout, "compile of '" + s.name + "' timed out");
+  };
+  auto gate = gate_over(make_arena_executor({.threads = 1, .compile = times_out}), o);
+  EXPECT_EQ(gate->precompile(named("bomb"), kTarget).get().status().code(), ErrorCode::kTimeout);
+  EXPECT_EQ(remembered, std::vector<std::string>{"compile of 'bomb' timed out"});
+}
+
 // A gate over one arena thread that is busy with "blocker": every compile a test asks for queues.
 class HeldGate : public HeldThreadTest {
  protected:

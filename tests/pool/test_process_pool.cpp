@@ -297,6 +297,75 @@ TEST(ProcessPool, AWorkerThatCannotStartCostsSpeedNotWork) {
   EXPECT_FALSE(pool->ready());
   EXPECT_EQ(host.calls(), 5);
   EXPECT_EQ(pool->stats().workers_spawned, 3u);
+  EXPECT_NE(pool->stats().gave_up.find("could not start"), std::string::npos) << pool->stats().gave_up;
+}
+
+// An executable shell script in a fresh folder (removed with the object).
+struct Script {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kiln_worker_" + std::to_string(::getpid()));
+  std::string path;
+  explicit Script(const std::string& body) {
+    std::filesystem::create_directories(dir);
+    path = (dir / "worker.sh").string();
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    ::chmod(path.c_str(), 0755);
+  }
+  ~Script() { std::filesystem::remove_all(dir); }
+};
+
+TEST(ProcessPool, HandshakeAcceptsTheRealWorker) {
+  KILN_ASSERT_OK_AND_ASSIGN(std::string path, find_worker_executable());
+  KILN_EXPECT_OK(check_compile_worker(path, std::chrono::seconds(60)));
+}
+
+TEST(ProcessPool, HandshakeNamesWhatABogusWorkerDid) {
+  Script exits("exit 3");
+  Status s = check_compile_worker(exits.path, std::chrono::seconds(60));
+  EXPECT_EQ(s.code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find(exits.path), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("exited with status 3"), std::string::npos) << s.to_string();
+
+  // Anything but a hello frame (here: text, as a web server would answer) is a malformed message, and the
+  // worker is killed at once rather than at the timeout.
+  Script talks("printf 'HTTP/1.1 200 OK, and more than a frame header' >&3\nexec sleep 600");
+  s = check_compile_worker(talks.path, std::chrono::seconds(60));
+  EXPECT_EQ(s.code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("malformed"), std::string::npos) << s.to_string();
+}
+
+TEST(ProcessPool, HandshakeTimesOutOnASilentWorker) {
+  Script silent("exec sleep 600");
+  Status s = check_compile_worker(silent.path, std::chrono::milliseconds(300));
+  EXPECT_EQ(s.code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no hello within"), std::string::npos) << s.to_string();
+}
+
+TEST(ProcessPool, ShutdownIsBoundedWhenAWorkerLeavesChildrenHoldingItsStderr) {
+  // sh forks sleep, which inherits the stderr pipe: killing sh alone left the pipe open, and the reap that
+  // read it to EOF waited as long as sleep ran. The pool kills the worker's process group instead.
+  Script stubborn("sleep 600\nexit 0");
+  EventLog log;
+  ProcessPoolOptions o;
+  o.workers = 1;
+  o.worker_path = stubborn.path;
+  o.observer = log.observer();
+  KILN_ASSERT_OK_AND_ASSIGN(auto pool, ProcessPool::start(o));
+  ASSERT_TRUE(log.wait_count(Kind::kWorkerSpawned, 1));
+  const auto start = std::chrono::steady_clock::now();
+  pool->shutdown();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_EQ(log.count(Kind::kWorkerExited), 1u);
+}
+
+TEST(ProcessPool, MakeExecutorRefusesANamedWorkerThatIsNotOne) {
+  Script exits("exit 3");
+  auto opts = std::make_shared<ProcessPoolOptions>();
+  opts->worker_path = exits.path;
+  auto exec = make_executor({.process = opts});
+  EXPECT_EQ(exec.status().code(), ErrorCode::kFailedPrecondition) << exec.status().to_string();
+  opts->worker_path = "/nonexistent/kiln-compile-worker";
+  exec = make_executor({.process = opts});
+  EXPECT_EQ(exec.status().code(), ErrorCode::kNotFound) << exec.status().to_string();
 }
 
 TEST(ProcessPool, ChosenThroughMakeExecutor) {

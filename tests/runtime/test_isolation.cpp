@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "isolation.h"
+#include "isolation_event_log.h"
 #include "isolation_wire.h"
 #include "kiln_test.h"
 
@@ -48,41 +49,6 @@ Binaries binaries_for(const std::string& name) {
   b.cubin = "not really a cubin";
   return {b};
 }
-
-// Records the host's events; thread-safe, with a bounded wait for a kind to arrive.
-class EventLog {
- public:
-  std::function<void(const IsolationEvent&)> observer() {
-    return [this](const IsolationEvent& e) {
-      std::lock_guard lock(mu_);
-      events_.push_back(e);
-      cv_.notify_all();
-    };
-  }
-  int count(Kind k) const {
-    std::lock_guard lock(mu_);
-    return static_cast<int>(std::count_if(events_.begin(), events_.end(), [&](const auto& e) { return e.kind == k; }));
-  }
-  std::vector<IsolationEvent> of(Kind k) const {
-    std::lock_guard lock(mu_);
-    std::vector<IsolationEvent> out;
-    for (const auto& e : events_) {
-      if (e.kind == k) out.push_back(e);
-    }
-    return out;
-  }
-  bool wait_count(Kind k, int n) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(30), [&] {
-      return std::count_if(events_.begin(), events_.end(), [&](const auto& e) { return e.kind == k; }) >= n;
-    });
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<IsolationEvent> events_;
-};
 
 // ---- the protocol
 
@@ -129,32 +95,32 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
 TEST(BenchWire, EveryMessageRoundTrips) {
   bw::Begin b;
   b.seq = 7;
-  b.problem = small_gemm();
-  b.problem.op = "my_private_gemm";  // an alias of a built-in op keeps its name
-  b.seed = 42;
-  b.bench.budget_ms = 3.5;
-  b.bench.fixed_reps = 9;
-  b.bench.flush_l2 = false;
-  b.max_template_configs = 5;
-  b.split_k = false;
-  b.reference = {"cublas_default", {}};
-  b.reference_binaries = binaries_for("r");
-  b.choices = {{"a", {KernelKey{1, 2}}}, {"b", {KernelKey{3, 4}, KernelKey{5, 6}}}};
+  b.session.problem = small_gemm();
+  b.session.problem.op = "my_private_gemm";  // an alias of a built-in op keeps its name
+  b.session.seed = 42;
+  b.session.bench.budget_ms = 3.5;
+  b.session.bench.fixed_reps = 9;
+  b.session.bench.flush_l2 = false;
+  b.session.max_template_configs = 5;
+  b.session.split_k = false;
+  b.session.reference = {"cublas_default", {}};
+  b.session.reference_binaries = binaries_for("r");
+  b.session.choices = {{"a", {KernelKey{1, 2}}}, {"b", {KernelKey{3, 4}, KernelKey{5, 6}}}};
   std::string f = frame(b);
   KILN_ASSERT_OK_AND_ASSIGN(bw::Begin b2, bw::decode_begin(std::string_view(f).substr(12)));
   EXPECT_EQ(b2.seq, 7u);
-  EXPECT_EQ(b2.problem, b.problem);
-  EXPECT_EQ(b2.seed, 42u);
-  EXPECT_EQ(b2.bench.budget_ms, 3.5);
-  EXPECT_EQ(b2.bench.fixed_reps, 9);
-  EXPECT_FALSE(b2.bench.flush_l2);
-  EXPECT_EQ(b2.max_template_configs, 5);
-  EXPECT_FALSE(b2.split_k);
-  EXPECT_EQ(b2.reference.name, "cublas_default");
-  ASSERT_EQ(b2.reference_binaries.size(), 1u);
-  EXPECT_EQ(b2.reference_binaries[0].cubin, "not really a cubin");
-  ASSERT_EQ(b2.choices.size(), 2u);
-  EXPECT_EQ(b2.choices[1].keys[1], (KernelKey{5, 6}));
+  EXPECT_EQ(b2.session.problem, b.session.problem);
+  EXPECT_EQ(b2.session.seed, 42u);
+  EXPECT_EQ(b2.session.bench.budget_ms, 3.5);
+  EXPECT_EQ(b2.session.bench.fixed_reps, 9);
+  EXPECT_FALSE(b2.session.bench.flush_l2);
+  EXPECT_EQ(b2.session.max_template_configs, 5);
+  EXPECT_FALSE(b2.session.split_k);
+  EXPECT_EQ(b2.session.reference.name, "cublas_default");
+  ASSERT_EQ(b2.session.reference_binaries.size(), 1u);
+  EXPECT_EQ(b2.session.reference_binaries[0].cubin, "not really a cubin");
+  ASSERT_EQ(b2.session.choices.size(), 2u);
+  EXPECT_EQ(b2.session.choices[1].keys[1], (KernelKey{5, 6}));
 
   bw::Run r;
   r.seq = 8;
@@ -244,6 +210,11 @@ class IsolationHostTest : public ::testing::Test {
     for (auto& n : names) s.choices.push_back({n, {}});
     return s;
   }
+  // Closes the host, then expects every worker it started to have been reaped.
+  void close_and_expect_no_worker_left(std::unique_ptr<detail::IsolationHost>& h) {
+    h.reset();
+    expect_no_worker_left();
+  }
   // Every worker the test started was reaped: none is left running.
   void expect_no_worker_left() {
     auto spawned = log_.of(Kind::kWorkerSpawned);
@@ -277,8 +248,7 @@ TEST_F(IsolationHostTest, MeasuresInTheWorkerAndListsWhatItCannotRebuild) {
   EXPECT_EQ(log_.count(Kind::kWorkerSpawned), 1);
   EXPECT_EQ(h->stats().choices_run, 3u);
   h->end();
-  h.reset();
-  expect_no_worker_left();
+  close_and_expect_no_worker_left(h);
 }
 
 void expect_crash_costs_one_choice(IsolationHostTest& t, EventLog& log, const std::string& fault,
@@ -341,8 +311,7 @@ TEST_F(IsolationHostTest, CrashAtASyncPointFailsTheChoiceInFlight) {
   EXPECT_EQ(log_.count(Kind::kChoiceFailed), 1);
   EXPECT_EQ(log_.of(Kind::kWorkerExited).back().pid, pid);
   KILN_EXPECT_OK(measure(*h, "after"));
-  h.reset();
-  expect_no_worker_left();
+  close_and_expect_no_worker_left(h);
 }
 
 TEST_F(IsolationHostTest, HangPastTheChoiceTimeoutIsKilledAndReplaced) {
@@ -360,8 +329,7 @@ TEST_F(IsolationHostTest, HangPastTheChoiceTimeoutIsKilledAndReplaced) {
   EXPECT_EQ(log_.of(Kind::kWorkerExited).back().detail, "killed by signal 9 (Killed)");
   KILN_EXPECT_OK(measure(*h, "after"));
   EXPECT_EQ(h->stats().timeouts, 1u);
-  h.reset();
-  expect_no_worker_left();
+  close_and_expect_no_worker_left(h);
 }
 
 TEST_F(IsolationHostTest, PoisonedContextRetiresTheWorker) {
@@ -376,8 +344,7 @@ TEST_F(IsolationHostTest, PoisonedContextRetiresTheWorker) {
   KILN_EXPECT_OK(measure(*h, "after"));
   EXPECT_NE(h->worker_pid(), pid);
   EXPECT_EQ(h->stats().poisoned, 1u);
-  h.reset();
-  expect_no_worker_left();
+  close_and_expect_no_worker_left(h);
 }
 
 TEST_F(IsolationHostTest, AWorkerThatDiesWhileIdleIsReplacedWithoutBlame) {
@@ -394,8 +361,7 @@ TEST_F(IsolationHostTest, AWorkerThatDiesWhileIdleIsReplacedWithoutBlame) {
   EXPECT_EQ(log_.count(Kind::kChoiceFailed), 0);
   EXPECT_EQ(log_.of(Kind::kWorkerExited).front().detail, "killed by signal 9 (Killed)");
   EXPECT_EQ(h->stats().crashes, 1u);
-  h.reset();
-  expect_no_worker_left();
+  close_and_expect_no_worker_left(h);
 }
 
 TEST_F(IsolationHostTest, AnOpTheWorkerDoesNotKnowIsNotFound) {
@@ -414,8 +380,7 @@ TEST_F(IsolationHostTest, ACrashWhilePreparingFailsTheBegin) {
   EXPECT_EQ(r.status().code(), ErrorCode::kWorkerCrashed);
   EXPECT_NE(r.status().message().find("killed by signal 11"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("while preparing gemm"), std::string::npos) << r.status().message();
-  h.reset();
-  expect_no_worker_left();
+  close_and_expect_no_worker_left(h);
 }
 
 TEST_F(IsolationHostTest, AWorkerWithoutADeviceFailsWithItsReason) {
@@ -423,8 +388,7 @@ TEST_F(IsolationHostTest, AWorkerWithoutADeviceFailsWithItsReason) {
   auto r = h->begin(spec({"a"}));
   EXPECT_EQ(r.status().code(), ErrorCode::kNoDevice);
   EXPECT_NE(r.status().to_string().find("no device here"), std::string::npos);
-  h.reset();
-  expect_no_worker_left();
+  close_and_expect_no_worker_left(h);
 }
 
 TEST_F(IsolationHostTest, AWorkerThatDiesBeforeHelloIsReported) {
@@ -436,8 +400,7 @@ TEST_F(IsolationHostTest, AWorkerThatDiesBeforeHelloIsReported) {
   EXPECT_EQ(r.status().code(), ErrorCode::kWorkerCrashed);
   EXPECT_NE(r.status().message().find("ended before it was ready (exited with status 1)"), std::string::npos)
       << r.status().message();
-  h.reset();
-  expect_no_worker_left();
+  close_and_expect_no_worker_left(h);
 }
 
 TEST(IsolationHost, MissingWorkerExecutableIsAnError) {

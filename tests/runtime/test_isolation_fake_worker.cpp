@@ -39,13 +39,13 @@ void wait_at_gate() {
 }
 
 bw::Begun begin(const bw::Begin& req, std::set<std::string>& has_binaries) {
-  std::fprintf(stderr, "fake worker: begin %s\n", req.problem.op.c_str());
+  std::fprintf(stderr, "fake worker: begin %s\n", req.session.problem.op.c_str());
   std::fflush(stderr);
-  if (req.problem.op == "crash_in_begin") kiln::die_by_signal(SIGSEGV);
+  if (req.session.problem.op == "crash_in_begin") kiln::die_by_signal(SIGSEGV);
   bw::Begun b;
   b.seq = req.seq;
-  if (req.problem.op == "no_such_op") b.status = kiln::make_error(kiln::ErrorCode::kNotFound, "no op 'no_such_op'");
-  for (const auto& c : req.choices) {
+  if (req.session.problem.op == "no_such_op") b.status = kiln::make_error(kiln::ErrorCode::kNotFound, "no op 'no_such_op'");
+  for (const auto& c : req.session.choices) {
     if (c.name.rfind("unknown_", 0) == 0) b.unknown[c.name] = "fake worker: unknown";
   }
   has_binaries.clear();

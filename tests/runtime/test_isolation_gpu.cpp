@@ -22,13 +22,16 @@
 #include "kiln/jit/driver.h"
 #include "kiln/pool/gate.h"
 #include "kiln/runtime.h"
+#include "isolation_event_log.h"
 #include "kiln_test.h"
+#include "reference_check.h"
 #include "test_isolation_planted.h"
 
 namespace kiln::runtime {
 namespace {
 
 namespace fs = std::filesystem;
+using reference_check::expect_correct;
 using Kind = IsolationEvent::Kind;
 
 std::string next_to_me(const std::string& name) {
@@ -43,29 +46,6 @@ Problem gemm(int64_t m, int64_t n, int64_t k) {
   g.epilogue.out = DType::kBF16;
   return Problem::gemm(g);
 }
-
-class EventLog {
- public:
-  std::function<void(const IsolationEvent&)> observer() {
-    return [this](const IsolationEvent& e) {
-      std::lock_guard lock(mu_);
-      events_.push_back(e);
-    };
-  }
-  std::vector<IsolationEvent> of(Kind k) const {
-    std::lock_guard lock(mu_);
-    std::vector<IsolationEvent> out;
-    for (const auto& e : events_) {
-      if (e.kind == k) out.push_back(e);
-    }
-    return out;
-  }
-  int count(Kind k) const { return static_cast<int>(of(k).size()); }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<IsolationEvent> events_;
-};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -120,59 +100,6 @@ class IsolationGpu : public ::testing::Test {
     auto t = make_tuner(o);
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return std::move(t).value();
-  }
-
-  // Runs `sel` in this process's context on fresh buffers and checks its output against the op's reference.
-  void expect_correct(const Selection& sel) {
-    auto def = default_ops().find(sel.problem().op);
-    ASSERT_TRUE(def.ok());
-    KILN_ASSERT_OK_AND_ASSIGN(OpBuffers mine, (*def)->buffers(sel.problem(), 77));
-    KILN_ASSERT_OK_AND_ASSIGN(OpBuffers ref, (*def)->buffers(sel.problem(), 77));
-    KILN_ASSERT_OK(sel.run(mine.args, nullptr));
-    KILN_ASSERT_OK_AND_ASSIGN(auto ctx, choice_context(0));
-    KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(sel.problem(), ctx));
-    ChoicePtr reference;
-    for (const auto& c : choices) {
-      if (c->name() == (*def)->reference(sel.problem())) reference = c;
-    }
-    ASSERT_NE(reference, nullptr);
-    KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, DeviceBuffer::allocate(reference->workspace_bytes()));
-    KILN_ASSERT_OK_AND_ASSIGN(auto gate, PrecompileGate::create({.executor = make_inline_executor()}));
-    auto binaries = reference->precompile(*gate, Priority::kNormal);
-    KILN_ASSERT_OK(binaries.get());
-    KILN_ASSERT_OK(reference->prepare(*binaries.get()));
-    KILN_ASSERT_OK(reference->run(ref.args, ws.ptr(), nullptr));
-    KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
-    ASSERT_EQ(d->cuCtxSynchronize(), CUDA_SUCCESS) << "the host's context is not usable";
-    for (size_t i = 0; i < mine.outputs.size(); ++i) {
-      const auto& o = mine.outputs[i];
-      const size_t n = static_cast<size_t>(o.rows * o.ld);
-      const size_t bytes = n * templates::dtype_bytes(o.dtype);
-      std::vector<uint8_t> a(bytes), b(bytes);
-      ASSERT_EQ(d->cuMemcpyDtoH(a.data(), o.ptr, bytes), CUDA_SUCCESS);
-      ASSERT_EQ(d->cuMemcpyDtoH(b.data(), ref.outputs[i].ptr, bytes), CUDA_SUCCESS);
-      auto val = [&](const std::vector<uint8_t>& v, size_t j) -> double {
-        if (o.dtype == DType::kF32) return reinterpret_cast<const float*>(v.data())[j];
-        uint16_t h = reinterpret_cast<const uint16_t*>(v.data())[j];
-        if (o.dtype == DType::kBF16) {
-          uint32_t bits = uint32_t{h} << 16;
-          float f;
-          std::memcpy(&f, &bits, 4);
-          return f;
-        }
-        int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
-        double m = exp == 0 ? man / 1024.0 * std::pow(2.0, -14) : (1 + man / 1024.0) * std::pow(2.0, exp - 15);
-        return exp == 31 ? std::nan("") : (sign ? -m : m);
-      };
-      double diff = 0, norm = 0;
-      for (size_t j = 0; j < n; ++j) {
-        double x = val(a, j), y = val(b, j);
-        ASSERT_TRUE(std::isfinite(x)) << sel.choice_name() << ": " << o.name << "[" << j << "] not written";
-        diff += (x - y) * (x - y);
-        norm += y * y;
-      }
-      EXPECT_LE(std::sqrt(diff / norm), o.dtype == DType::kF32 ? 1e-3 : 1e-2) << sel.choice_name() << " " << o.name;
-    }
   }
 
   // Every worker that was started has been reaped: none is left running.
@@ -325,15 +252,11 @@ TEST_F(IsolationGpu, IsolatedTuneAgreesWithInProcessAndReportsItsCost) {
 
 TEST_F(IsolationGpu, OpsTheWorkerCannotRebuildRunInTheHost) {
   // Registered in this process only: the worker does not know the op, so every choice runs here.
-  auto gemm_def = default_ops().find("gemm");
-  ASSERT_TRUE(gemm_def.ok());
-  OpDef def = **gemm_def;
-  def.name = "gemm_host_only";
-  KILN_ASSERT_OK(default_ops().add(def));
+  KILN_ASSERT_OK(planted::add_gemm_copy("gemm_host_only"));
   EventLog log;
   auto t = tuner(options(Isolation::kIsolated, &log));
   Problem p = gemm(32, 512, 256);
-  p.op = def.name;
+  p.op = "gemm_host_only";
   KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(p));
   EXPECT_EQ(sel->report().failures, 0) << sel->report().table(50);
   auto in_process = log.of(Kind::kInProcess);

@@ -67,13 +67,19 @@ inline Result<std::vector<ChoicePtr>> choices(const Problem&, const ChoiceContex
   return out;
 }
 
+/// Registers gemm's OpDef again under `name`: an op with gemm's problems and choices that tests may plant
+/// choices in, or register in one process only.
+inline Status add_gemm_copy(const std::string& name) {
+  KILN_ASSIGN_OR_RETURN(auto gemm, default_ops().find("gemm"));
+  OpDef def = *gemm;
+  def.name = name;
+  return default_ops().add(def);
+}
+
 /// Registers kOp (gemm's OpDef under another name, plus the planted choices) once per process.
 inline Status register_ops() {
   if (default_ops().find(kOp).ok()) return Status();
-  KILN_ASSIGN_OR_RETURN(auto gemm, default_ops().find("gemm"));
-  OpDef def = *gemm;
-  def.name = kOp;
-  KILN_RETURN_IF_ERROR(default_ops().add(def));
+  KILN_RETURN_IF_ERROR(add_gemm_copy(kOp));
   return default_ops().add_choices(kOp, choices);
 }
 

@@ -109,7 +109,7 @@ TEST(Workload, ErrorsNameTheEntryAndField) {
       {R"({"problems": [{"op": "gemm", "m": [1, -2], "n": 2, "k": 3}]})", "\"m\" has -2"},
       {R"({"problems": [{"op": "gemm", "m": 1, "n": 2, "k": 3, "dtype": "f8"}]})", "f8"},
       {R"({"problems": [{"op": "gemm", "m": 1, "n": 2, "k": 3, "epilogue": "bias+tanh"}]})", "tanh"},
-      {R"({"problems": [{"op": "rmsnorm", "rows": 1, "cols": 2, "residual": "yes"}]})", "\"residual\" has the wrong type"},
+      {R"({"problems": [{"op": "rmsnorm", "rows": 1, "cols": 2, "residual": "yes"}]})", "\"residual\" must be true or false"},
       {R"({"problem": []})", "expected {\"problems\""},
       {R"(not json)", "not JSON"},
   };
@@ -119,6 +119,40 @@ TEST(Workload, ErrorsNameTheEntryAndField) {
     EXPECT_EQ(w.status().code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(w.status().message().find(c.expect), std::string::npos) << w.status().message();
   }
+}
+
+TEST(Workload, FieldsOfTheWrongTypeOrRangeAreErrorsNotExceptions) {
+  for (const char* entry : {R"({"op": "gemm", "m": 16, "n": 64, "k": 64, "epilogue": 5})",
+                            R"({"op": "rmsnorm", "rows": 1, "cols": 64, "residual": 3})",
+                            R"({"op": "rmsnorm", "rows": 1, "cols": 64, "eps": "small"})",
+                            R"({"op": "rmsnorm", "rows": 1, "cols": 64, "eps": 0})",
+                            R"({"op": "softmax", "rows": 1, "cols": 64, "scale": 1e300})",
+                            R"({"op": "gemm", "m": 18446744073709551615, "n": 64, "k": 64})",
+                            R"({"op": "gemm", "m": 2147483648, "n": 64, "k": 64})",
+                            R"({"op": "gemm", "m": 2000000000, "n": 2000000000, "k": 8})"}) {
+    auto w = runtime::parse_workload(std::string(R"({"problems": [)") + entry + "]}");
+    ASSERT_FALSE(w.ok()) << entry;
+    EXPECT_EQ(w.status().code(), ErrorCode::kInvalidArgument) << w.status().to_string();
+    EXPECT_NE(w.status().message().find("entry 0"), std::string::npos) << w.status().to_string();
+  }
+}
+
+TEST(Workload, ExpansionIsCountedBeforeItHappens) {
+  std::string m;
+  for (int i = 1; i <= 1000; ++i) m += (i > 1 ? "," : "") + std::to_string(i);
+  auto w = runtime::parse_workload(R"({"problems": [{"op": "gemm", "m": [)" + m + R"(], "n": [)" + m +
+                                   R"(], "k": [)" + m + "]}]}");
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), ErrorCode::kOutOfRange);
+  EXPECT_NE(w.status().message().find("1000000000 problems"), std::string::npos) << w.status().to_string();
+  EXPECT_NE(w.status().message().find("KILN_MAX_WORKLOAD_PROBLEMS"), std::string::npos);
+}
+
+TEST(Workload, TheFileIsReadWithABound) {
+  auto w = runtime::load_workload("/dev/zero");
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), ErrorCode::kOutOfRange);
+  EXPECT_NE(w.status().message().find("/dev/zero"), std::string::npos) << w.status().to_string();
 }
 
 TEST(Workload, ShippedLlamaExampleParses) {

@@ -12,11 +12,14 @@
 #include "kiln/pool/gate.h"
 #include "kiln/runtime.h"
 #include "kiln_test.h"
+#include "reference_check.h"
+#include "test_isolation_planted.h"
 
 namespace kiln::runtime {
 namespace {
 
 namespace fs = std::filesystem;
+using reference_check::expect_correct;
 
 class TuneGpu : public ::testing::Test {
  protected:
@@ -44,65 +47,6 @@ class TuneGpu : public ::testing::Test {
     auto t = make_tuner(o);
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return std::move(t).value();
-  }
-
-  // Runs `sel` on fresh buffers of its problem and checks the output against the op's reference choice.
-  // `given`: buffers made by the op with seed 77 for the selection's problem, to check in place.
-  void expect_correct(const Selection& sel, OpBuffers* given = nullptr) {
-    auto def = default_ops().find(sel.problem().op);
-    ASSERT_TRUE(def.ok());
-    OpBuffers own;
-    if (!given) {
-      KILN_ASSERT_OK_AND_ASSIGN(own, (*def)->buffers(sel.problem(), 77));
-    }
-    OpBuffers& mine = given ? *given : own;
-    KILN_ASSERT_OK_AND_ASSIGN(OpBuffers ref, (*def)->buffers(sel.problem(), 77));
-    KILN_ASSERT_OK(sel.run(mine.args, nullptr));
-    KILN_ASSERT_OK_AND_ASSIGN(auto ctx, choice_context(0));
-    KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(sel.problem(), ctx));
-    ChoicePtr reference;
-    for (const auto& c : choices) {
-      if (c->name() == (*def)->reference(sel.problem())) reference = c;
-    }
-    ASSERT_NE(reference, nullptr);
-    KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, DeviceBuffer::allocate(reference->workspace_bytes()));
-    KILN_ASSERT_OK_AND_ASSIGN(auto gate, PrecompileGate::create({.executor = make_inline_executor()}));
-    auto binaries = reference->precompile(*gate, Priority::kNormal);
-    KILN_ASSERT_OK(binaries.get());
-    KILN_ASSERT_OK(reference->prepare(*binaries.get()));
-    KILN_ASSERT_OK(reference->run(ref.args, ws.ptr(), nullptr));
-    KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
-    ASSERT_EQ(d->cuCtxSynchronize(), CUDA_SUCCESS);
-    for (size_t i = 0; i < mine.outputs.size(); ++i) {
-      const auto& o = mine.outputs[i];
-      size_t n = static_cast<size_t>(o.rows * o.ld);
-      size_t bytes = n * templates::dtype_bytes(o.dtype);
-      std::vector<uint8_t> a(bytes), b(bytes);
-      KILN_ASSERT_OK(d->cuMemcpyDtoH(a.data(), o.ptr, bytes) == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "copy"));
-      KILN_ASSERT_OK(d->cuMemcpyDtoH(b.data(), ref.outputs[i].ptr, bytes) == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "copy"));
-      double diff = 0, norm = 0;
-      for (size_t j = 0; j < n; ++j) {
-        auto val = [&](const std::vector<uint8_t>& v) -> double {
-          if (o.dtype == DType::kF32) return reinterpret_cast<const float*>(v.data())[j];
-          uint16_t h = reinterpret_cast<const uint16_t*>(v.data())[j];
-          if (o.dtype == DType::kBF16) {
-            uint32_t bits = uint32_t{h} << 16;
-            float f;
-            std::memcpy(&f, &bits, 4);
-            return f;
-          }
-          // f16
-          int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
-          double m = exp == 0 ? man / 1024.0 * std::pow(2.0, -14) : (1 + man / 1024.0) * std::pow(2.0, exp - 15);
-          return exp == 31 ? std::nan("") : (sign ? -m : m);
-        };
-        double x = val(a), y = val(b);
-        ASSERT_TRUE(std::isfinite(x)) << sel.choice_name() << ": " << o.name << "[" << j << "] not written";
-        diff += (x - y) * (x - y);
-        norm += y * y;
-      }
-      EXPECT_LE(std::sqrt(diff / norm), o.dtype == DType::kF32 ? 1e-3 : 1e-2) << sel.choice_name() << " " << o.name;
-    }
   }
 
   fs::path dir_;
@@ -189,44 +133,30 @@ TEST_F(TuneGpu, NormsAndSoftmax) {
 
 // A private GEMM op with planted bad choices: one that does not compile, one that computes the wrong thing,
 // one that writes only half its output.
-Result<std::vector<ChoicePtr>> planted(const Problem& p, const ChoiceContext& ctx) {
+Result<std::vector<ChoicePtr>> faulty_choices(const Problem& p, const ChoiceContext& ctx) {
   const char* body[] = {
-      "extern \"C\" __global__ void k(const KilnGemmArgs a) { this does not compile }",
-      "extern \"C\" __global__ void k(const KilnGemmArgs a) { int i = blockIdx.x * blockDim.x + threadIdx.x;"
-      " if (i < a.m * a.n) static_cast<__nv_bfloat16*>(a.d)[i] = __float2bfloat16(1.0f); }",
-      "extern \"C\" __global__ void k(const KilnGemmArgs a) { int i = blockIdx.x * blockDim.x + threadIdx.x;"
-      " if (i < a.m * a.n / 2) static_cast<__nv_bfloat16*>(a.d)[i] = __float2bfloat16(0.0f); }",
+      " this does not compile ",
+      " int i = blockIdx.x * blockDim.x + threadIdx.x;"
+      " if (i < a.m * a.n) static_cast<__nv_bfloat16*>(a.d)[i] = __float2bfloat16(1.0f); ",
+      " int i = blockIdx.x * blockDim.x + threadIdx.x;"
+      " if (i < a.m * a.n / 2) static_cast<__nv_bfloat16*>(a.d)[i] = __float2bfloat16(0.0f); ",
   };
   const char* names[] = {"planted_syntax_error", "planted_wrong_values", "planted_half_written"};
   std::vector<ChoicePtr> out;
   for (int i = 0; i < 3; ++i) {
-    KernelSource s;
-    s.name = names[i];
-    s.entry = "k";
-    s.source = std::string("#include <cuda_bf16.h>\n#include \"kiln/templates/kernel_args.h\"\n") + body[i];
-    s.headers.push_back(kernel_abi_header());
-    out.push_back(make_user_choice(names[i], s, ctx.target, [](const Kernel& k, const OpArgs& args, CUstream st) {
-      const auto& a = std::get<KilnGemmArgs>(args);
-      LaunchConfig cfg;
-      cfg.block = {256};
-      cfg.grid = {static_cast<unsigned>((a.m * a.n + 255) / 256)};
-      cfg.stream = st;
-      return k(cfg, a);
-    }));
+    out.push_back(make_user_choice(names[i], planted::user_source(names[i], body[i]), ctx.target,
+                                   planted::elementwise_launch()));
   }
   (void)p;
   return out;
 }
 
 TEST_F(TuneGpu, FailingChoicesAreRecordedAndTheTuneCompletes) {
-  auto gemm_def = default_ops().find("gemm");
-  ASSERT_TRUE(gemm_def.ok());
-  OpDef def = **gemm_def;
-  def.name = "gemm_with_planted_faults";
-  KILN_ASSERT_OK(default_ops().add(def));
-  KILN_ASSERT_OK(default_ops().add_choices(def.name, planted));
+  const std::string op = "gemm_with_planted_faults";
+  KILN_ASSERT_OK(planted::add_gemm_copy(op));
+  KILN_ASSERT_OK(default_ops().add_choices(op, faulty_choices));
   Problem p = gemm(64, 256, 128);
-  p.op = def.name;
+  p.op = op;
   auto t = tuner(cache::TuneMode::kTune);
   KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(p));
   const TuneReport& r = sel->report();

@@ -152,20 +152,10 @@ inline Result<GemmDevice> upload_gemm(const GemmProblem& p, const GemmData& data
 }
 
 inline GemmArgs gemm_args(const GemmProblem& p, const GemmDevice& g) {
-  GemmArgs a{};
-  const Shape s{p.m, p.n, p.k};
+  GemmArgs a = templates::dense_gemm_args({p.m, p.n, p.k}, p.la, p.lb);
   a.a = g.a.as<void>();
   a.b = g.b.as<void>();
   a.d = g.d.as<void>();
-  a.m = static_cast<int>(p.m);
-  a.n = static_cast<int>(p.n);
-  a.k = static_cast<int>(p.k);
-  a.split_k = 1;
-  a.k_per_split = static_cast<int>(p.k);
-  a.lda = templates::dense_lda(p.la, s);
-  a.ldb = templates::dense_ldb(p.lb, s);
-  a.ldd = p.n;
-  a.ep = templates::default_epilogue_args();
   a.ep.bias = g.bias.as<void>();
   a.ep.residual = g.residual.as<void>();
   a.ep.ld_residual = p.n;

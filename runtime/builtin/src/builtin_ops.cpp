@@ -194,16 +194,7 @@ Result<OpBuffers> gemm_buffers(const Problem& problem, uint32_t seed) {
   const auto& p = std::get<GemmProblem>(problem.desc);
   OpBuffers out;
   Allocator alloc{&out.storage, seed};
-  KilnGemmArgs a{};
-  a.m = static_cast<int>(p.m);
-  a.n = static_cast<int>(p.n);
-  a.k = static_cast<int>(p.k);
-  a.split_k = 1;
-  a.k_per_split = a.k;
-  const templates::Shape shape = problem.shape();
-  a.lda = templates::dense_lda(p.a_layout, shape);
-  a.ldb = templates::dense_ldb(p.b_layout, shape);
-  a.ldd = p.n;
+  KilnGemmArgs a = templates::dense_gemm_args(problem.shape(), p.a_layout, p.b_layout);
   KILN_ASSIGN_OR_RETURN(CUdeviceptr A, alloc.random(p.m * p.k, p.a, -1, 1));
   KILN_ASSIGN_OR_RETURN(CUdeviceptr B, alloc.random(p.k * p.n, p.b, -1, 1));
   KILN_ASSIGN_OR_RETURN(CUdeviceptr D, alloc.output(p.m * p.n, p.epilogue.out));
@@ -226,54 +217,55 @@ Result<OpBuffers> gemm_buffers(const Problem& problem, uint32_t seed) {
   return out;
 }
 
-Result<OpBuffers> norm_buffers(const Problem& problem, uint32_t seed) {
-  const auto& p = std::get<NormProblem>(problem.desc);
-  OpBuffers out;
-  Allocator alloc{&out.storage, seed};
-  KilnNormArgs a{};
+// The buffers every row op has: x (random in [lo, hi]) and the output y, rows x cols, dense. `more(p, a,
+// alloc, out)` sets the op's other arguments and makes its other buffers, drawing on the same seed sequence.
+template <class Args, class RowProblem, class More>
+Result<OpBuffers> row_buffers(const Problem& problem, uint32_t seed, float lo, float hi, More more) {
+  const auto& p = std::get<RowProblem>(problem.desc);
+  Args a{};
   a.rows = static_cast<int>(p.rows);
   a.cols = static_cast<int>(p.cols);
-  a.ld_x = a.ld_residual = a.ld_residual_out = a.ld_y = p.cols;
-  a.eps = p.eps;
-  const int64_t n = p.rows * p.cols;
-  KILN_ASSIGN_OR_RETURN(CUdeviceptr x, alloc.random(n, p.dtype, -2, 2));
-  KILN_ASSIGN_OR_RETURN(CUdeviceptr w, alloc.random(p.cols, p.dtype, 0.5f, 1.5f));
-  KILN_ASSIGN_OR_RETURN(CUdeviceptr y, alloc.output(n, p.dtype));
+  a.ld_x = a.ld_y = p.cols;
+  OpBuffers out;
+  Allocator alloc{&out.storage, seed};
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr x, alloc.random(p.rows * p.cols, p.dtype, lo, hi));
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr y, alloc.output(p.rows * p.cols, p.dtype));
   a.x = ptr<const void>(x);
-  a.weight = ptr<const void>(w);
   a.y = ptr<void>(y);
   out.outputs.push_back({y, p.dtype, p.rows, p.cols, p.cols, "y"});
-  if (p.residual) {
-    KILN_ASSIGN_OR_RETURN(CUdeviceptr r, alloc.random(n, p.dtype, -2, 2));
-    KILN_ASSIGN_OR_RETURN(CUdeviceptr ro, alloc.output(n, p.dtype));
-    a.residual = ptr<const void>(r);
-    a.residual_out = ptr<void>(ro);
-    out.outputs.push_back({ro, p.dtype, p.rows, p.cols, p.cols, "residual_out"});
-  }
-  if (p.bias) {
-    KILN_ASSIGN_OR_RETURN(CUdeviceptr b, alloc.random(p.cols, p.dtype, -0.5f, 0.5f));
-    a.bias = ptr<const void>(b);
-  }
+  KILN_RETURN_IF_ERROR(more(p, a, alloc, out));
   out.args = a;
   return out;
 }
 
+Result<OpBuffers> norm_buffers(const Problem& problem, uint32_t seed) {
+  auto more = [](const NormProblem& p, KilnNormArgs& a, Allocator& alloc, OpBuffers& out) -> Status {
+    a.ld_residual = a.ld_residual_out = p.cols;
+    a.eps = p.eps;
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr w, alloc.random(p.cols, p.dtype, 0.5f, 1.5f));
+    a.weight = ptr<const void>(w);
+    if (p.residual) {
+      KILN_ASSIGN_OR_RETURN(CUdeviceptr r, alloc.random(p.rows * p.cols, p.dtype, -2, 2));
+      KILN_ASSIGN_OR_RETURN(CUdeviceptr ro, alloc.output(p.rows * p.cols, p.dtype));
+      a.residual = ptr<const void>(r);
+      a.residual_out = ptr<void>(ro);
+      out.outputs.push_back({ro, p.dtype, p.rows, p.cols, p.cols, "residual_out"});
+    }
+    if (p.bias) {
+      KILN_ASSIGN_OR_RETURN(CUdeviceptr b, alloc.random(p.cols, p.dtype, -0.5f, 0.5f));
+      a.bias = ptr<const void>(b);
+    }
+    return Status();
+  };
+  return row_buffers<KilnNormArgs, NormProblem>(problem, seed, -2, 2, more);
+}
+
 Result<OpBuffers> softmax_buffers(const Problem& problem, uint32_t seed) {
-  const auto& p = std::get<SoftmaxProblem>(problem.desc);
-  OpBuffers out;
-  Allocator alloc{&out.storage, seed};
-  KilnSoftmaxArgs a{};
-  a.rows = static_cast<int>(p.rows);
-  a.cols = static_cast<int>(p.cols);
-  a.ld_x = a.ld_y = p.cols;
-  a.scale = p.scale;
-  KILN_ASSIGN_OR_RETURN(CUdeviceptr x, alloc.random(p.rows * p.cols, p.dtype, -4, 4));
-  KILN_ASSIGN_OR_RETURN(CUdeviceptr y, alloc.output(p.rows * p.cols, p.dtype));
-  a.x = ptr<const void>(x);
-  a.y = ptr<void>(y);
-  out.args = a;
-  out.outputs.push_back({y, p.dtype, p.rows, p.cols, p.cols, "y"});
-  return out;
+  return row_buffers<KilnSoftmaxArgs, SoftmaxProblem>(
+      problem, seed, -4, 4, [](const SoftmaxProblem& p, KilnSoftmaxArgs& a, Allocator&, OpBuffers&) {
+        a.scale = p.scale;
+        return Status();
+      });
 }
 
 // ---- memory-bound ops

@@ -314,15 +314,7 @@ Status IsolationHost::ensure_session() {
   const std::string problem = session_->problem.describe();
   bench_wire::Begin b;
   b.seq = ++seq_;
-  b.problem = session_->problem;
-  b.seed = session_->seed;
-  b.bench = session_->bench;
-  b.max_template_configs = session_->max_template_configs;
-  b.max_cublas_algos = session_->max_cublas_algos;
-  b.split_k = session_->split_k;
-  b.reference = session_->reference;
-  b.reference_binaries = session_->reference_binaries;
-  b.choices = session_->choices;
+  b.session = *session_;
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + options_.choice_timeout;
   Status sent = worker_->send(bench_wire::encode(b), deadline);

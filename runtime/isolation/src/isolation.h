@@ -45,18 +45,7 @@ struct IsolationStats {
   uint64_t choices_run = 0;
 };
 
-/// The problem of a session, as plain data (tests build it without choices or a GPU).
-struct SessionSpec {
-  Problem problem;
-  uint32_t seed = 1;
-  BenchmarkOptions bench;
-  int max_template_configs = 24;
-  int max_cublas_algos = 8;
-  bool split_k = true;
-  bench_wire::ChoiceSpec reference;
-  Binaries reference_binaries;
-  std::vector<bench_wire::ChoiceSpec> choices;
-};
+using bench_wire::SessionSpec;
 
 class IsolationHost {
  public:

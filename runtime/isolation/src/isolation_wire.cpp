@@ -126,15 +126,15 @@ void hello_fields(IO& io, M& m) {
 template <class IO, class M>
 void begin_fields(IO& io, M& m, Status& why) {
   io(m.seq, "seq");
-  problem_field(io, m.problem, why);
-  io(m.seed, "seed");
-  bench_fields(io, m.bench);
-  io(m.max_template_configs, "max template configs");
-  io(m.max_cublas_algos, "max cublas algos");
-  io(m.split_k, "split k");
-  field(io, m.reference, "reference");
-  codec::field(io, m.reference_binaries, "reference binaries");
-  field(io, m.choices, "choices");
+  problem_field(io, m.session.problem, why);
+  io(m.session.seed, "seed");
+  bench_fields(io, m.session.bench);
+  io(m.session.max_template_configs, "max template configs");
+  io(m.session.max_cublas_algos, "max cublas algos");
+  io(m.session.split_k, "split k");
+  field(io, m.session.reference, "reference");
+  codec::field(io, m.session.reference_binaries, "reference binaries");
+  field(io, m.session.choices, "choices");
 }
 
 template <class IO, class M>

@@ -53,8 +53,8 @@ struct ChoiceSpec {
   std::vector<KernelKey> keys;
 };
 
-struct Begin {
-  uint64_t seq = 0;
+/// The problem of a session, as plain data (tests build it without choices or a GPU).
+struct SessionSpec {
   Problem problem;
   uint32_t seed = 1;
   BenchmarkOptions bench;
@@ -64,6 +64,11 @@ struct Begin {
   ChoiceSpec reference;
   Binaries reference_binaries;
   std::vector<ChoiceSpec> choices;
+};
+
+struct Begin {
+  uint64_t seq = 0;
+  SessionSpec session;
 };
 
 struct Begun {

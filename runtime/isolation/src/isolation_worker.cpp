@@ -109,34 +109,34 @@ class BenchWorker {
  private:
   Status start_session(const bw::Begin& req, std::map<std::string, std::string>& unknown) {
     if (poisoned_) return make_error(ErrorCode::kFailedPrecondition, "this worker's context is unusable");
-    KILN_ASSIGN_OR_RETURN(auto def, ops_.find(req.problem.op));
+    KILN_ASSIGN_OR_RETURN(auto def, ops_.find(req.session.problem.op));
     if (!ctx_) {
       KILN_ASSIGN_OR_RETURN(ctx_, choice_context(device_));
     }
     ChoiceContext ctx = *ctx_;
-    ctx.max_template_configs = req.max_template_configs;
-    ctx.max_cublas_algos = req.max_cublas_algos;
-    ctx.split_k = req.split_k;
-    KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> all, ops_.choices(req.problem, ctx));
+    ctx.max_template_configs = req.session.max_template_configs;
+    ctx.max_cublas_algos = req.session.max_cublas_algos;
+    ctx.split_k = req.session.split_k;
+    KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> all, ops_.choices(req.session.problem, ctx));
     std::map<std::string, ChoicePtr> by_name;
     for (auto& c : all) by_name[c->name()] = c;
 
     auto s = std::make_unique<Session>();
-    s->problem = req.problem;
+    s->problem = req.session.problem;
     s->def = def;
     // Same name is not enough: the kernels must be the ones the host compiled (same generator, same knobs).
     auto match = [&](const bw::ChoiceSpec& spec) -> std::string {
       auto it = by_name.find(spec.name);
-      if (it == by_name.end()) return fmt::format("the worker's op '{}' has no choice of that name", req.problem.op);
+      if (it == by_name.end()) return fmt::format("the worker's op '{}' has no choice of that name", req.session.problem.op);
       if (keys_of(*it->second) != spec.keys) return "the worker's choice of that name has other kernels";
       return {};
     };
-    if (std::string why = match(req.reference); !why.empty()) {
-      return make_error(ErrorCode::kNotFound, fmt::format("reference choice '{}': {}", req.reference.name, why));
+    if (std::string why = match(req.session.reference); !why.empty()) {
+      return make_error(ErrorCode::kNotFound, fmt::format("reference choice '{}': {}", req.session.reference.name, why));
     }
-    ChoicePtr reference = by_name[req.reference.name];
+    ChoicePtr reference = by_name[req.session.reference.name];
     s->choices[reference->name()] = reference;
-    for (const auto& spec : req.choices) {
+    for (const auto& spec : req.session.choices) {
       if (std::string why = match(spec); !why.empty()) {
         unknown[spec.name] = why;
       } else {
@@ -144,12 +144,12 @@ class BenchWorker {
       }
     }
 
-    if (!runner_ || !same(bench_, req.bench)) {
+    if (!runner_ || !same(bench_, req.session.bench)) {
       runner_.reset();
-      KILN_ASSIGN_OR_RETURN(runner_, BenchRunner::create(req.bench, ctx.device));
-      bench_ = req.bench;
+      KILN_ASSIGN_OR_RETURN(runner_, BenchRunner::create(req.session.bench, ctx.device));
+      bench_ = req.session.bench;
     }
-    KILN_ASSIGN_OR_RETURN(s->buffers, def->buffers(req.problem, req.seed));
+    KILN_ASSIGN_OR_RETURN(s->buffers, def->buffers(req.session.problem, req.session.seed));
     // The op fills its buffers on the legacy default stream, which the runner's stream does not wait for:
     // without this the reference could read inputs still being written (the freed buffers of the previous
     // problem, poisoned with NaN, showed through on the H200).
@@ -160,15 +160,15 @@ class BenchWorker {
     size_t workspace_bytes = 0;
     for (const auto& [name, c] : s->choices) workspace_bytes = std::max(workspace_bytes, c->workspace_bytes());
     KILN_ASSIGN_OR_RETURN(s->workspace, DeviceBuffer::allocate(workspace_bytes));
-    Status ready = reference->prepare(req.reference_binaries);
+    Status ready = reference->prepare(req.session.reference_binaries);
     if (ready.ok()) ready = reference->run(s->buffers.args, s->workspace.ptr(), runner_->stream());
     if (ready.ok()) ready = runner_->capture_reference(s->buffers.outputs);
     if (!ready.ok()) {
       return ready.with_context(fmt::format("running the reference {} of {} in the bench worker", reference->name(),
-                                            req.problem.describe()));
+                                            req.session.problem.describe()));
     }
     s->prepared.insert(reference->name());
-    const auto* gemm = std::get_if<GemmProblem>(&req.problem.desc);
+    const auto* gemm = std::get_if<GemmProblem>(&req.session.problem.desc);
     s->tolerance = def->tolerance(gemm ? gemm->epilogue.out : s->buffers.outputs.front().dtype);
     session_ = std::move(s);
     return Status();

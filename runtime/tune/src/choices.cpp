@@ -98,7 +98,27 @@ class GeometryCache {
   mutable templates::Launch launch_;
 };
 
-class TemplateChoice final : public Choice {
+// A choice that compiles one kernel: prepare() loads it and run() reaches it through loaded().
+class OneKernelChoice : public Choice {
+ public:
+  Status prepare(const Binaries& binaries) override {
+    if (binaries.size() != 1) return make_error(ErrorCode::kInternal, fmt::format("{}: expected one binary", name()));
+    KILN_ASSIGN_OR_RETURN(kernel_, load_kernel(binaries[0]));
+    return Status();
+  }
+
+ protected:
+  /// The loaded kernel; kFailedPrecondition before prepare().
+  Result<const Kernel*> loaded() const {
+    if (!kernel_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name()));
+    return &*kernel_;
+  }
+
+ private:
+  std::optional<Kernel> kernel_;
+};
+
+class TemplateChoice final : public OneKernelChoice {
  public:
   TemplateChoice(templates::TemplatePtr t, templates::Rendered r, Target target)
       : tmpl_(std::move(t)), rendered_(std::move(r)), target_(std::move(target)) {}
@@ -107,25 +127,19 @@ class TemplateChoice final : public Choice {
   ChoiceKind kind() const override { return ChoiceKind::kTemplate; }
   std::vector<CompileRequest> kernels() const override { return {{rendered_.source, target_}}; }
 
-  Status prepare(const Binaries& binaries) override {
-    if (binaries.size() != 1) return make_error(ErrorCode::kInternal, fmt::format("{}: expected one binary", name()));
-    KILN_ASSIGN_OR_RETURN(kernel_, load_kernel(binaries[0]));
-    return Status();
-  }
-
   Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
-    if (!kernel_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name()));
+    KILN_ASSIGN_OR_RETURN(const Kernel* kernel, loaded());
     KILN_ASSIGN_OR_RETURN(templates::Shape shape, detail::shape_of(args));
     KILN_ASSIGN_OR_RETURN(templates::Launch geometry, geometry_.get(*tmpl_, rendered_.params, shape));
     return std::visit(
         [&](const auto& a) -> Status {
           using T = std::decay_t<decltype(a)>;
           if constexpr (std::is_same_v<T, KilnGemmArgs>) {
-            return templates::launch_gemm(*kernel_, rendered_.params, geometry, a, stream);
+            return templates::launch_gemm(*kernel, rendered_.params, geometry, a, stream);
           } else if constexpr (std::is_same_v<T, CustomArgs>) {
             return make_error(ErrorCode::kInvalidArgument, "a template choice cannot run custom arguments");
           } else {
-            return templates::launch(*kernel_, geometry, a, stream);
+            return templates::launch(*kernel, geometry, a, stream);
           }
         },
         args);
@@ -143,7 +157,6 @@ class TemplateChoice final : public Choice {
   templates::TemplatePtr tmpl_;
   templates::Rendered rendered_;
   Target target_;
-  std::optional<Kernel> kernel_;
   GeometryCache geometry_;
 };
 
@@ -210,7 +223,7 @@ class SubgraphChoice final : public Choice {
   std::vector<std::unique_ptr<Kernel>> kernels_;
 };
 
-class UserChoice final : public Choice {
+class UserChoice final : public OneKernelChoice {
  public:
   UserChoice(std::string name, KernelSource source, Target target, UserLaunch launch)
       : name_(std::move(name)), source_(std::move(source)), target_(std::move(target)), launch_(std::move(launch)) {}
@@ -218,14 +231,9 @@ class UserChoice final : public Choice {
   const std::string& name() const override { return name_; }
   ChoiceKind kind() const override { return ChoiceKind::kUser; }
   std::vector<CompileRequest> kernels() const override { return {{source_, target_}}; }
-  Status prepare(const Binaries& binaries) override {
-    if (binaries.size() != 1) return make_error(ErrorCode::kInternal, fmt::format("{}: expected one binary", name()));
-    KILN_ASSIGN_OR_RETURN(kernel_, load_kernel(binaries[0]));
-    return Status();
-  }
   Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
-    if (!kernel_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name()));
-    return launch_(*kernel_, args, stream);
+    KILN_ASSIGN_OR_RETURN(const Kernel* kernel, loaded());
+    return launch_(*kernel, args, stream);
   }
 
  private:
@@ -233,7 +241,6 @@ class UserChoice final : public Choice {
   KernelSource source_;
   Target target_;
   UserLaunch launch_;
-  std::optional<Kernel> kernel_;
 };
 
 }  // namespace

@@ -53,17 +53,6 @@ Status Selection::run(const OpArgs& args, CUstream stream) const {
   return choice_->run(args, 0, stream);
 }
 
-int64_t dynamic_size_of(const OpArgs& args) {
-  return std::visit(
-      [](const auto& a) -> int64_t {
-        using T = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<T, KilnGemmArgs>) return a.m;
-        else if constexpr (std::is_same_v<T, CustomArgs>) return a.sizes.empty() ? 0 : a.sizes[0];
-        else return a.rows;
-      },
-      args);
-}
-
 Result<std::shared_ptr<Dispatcher>> Dispatcher::create(std::vector<int64_t> bounds,
                                                         std::vector<std::shared_ptr<Selection>> selections) {
   if (bounds.empty() || bounds.size() != selections.size()) {

@@ -42,15 +42,22 @@ std::string Problem::describe() const {
       desc);
 }
 
+namespace {
+// The dynamic size, named alike in a problem's description and in its op's arguments: GEMM's m, a custom op's
+// first size, a row op's rows.
+template <class D>
+int64_t dynamic_size_in(const D& d) {
+  if constexpr (requires { d.m; }) return d.m;
+  else if constexpr (requires { d.sizes; }) return d.sizes.empty() ? 0 : d.sizes[0];
+  else return d.rows;
+}
+}  // namespace
+
 int64_t Problem::dynamic_size() const {
-  return std::visit(
-      [](const auto& d) -> int64_t {
-        using T = std::decay_t<decltype(d)>;
-        if constexpr (std::is_same_v<T, GemmProblem>) return d.m;
-        else if constexpr (std::is_same_v<T, CustomProblem>) return d.sizes.empty() ? 0 : d.sizes[0];
-        else return d.rows;
-      },
-      desc);
+  return std::visit([](const auto& d) { return dynamic_size_in(d); }, desc);
+}
+int64_t dynamic_size_of(const OpArgs& args) {
+  return std::visit([](const auto& a) { return dynamic_size_in(a); }, args);
 }
 
 Problem Problem::with_dynamic_size(int64_t size) const {

@@ -117,6 +117,18 @@ Status reserve(Workload& out, uint64_t more, uint64_t limit, const std::string& 
   return Status();
 }
 
+// A row op's problems: `p` at every rows x cols combination, each labelled `label`.
+template <class RowProblem>
+void add_row_problems(RowProblem p, const std::vector<int64_t>& rows, const std::vector<int64_t>& cols,
+                      Problem (*make)(RowProblem), const std::string& label, Workload& out) {
+  for (int64_t r : rows)
+    for (int64_t c : cols) {
+      p.rows = r, p.cols = c;
+      out.problems.push_back(make(p));
+      out.labels.push_back(label);
+    }
+}
+
 Status expand(const json& e, const std::string& where, uint64_t limit, Workload& out) {
   if (!e.is_object() || !e.contains("op") || !e["op"].is_string()) return bad(where, "an entry needs an \"op\" string");
   const std::string op = e["op"].get<std::string>();
@@ -161,12 +173,7 @@ Status expand(const json& e, const std::string& where, uint64_t limit, Workload&
     KILN_ASSIGN_OR_RETURN(n.residual, scalar<bool>(e, "residual", false, where));
     KILN_ASSIGN_OR_RETURN(n.bias, scalar<bool>(e, "bias", false, where));
     KILN_ASSIGN_OR_RETURN(n.eps, number_in(e, "eps", 1e-6f, 0.0, 1.0, where));
-    for (int64_t r : rows)
-      for (int64_t c : cols) {
-        n.rows = r, n.cols = c;
-        out.problems.push_back(Problem::norm(n));
-        out.labels.push_back(label);
-      }
+    add_row_problems(n, rows, cols, Problem::norm, label, out);
     return Status();
   }
   if (op == "softmax") {
@@ -177,12 +184,7 @@ Status expand(const json& e, const std::string& where, uint64_t limit, Workload&
     SoftmaxProblem s;
     s.dtype = dtype;
     KILN_ASSIGN_OR_RETURN(s.scale, number_in(e, "scale", 1.0f, -1e30, 1e30, where));
-    for (int64_t r : rows)
-      for (int64_t c : cols) {
-        s.rows = r, s.cols = c;
-        out.problems.push_back(Problem::softmax(s));
-        out.labels.push_back(label);
-      }
+    add_row_problems(s, rows, cols, Problem::softmax, label, out);
     return Status();
   }
   return bad(where, fmt::format("unknown op \"{}\" (gemm, rmsnorm, layernorm, softmax)", op));

@@ -6,5 +6,6 @@
 #include "kiln/cache/preload.h"
 #include "kiln/cache/problem_key.h"
 #include "kiln/cache/records.h"
+#include "kiln/cache/signing.h"
 #include "kiln/cache/store.h"
 #include "kiln/cache/tuning.h"

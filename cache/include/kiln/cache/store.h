@@ -66,6 +66,10 @@ struct StoreOptions {
   /// "open:wait_for_writer" (another process holds the writer role and has not created the database yet).
   /// Default none.
   std::function<void(std::string_view point)> sync_point;
+  /// Open fails (kIoError naming the folder) when its file system has less free space than this: RocksDB
+  /// (the distribution's build) aborts the process when a disk fills while it creates or opens a database, so
+  /// a nearly full disk is refused before it gets there. Default 16 MiB; 0 turns the check off.
+  uint64_t min_free_bytes = 16u << 20;
   /// Default kQuarantine. Readers never quarantine: they fail with kCorrupt.
   OnDamage on_damage = OnDamage::kQuarantine;
   /// Default none (the real file system).

@@ -4,6 +4,7 @@
 // Status::detail(). Thread-safe: NVRTC compiles run in parallel on separate programs.
 #pragma once
 
+#include <chrono>
 #include <stop_token>
 #include <string>
 #include <utility>
@@ -46,7 +47,20 @@ struct CompileSettings {
   std::string pch_dir;
   /// Requests cancellation; checked by NVRTC's flow callback during the compile. Default: never.
   std::stop_token stop;
+  /// Let the source #include files outside its include folders (its include_dirs, its -I options and the
+  /// CUDA toolkit's). Default false: such a compile fails with kInvalidArgument before NVRTC runs, so a
+  /// hostile source can neither read nor echo other files; $KILN_ALLOW_OUTSIDE_INCLUDES=1 also allows it.
+  bool allow_outside_includes = false;
+  /// In this process, the compile is cancelled at NVRTC's next flow-callback check after this long and fails
+  /// with kTimeout. NVRTC checks only between its phases, so a source stuck inside one (a macro bomb in the
+  /// preprocessor) runs on until that phase ends: the process pool's timeout, which kills the worker, is
+  /// the one that always holds. Zero (the default): compile_timeout().
+  std::chrono::milliseconds timeout{0};
 };
+
+/// How long a compile may take: $KILN_COMPILE_TIMEOUT seconds when set (a positive number), else 300 s.
+/// kInvalidArgument naming the variable when it is set to anything else.
+Result<std::chrono::milliseconds> compile_timeout();
 
 /// Compiles `source` for `target`. Errors: kInvalidArgument (empty entry or source, an arch given as an
 /// option), kCompileError (log in detail()), kCancelled, kInternal (other NVRTC failures).

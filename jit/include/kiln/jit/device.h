@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "kiln/status.h"
 
@@ -49,38 +50,57 @@ Result<CUcontext> ensure_context(int ordinal = 0);
 /// The device of the calling thread's current context.
 Result<int> current_device();
 
-/// An owned CUDA stream (non-blocking with respect to the legacy default stream).
+namespace detail {
+void destroy_stream(CUstream s);
+void destroy_event(CUevent e);
+
+/// Move-only ownership of a driver handle, released with `Destroy` (which ignores a driver already gone).
+template <class H, void (*Destroy)(H)>
+class OwnedHandle {
+ public:
+  OwnedHandle() = default;
+  explicit OwnedHandle(H h) : h_(h) {}
+  OwnedHandle(OwnedHandle&& other) noexcept : h_(std::exchange(other.h_, nullptr)) {}
+  OwnedHandle& operator=(OwnedHandle&& other) noexcept {
+    if (this != &other) {
+      reset();
+      h_ = std::exchange(other.h_, nullptr);
+    }
+    return *this;
+  }
+  ~OwnedHandle() { reset(); }
+
+  H get() const { return h_; }
+
+ private:
+  void reset() {
+    if (h_ != nullptr) Destroy(std::exchange(h_, nullptr));
+  }
+  H h_ = nullptr;
+};
+}  // namespace detail
+
+/// An owned CUDA stream (non-blocking with respect to the legacy default stream). Move-only.
 class Stream {
  public:
   static Result<Stream> create();
   Stream() = default;
-  Stream(Stream&& other) noexcept : stream_(other.stream_) { other.stream_ = nullptr; }
-  Stream& operator=(Stream&& other) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream();
 
-  CUstream get() const { return stream_; }
+  CUstream get() const { return stream_.get(); }
   Status synchronize() const;
 
  private:
   explicit Stream(CUstream s) : stream_(s) {}
-  void reset();
-  CUstream stream_ = nullptr;
+  detail::OwnedHandle<CUstream, detail::destroy_stream> stream_;
 };
 
-/// An owned CUDA event for timing.
+/// An owned CUDA event for timing. Move-only.
 class Event {
  public:
   static Result<Event> create();
   Event() = default;
-  Event(Event&& other) noexcept : event_(other.event_) { other.event_ = nullptr; }
-  Event& operator=(Event&& other) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event();
 
-  CUevent get() const { return event_; }
+  CUevent get() const { return event_.get(); }
   Status record(CUstream stream) const;
   Status synchronize() const;
   /// Milliseconds from `start` to this event; both must have completed.
@@ -88,8 +108,7 @@ class Event {
 
  private:
   explicit Event(CUevent e) : event_(e) {}
-  void reset();
-  CUevent event_ = nullptr;
+  detail::OwnedHandle<CUevent, detail::destroy_event> event_;
 };
 
 /// An owned device allocation in the current context.

@@ -81,6 +81,9 @@ struct ProcessPoolStats {
   uint64_t jobs_in_workers = 0;
   uint64_t jobs_in_host = 0;   // run in the host arena before the pool was ready
   std::vector<double> startup_seconds;  // spawn to hello, for each worker that said hello (oldest first)
+  /// Why the pool stopped starting workers (three in a row died or failed to say hello) and sends every job
+  /// to the host arena; empty while it has not.
+  std::string gave_up;
 };
 
 class ProcessPool final : public Executor {
@@ -119,5 +122,11 @@ class ProcessPool final : public Executor {
 /// The worker executable `explicit_path` names, or the one found by the search order of
 /// ProcessPoolOptions::worker_path. kNotFound (listing the places tried) when none is executable.
 Result<std::string> find_worker_executable(const std::string& explicit_path = {});
+
+/// The handshake: starts `path` as a compile worker and waits up to `timeout` for its hello, whose frame
+/// carries the wire version. kFailedPrecondition naming the path when it is not a kiln compile worker of this
+/// version: it exits or dies first, sends something else, or stays silent until the timeout (then it is
+/// killed). Never leaves a process behind.
+Status check_compile_worker(const std::string& path, std::chrono::milliseconds timeout);
 
 }  // namespace kiln

@@ -44,6 +44,9 @@ int gemm_alignment(int64_t lda, int64_t ldb);
 /// The leading dimensions of dense operands: lda = K (row-major A) or M, ldb = N (row-major B) or K.
 int64_t dense_lda(Layout a, const Shape& s);
 int64_t dense_ldb(Layout b, const Shape& s);
+/// Arguments for one dense GEMM of `s` (m, n, k) with A and B in their layouts and D row-major: sizes, one K
+/// slice, dense leading dimensions, default_epilogue_args(). The caller sets the pointers.
+GemmArgs dense_gemm_args(const Shape& s, Layout a, Layout b);
 
 /// The inline-PTX function `kiln_wgmma(float (&d)[n/2], desc_a, desc_b)` issuing one
 /// wgmma.mma_async m64n<n>k16 with fp32 accumulators; `a_mn_major`/`b_mn_major` select the transposed

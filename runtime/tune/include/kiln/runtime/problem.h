@@ -103,4 +103,7 @@ struct CustomArgs {
 };
 using OpArgs = std::variant<KilnGemmArgs, KilnNormArgs, KilnSoftmaxArgs, CustomArgs>;
 
+/// The size of the dynamic dimension in a call's arguments (the one Problem::dynamic_size names).
+int64_t dynamic_size_of(const OpArgs& args);
+
 }  // namespace kiln::runtime

@@ -152,9 +152,6 @@ class Dispatcher {
   std::vector<uint8_t> by_log2_;  // powers_of_two_: selection index by ceil(log2(size))
 };
 
-/// The size of the dynamic dimension in a call's arguments.
-int64_t dynamic_size_of(const OpArgs& args);
-
 class Tuner;
 
 /// Deferred selection: choice timings per size hint, computed when first asked for, then finalised.
