@@ -2,7 +2,7 @@
 # Builds kiln's Python package (python/) against kiln installed from BUILD_DIR and runs its pytest suite.
 # Usage: scripts/test_python.sh [BUILD_DIR]      (a built kiln build folder; default build)
 #
-# The virtual environment is cached in BUILD_DIR/python-venv (nanobind, scikit-build-core, pytest, numpy and
+# The virtual environment is cached in BUILD_DIR/python-venv, or $KILN_PYTHON_VENV (nanobind, scikit-build-core, pytest, numpy and
 # torch from PyPI; KILN_PYTHON_TORCH=0 leaves torch out and its tests skip). kiln is installed into
 # BUILD_DIR/python-prefix, the package is built from it with pip and the tests run against what pip installed.
 # GPU tests skip without a GPU, saying why.
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 start=$(date +%s)
-venv=$PWD/$build/python-venv
+venv=${KILN_PYTHON_VENV:-$PWD/$build/python-venv}
 prefix=$PWD/$build/python-prefix
 python=${KILN_PYTHON:-python3}
 

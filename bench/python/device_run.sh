@@ -2,17 +2,16 @@
 # On the GPU machine: builds kiln's Python extension there (its Python 3.12 differs from the development
 # machine's) against the carried kiln, then runs one mode. Results go to $OUT (or ./.device-py/out).
 #
-# Prepare on the development machine (a build with the shared library, -DKILN_SHARED=ON):
-#   cmake --install build --prefix .device-py/prefix
-#   ../shared/tools/device-pack .device-py build/bin/kiln build/bin/kiln-compile-worker build/bin/kiln-bench-worker \
-#       build/bin/bench_runtime .device-py/prefix/lib/libkiln.so
-# and carry .device-py (the run tool's carry: [".device-py"]). Then, on the GPU machine:
+# Prepare on the development machine: `bash bench/python/pack_device.sh` (a KILN_SHARED=ON build) and carry
+# [".device-py-tar"]. Then, on the GPU machine:
 #   bash bench/python/device_run.sh tests|host|mlp|startup|all
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 dev=$root/.device-py
 mode=${1:-all}
+if [ ! -d "$dev" ] && [ -f .device-py-tar/pack.txz ]; then tar xJf .device-py-tar/pack.txz; fi
+[ -d "$dev/prefix" ] || { echo "no $dev/prefix: run bench/python/pack_device.sh and carry .device-py-tar" >&2; exit 2; }
 out=${OUT:-$dev/out}
 mkdir -p "$out"
 py=${KILN_DEVICE_PYTHON:-/opt/torch/.venv/bin/python}
@@ -33,7 +32,7 @@ $py -c "import kiln; print('kiln', kiln.__version__, 'devices', kiln._C.device_c
 
 run_tests() { (cd python/tests && $py -m pytest -q -rs -p no:cacheprovider . 2>&1 | tee "$out/pytest.txt"); }
 run_host() { (cd bench/python && $py host_overhead.py --json "$out/python_host_overhead.json" \
-  --bench-runtime "$dev/bin/bench_runtime" 2>&1 | tee "$out/host_overhead.txt"); }
+  --bench-runtime "$dev/bench_runtime" 2>&1 | tee "$out/host_overhead.txt"); }
 run_mlp() { (cd bench/python && $py llama_mlp.py --json "$out/python_llama_mlp.json" 2>&1 | tee "$out/llama_mlp.txt"); }
 run_startup() { (cd bench/python && $py startup.py --json "$out/python_startup.json" 2>&1 | tee "$out/startup.txt"); }
 case $mode in

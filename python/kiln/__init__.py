@@ -22,7 +22,7 @@ from . import _C
 
 _C._set_error_classes(errors.KilnError, errors._BY_CODE, errors.CaptureMissError)
 
-from ._C import Kernel, Tuner, compile, current_tuner, gemm, rmsnorm, softmax  # noqa: E402
+from ._C import Kernel, TunedOp, Tuner, compile, current_tuner, gemm, rmsnorm, softmax  # noqa: E402
 from . import cache  # noqa: E402
 
 __version__ = _C.__version__
@@ -89,6 +89,47 @@ def warmup(cache_dir=None, workload=None, *, mode=None, device=0, tuner=None):
     return report
 
 
+@_dataclasses.dataclass
+class Variant:
+    """One source variant of an operation, for kiln.tune.
+
+    ``kernel``: an ``extern "C"`` name or a name expression (``"axpy<4>"``). The launch geometry is ``grid``,
+    ``block`` and ``shared_mem`` for every problem, or ``geometry(sizes) -> (grid, block[, shared_mem])``.
+    ``defines`` become ``-DNAME=VALUE``; ``parameters`` describe the variant in reports.
+    """
+
+    name: str
+    source: str
+    kernel: str
+    grid: object = 1
+    block: object = 1
+    shared_mem: int = 0
+    geometry: object = None
+    defines: dict = _dataclasses.field(default_factory=dict)
+    options: list = _dataclasses.field(default_factory=list)
+    include_dirs: list = _dataclasses.field(default_factory=list)
+    parameters: dict = _dataclasses.field(default_factory=dict)
+
+
+def tune(variants, problem_key, check=None, *, op, buffers, reference=None, tolerance=1e-2, attributes=None,
+         device=0, tuner=None):
+    """Tunes N source variants of one operation on a problem and returns the chosen one, ready to run.
+
+    ``problem_key``: the problem's sizes (an int or a sequence of ints; the first is the size a dispatch would
+    follow); with ``attributes`` (a dict of str) and the variants' sources, they key the decision in the cache,
+    so a second process gets the chosen variant without tuning. ``op``: the operation's name
+    (``"mydsl.axpy"``). ``buffers(sizes, seed)`` makes what a tune runs on: the kernel arguments (as
+    Kernel.launch takes them), or ``{"args": [...], "outputs": [tensors the kernels write]}`` whose outputs are
+    compared with the ``reference`` variant's (default: the first) within ``tolerance``. ``check(sizes, args)``
+    is your own check after each variant's checked run: False or an exception fails that variant. Compiles and
+    benchmarks run without the GIL, the callbacks with it. Returns a kiln.TunedOp (``.chosen``, ``.from_cache``,
+    ``.run(args, sizes=None, stream=None)``, ``.report()``).
+    """
+    sizes = [int(problem_key)] if isinstance(problem_key, int) else [int(s) for s in problem_key]
+    return _C._tune_variants(tuner or current_tuner(), op, list(variants), sizes, buffers, check, reference or "",
+                             float(tolerance), {str(k): str(v) for k, v in (attributes or {}).items()}, device)
+
+
 def precompile(workload, arch="sm_90a", cache_dir=None, *, configs=24, executor=None):
     """Compiles every choice of a workload for ``arch`` into the cache, with no GPU (``kiln precompile``).
 
@@ -100,6 +141,6 @@ def precompile(workload, arch="sm_90a", cache_dir=None, *, configs=24, executor=
 
 
 __all__ = [
-    "Kernel", "Tuner", "WarmupReport", "autotune", "cache", "compile", "current_tuner", "errors", "gemm",
-    "precompile", "rmsnorm", "softmax", "warmup",
+    "Kernel", "TunedOp", "Tuner", "Variant", "WarmupReport", "autotune", "cache", "compile", "current_tuner", "errors", "gemm",
+    "precompile", "rmsnorm", "softmax", "tune", "warmup",
 ] + errors.__all__

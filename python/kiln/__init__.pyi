@@ -1,10 +1,10 @@
 import contextlib
 import dataclasses
 import os
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from . import cache as cache, errors as errors
-from ._C import Kernel as Kernel, Tuner as Tuner, compile as compile, current_tuner as current_tuner
+from ._C import Kernel as Kernel, TunedOp as TunedOp, Tuner as Tuner, compile as compile, current_tuner as current_tuner
 from ._C import gemm as gemm, rmsnorm as rmsnorm, softmax as softmax
 from .errors import *
 
@@ -31,3 +31,22 @@ def warmup(cache_dir: Optional[Union[str, os.PathLike]] = None, workload: Option
            mode: Optional[str] = None, device: int = 0, tuner: Optional[Tuner] = None) -> WarmupReport: ...
 def precompile(workload: Workload, arch: str = "sm_90a", cache_dir: Optional[Union[str, os.PathLike]] = None, *,
                configs: int = 24, executor: Optional[str] = None) -> dict[str, Any]: ...
+
+@dataclasses.dataclass
+class Variant:
+    name: str
+    source: str
+    kernel: str
+    grid: Any = 1
+    block: Any = 1
+    shared_mem: int = 0
+    geometry: Optional[Callable[[list[int]], tuple]] = None
+    defines: dict[str, Any] = ...
+    options: list[str] = ...
+    include_dirs: list[str] = ...
+    parameters: dict[str, Any] = ...
+
+def tune(variants: Sequence[Variant], problem_key: Union[int, Sequence[int]],
+         check: Optional[Callable[[list[int], Any], Any]] = None, *, op: str,
+         buffers: Callable[[list[int], int], Any], reference: Optional[str] = None, tolerance: float = 1e-2,
+         attributes: Optional[dict[str, str]] = None, device: int = 0, tuner: Optional[Tuner] = None) -> TunedOp: ...

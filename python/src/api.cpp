@@ -1,6 +1,6 @@
 // kiln.Tuner and the current tuner, kiln.warmup, kiln.precompile and kiln.cache: the bindings around
 // tuner.h and kiln's cache. Every long call (tuning, compiling, loading, cache I/O) runs without the GIL.
-#include <fmt/format.h>
+#include "text.h"
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -90,7 +90,7 @@ nb::dict precompile(const std::string& workload, const std::string& arch, const 
     for (const auto& p : w.problems) {
       auto pr = runtime::precompile_problem(runtime::default_ops(), p, target, *gate, options);
       if (!pr.ok()) {
-        out.failures.push_back(fmt::format("{}: {}", p.describe(), pr.status().to_string()));
+        out.failures.push_back(strf("{}: {}", p.describe(), pr.status().to_string()));
         continue;
       }
       out.kernels += pr->kernels, out.cached += pr->cached, out.failed += pr->failed;
@@ -211,7 +211,7 @@ void bind_api(nb::module_& m) {
         return false;
       })
       .def("__repr__", [](const PyTuner& t) {
-        return fmt::format("kiln.Tuner(cache_dir='{}', mode='{}')", t.cache_dir(), cache::tune_mode_name(t.mode()));
+        return strf("kiln.Tuner(cache_dir='{}', mode='{}')", t.cache_dir(), cache::tune_mode_name(t.mode()));
       })
       .def("_warmup", &warmup, nb::arg("workload").none(), nb::arg("device"));
   m.def("_set_default_tuner", [](std::shared_ptr<PyTuner> t) {

@@ -1,8 +1,5 @@
 // kiln.compile(source, ...) -> Kernel: NVRTC through kiln's JIT core (no GPU needed to compile), loaded into
-// the current context at the first launch. Kernel.launch packs Python arguments by the kernel's own parameter
-// sizes (cuFuncGetParamInfo), so an int goes to an `int` as 4 bytes and to a `long long` as 8.
-#include <dlfcn.h>
-#include <fmt/format.h>
+// the current context at the first launch; Kernel.launch packs its arguments as args.h says.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
@@ -10,17 +7,17 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <regex>
 
+#include "args.h"
 #include "errors.h"
 #include "kiln/jit/compiler.h"
 #include "kiln/jit/device.h"
-#include "kiln/jit/driver.h"
 #include "kiln/jit/module.h"
 #include "tensor.h"
+#include "text.h"
 
 namespace nb = nanobind;
 
@@ -28,19 +25,6 @@ namespace kiln::py {
 namespace {
 
 [[noreturn]] void bad(const std::string& message) { raise(make_error(ErrorCode::kInvalidArgument, message)); }
-
-// cuFuncGetParamInfo (driver 12.4+) is not among the entry points kiln's driver table resolves: take it from
-// the same library kiln loaded.
-using ParamInfoFn = CUresult (*)(CUfunction, size_t, size_t*, size_t*);
-ParamInfoFn param_info_fn() {
-  static ParamInfoFn fn = [] () -> ParamInfoFn {
-    auto d = driver();
-    if (!d.ok()) return nullptr;
-    void* lib = dlopen((*d)->library.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    return lib ? reinterpret_cast<ParamInfoFn>(dlsym(lib, "cuFuncGetParamInfo")) : nullptr;
-  }();
-  return fn;
-}
 
 class PyKernel {
  public:
@@ -52,122 +36,27 @@ class PyKernel {
   std::shared_ptr<PyKernel> get(const std::string& name_expression) const {
     bool known = name_expression == binary_->entry;
     for (const auto& [expr, lowered] : binary_->lowered_names) known = known || expr == name_expression;
-    if (!known) bad(fmt::format("'{}' is not a kernel of this program (its name expressions and entry)", name_expression));
+    if (!known) bad(strf("'{}' is not a kernel of this program (its name expressions and entry)", name_expression));
     return std::make_shared<PyKernel>(binary_, name_expression);
   }
 
   void launch(nb::handle grid, nb::handle block, nb::sequence args, nb::handle stream_arg, unsigned shared_mem) {
     const Kernel& k = loaded();
     LaunchConfig cfg;
-    cfg.grid = dim3(grid, "grid");
-    cfg.block = dim3(block, "block");
+    cfg.grid = dim3_of(grid, "grid");
+    cfg.block = dim3_of(block, "block");
     cfg.shared_bytes = shared_mem;
     cfg.stream = reinterpret_cast<CUstream>(resolve_stream(stream_arg, TensorView{}));
-    // Every argument's bytes at its parameter's offset in one buffer; cuLaunchKernel takes a pointer to each.
-    const size_t count = nb::len(args);
-    std::vector<size_t> sizes = param_sizes(k, count);
-    std::vector<size_t> offsets(count);
-    size_t total = 0;
-    for (size_t i = 0; i < count; ++i) offsets[i] = (total = (total + 7) / 8 * 8), total += sizes[i] ? sizes[i] : 8;
-    std::vector<unsigned char> storage(total + 8);
-    std::vector<void*> pointers(count + 1, nullptr);
-    for (size_t i = 0; i < count; ++i) {
-      pack(args[i], sizes[i], storage.data() + offsets[i], i);
-      pointers[i] = storage.data() + offsets[i];
-    }
+    PackedArgs packed(args, param_sizes(k.get(), nb::len(args), k.name()));
     Status s;
     {
       nb::gil_scoped_release release;
-      s = k.launch(cfg, pointers.data());
+      s = k.launch(cfg, packed.pointers.data());
     }
     check(s);
   }
 
  private:
-  static Dim3 dim3(nb::handle h, const char* what) {
-    Dim3 d;
-    if (PyLong_Check(h.ptr())) {
-      d.x = nb::cast<unsigned>(h);
-      return d;
-    }
-    auto v = nb::cast<std::vector<unsigned>>(h);
-    if (v.empty() || v.size() > 3) bad(fmt::format("{}: an int or 1 to 3 ints", what));
-    d.x = v[0];
-    if (v.size() > 1) d.y = v[1];
-    if (v.size() > 2) d.z = v[2];
-    return d;
-  }
-
-  // Parameter sizes from the driver; 0 where unknown (then ints and floats are 8 bytes: pass a sized
-  // NumPy/ctypes scalar for a 4-byte parameter).
-  static std::vector<size_t> param_sizes(const Kernel& k, size_t count) {
-    std::vector<size_t> sizes(count, 0);
-    ParamInfoFn fn = param_info_fn();
-    if (!fn) return sizes;
-    size_t i = 0;
-    for (; i < count; ++i) {
-      size_t offset = 0, size = 0;
-      if (fn(k.get(), i, &offset, &size) != CUDA_SUCCESS) break;
-      sizes[i] = size;
-    }
-    if (i != count || fn(k.get(), count, nullptr, nullptr) == CUDA_SUCCESS) {
-      size_t actual = i;
-      while (fn(k.get(), actual, nullptr, nullptr) == CUDA_SUCCESS) ++actual;
-      bad(fmt::format("kernel '{}' takes {} arguments, {} given", k.name(), actual, count));
-    }
-    return sizes;
-  }
-
-  static void pack(nb::handle a, size_t size, unsigned char* out, size_t index) {
-    auto wrong = [&](const std::string& why) { bad(fmt::format("argument {}: {}", index, why)); };
-    if (a.is_none()) {
-      std::memset(out, 0, 8);
-    } else if (PyBool_Check(a.ptr())) {
-      out[0] = a.ptr() == Py_True;
-    } else if (PyLong_Check(a.ptr())) {
-      const size_t n = size ? size : 8;
-      if (n == 8) {
-        int64_t v = nb::cast<int64_t>(a);
-        std::memcpy(out, &v, 8);
-      } else if (n == 4) {
-        int32_t v = nb::cast<int32_t>(a);
-        std::memcpy(out, &v, 4);
-      } else if (n == 2 || n == 1) {
-        int64_t v = nb::cast<int64_t>(a);
-        std::memcpy(out, &v, n);
-      } else {
-        wrong(fmt::format("an int for a {}-byte parameter", n));
-      }
-    } else if (PyFloat_Check(a.ptr())) {
-      const size_t n = size ? size : 8;
-      double v = nb::cast<double>(a);
-      if (n == 8) std::memcpy(out, &v, 8);
-      else if (n == 4) { float f = float(v); std::memcpy(out, &f, 4); }
-      else wrong(fmt::format("a float for a {}-byte parameter", n));
-    } else if (nb::hasattr(a, "__cuda_array_interface__") || nb::hasattr(a, "__dlpack__") ||
-               (torch_handles() && PyObject_TypeCheck(a.ptr(), torch_handles()->tensor))) {
-      TensorView v = tensor_view(a, "argument");
-      if (v.device != DeviceKind::kCuda) wrong("a tensor on the CPU");
-      if (size && size != 8) wrong(fmt::format("a tensor (pointer) for a {}-byte parameter", size));
-      std::memcpy(out, &v.ptr, 8);
-    } else if (PyObject_CheckBuffer(a.ptr())) {
-      // NumPy scalars, ctypes values, bytes: their raw bytes (e.g. np.float16(1) for a __half).
-      Py_buffer view;
-      if (PyObject_GetBuffer(a.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
-      size_t n = static_cast<size_t>(view.len);
-      bool fits = !size || n == size;
-      if (fits) std::memcpy(out, view.buf, n);
-      PyBuffer_Release(&view);
-      if (!fits) wrong(fmt::format("{} bytes for a {}-byte parameter", n, size));
-    } else if (nb::hasattr(a, "dtype") && nb::hasattr(a, "tobytes")) {
-      nb::bytes b = nb::cast<nb::bytes>(a.attr("tobytes")());  // NumPy scalars without the buffer protocol
-      if (size && b.size() != size) wrong(fmt::format("{} bytes for a {}-byte parameter", b.size(), size));
-      std::memcpy(out, b.c_str(), b.size());
-    } else {
-      wrong(fmt::format("cannot pass a {} to a kernel", nb::cast<std::string>(nb::str(a.type().attr("__name__")))));
-    }
-  }
-
   const Kernel& loaded() {
     std::lock_guard lock(mu_);
     if (!kernel_) {

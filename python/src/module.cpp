@@ -13,6 +13,7 @@ namespace kiln::py {
 void bind_ops(nb::module_& m);
 void bind_api(nb::module_& m);
 void bind_compile(nb::module_& m);
+void bind_variants(nb::module_& m);
 }  // namespace kiln::py
 
 NB_MODULE(_C, m) {
@@ -22,6 +23,7 @@ NB_MODULE(_C, m) {
   kiln::py::bind_ops(m);
   kiln::py::bind_api(m);
   kiln::py::bind_compile(m);
+  kiln::py::bind_variants(m);
   m.def("device_count", [] {
     auto n = kiln::device_count();
     return n.ok() ? *n : 0;

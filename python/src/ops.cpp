@@ -1,7 +1,7 @@
 // kiln.gemm, kiln.rmsnorm, kiln.softmax: tensors in (tensor.h), the tuned selection out of the current
 // tuner (tuner.h), one launch on the caller's stream. The hot path is a key build, a hash lookup and the
 // launch with the GIL released; everything else happens once per problem.
-#include <fmt/format.h>
+#include "text.h"
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -25,11 +25,11 @@ using templates::Layout;
 [[noreturn]] void bad(const std::string& message) { raise(make_error(ErrorCode::kInvalidArgument, message)); }
 
 void require_cuda(const TensorView& v, const char* what, int device) {
-  if (v.device != DeviceKind::kCuda) bad(fmt::format("{}: kiln runs on CUDA tensors; this one is on the CPU", what));
+  if (v.device != DeviceKind::kCuda) bad(strf("{}: kiln runs on CUDA tensors; this one is on the CPU", what));
   if (v.device_index >= 0 && v.device_index != device) {
-    bad(fmt::format("{}: on cuda:{}, but the other operands are on cuda:{}", what, v.device_index, device));
+    bad(strf("{}: on cuda:{}, but the other operands are on cuda:{}", what, v.device_index, device));
   }
-  if (!v.has_kiln_dtype()) bad(fmt::format("{}: dtype {}; kiln takes float16, bfloat16 or float32", what, v.dtype_name));
+  if (!v.has_kiln_dtype()) bad(strf("{}: dtype {}; kiln takes float16, bfloat16 or float32", what, v.dtype_name));
 }
 
 TensorView view(nb::handle obj, const char* what, int device) {
@@ -74,7 +74,7 @@ void launch(const runtime::Selection* sel, const Args& args, uintptr_t stream) {
 
 nb::object new_output(nb::handle like, const TensorView& v, std::initializer_list<int64_t> shape, const char* what) {
   // Outputs are allocated by the array library of the inputs; kiln allocates nothing of its own per call.
-  if (!v.torch) bad(fmt::format("{}: pass out= (kiln allocates outputs only for torch tensors)", what));
+  if (!v.torch) bad(strf("{}: pass out= (kiln allocates outputs only for torch tensors)", what));
   nb::list dims;
   for (int64_t d : shape) dims.append(d);
   return like.attr("new_empty")(nb::tuple(dims));
@@ -108,7 +108,7 @@ Layout layout_of(const TensorView& v, const char* what) {
   int64_t rows = v.shape[0], cols = v.shape[1];
   if ((v.strides[1] == 1 || cols == 1) && (v.strides[0] == cols || rows == 1)) return Layout::kRowMajor;
   if ((v.strides[0] == 1 || rows == 1) && (v.strides[1] == rows || cols == 1)) return Layout::kColMajor;
-  bad(fmt::format("{}: strides ({}, {}) for shape ({}, {}); kiln's GEMM takes dense row- or column-major operands "
+  bad(strf("{}: strides ({}, {}) for shape ({}, {}); kiln's GEMM takes dense row- or column-major operands "
                   "(call .contiguous())", what, v.strides[0], v.strides[1], rows, cols));
 }
 
@@ -118,36 +118,36 @@ nb::object gemm(nb::handle a, nb::handle b, nb::handle bias, const std::string& 
   const int device = va.device_index < 0 ? 0 : va.device_index;
   require_cuda(va, "a", device);
   TensorView vb = view(b, "b", device);
-  if (va.ndim != 2 || vb.ndim != 2) bad(fmt::format("gemm takes 2-D a and b; got {}-D and {}-D", va.ndim, vb.ndim));
+  if (va.ndim != 2 || vb.ndim != 2) bad(strf("gemm takes 2-D a and b; got {}-D and {}-D", va.ndim, vb.ndim));
   const int64_t m = va.shape[0], k = va.shape[1], n = vb.shape[1];
-  if (vb.shape[0] != k) bad(fmt::format("gemm: a is {}x{} and b is {}x{}: inner sizes differ", m, k, vb.shape[0], n));
+  if (vb.shape[0] != k) bad(strf("gemm: a is {}x{} and b is {}x{}: inner sizes differ", m, k, vb.shape[0], n));
   const Layout la = layout_of(va, "a"), lb = layout_of(vb, "b");
 
   nb::object result = out.is_none() ? new_output(a, va, {m, n}, "gemm") : nb::borrow(out);
   TensorView vd = view(result, "out", device);
   if (vd.ndim != 2 || vd.shape[0] != m || vd.shape[1] != n || layout_of(vd, "out") != Layout::kRowMajor) {
-    bad(fmt::format("gemm: out must be a dense row-major {}x{} tensor", m, n));
+    bad(strf("gemm: out must be a dense row-major {}x{} tensor", m, n));
   }
   std::string text = epilogue_text;
   TensorView vbias, vres;
   DType bias_dtype = vd.kiln_dtype(), res_dtype = vd.kiln_dtype();
   if (!bias.is_none()) {
     vbias = view(bias, "bias", device);
-    if (vbias.ndim != 1 || vbias.shape[0] != n || (n > 1 && vbias.strides[0] != 1)) bad(fmt::format("bias: must be a contiguous vector of {}", n));
+    if (vbias.ndim != 1 || vbias.shape[0] != n || (n > 1 && vbias.strides[0] != 1)) bad(strf("bias: must be a contiguous vector of {}", n));
     if (!mentions(text, "bias")) text = text.empty() || text == "none" ? "bias" : "bias+" + text;
     bias_dtype = vbias.kiln_dtype();
   } else if (mentions(text, "bias")) {
-    bad(fmt::format("gemm: epilogue '{}' adds a bias but bias is None", text));
+    bad(strf("gemm: epilogue '{}' adds a bias but bias is None", text));
   }
   if (!residual.is_none()) {
     vres = view(residual, "residual", device);
     if (vres.ndim != 2 || vres.shape[0] != m || vres.shape[1] != n || (n > 1 && vres.strides[1] != 1)) {
-      bad(fmt::format("residual: must be a {}x{} tensor with unit last stride", m, n));
+      bad(strf("residual: must be a {}x{} tensor with unit last stride", m, n));
     }
     if (!mentions(text, "residual")) text = text.empty() || text == "none" ? "residual" : text + "+residual";
     res_dtype = vres.kiln_dtype();
   } else if (mentions(text, "residual")) {
-    bad(fmt::format("gemm: epilogue '{}' adds a residual but residual is None", text));
+    bad(strf("gemm: epilogue '{}' adds a residual but residual is None", text));
   }
   const EpilogueEntry& ep = epilogue_of(text, vd.kiln_dtype(), bias_dtype, res_dtype);
 
@@ -189,28 +189,28 @@ struct Rows {
   int64_t rows = 1, cols = 0, ld = 0;
 };
 Rows rows_of(const TensorView& v, const char* what) {
-  if (v.ndim < 1) bad(fmt::format("{}: a scalar; kiln normalises rows of a tensor", what));
+  if (v.ndim < 1) bad(strf("{}: a scalar; kiln normalises rows of a tensor", what));
   Rows r;
   r.cols = v.shape[v.ndim - 1];
-  if (r.cols > 1 && v.strides[v.ndim - 1] != 1) bad(fmt::format("{}: the last dimension must be contiguous", what));
+  if (r.cols > 1 && v.strides[v.ndim - 1] != 1) bad(strf("{}: the last dimension must be contiguous", what));
   r.ld = v.ndim >= 2 ? v.strides[v.ndim - 2] : r.cols;
   for (int i = v.ndim - 2; i >= 0; --i) {
     if (i < v.ndim - 2 && v.shape[i] > 1 && v.strides[i] != v.strides[i + 1] * v.shape[i + 1]) {
-      bad(fmt::format("{}: leading dimensions do not collapse into rows (call .contiguous())", what));
+      bad(strf("{}: leading dimensions do not collapse into rows (call .contiguous())", what));
     }
     r.rows *= v.shape[i];
   }
-  if (r.rows > 1 && r.ld < r.cols) bad(fmt::format("{}: rows overlap (row stride {} < {})", what, r.ld, r.cols));
+  if (r.rows > 1 && r.ld < r.cols) bad(strf("{}: rows overlap (row stride {} < {})", what, r.ld, r.cols));
   if (r.rows == 1) r.ld = r.cols;
   return r;
 }
 
 void same_rows(const Rows& a, const Rows& b, const char* what) {
-  if (a.rows != b.rows || a.cols != b.cols) bad(fmt::format("{}: {}x{} rows, expected {}x{}", what, b.rows, b.cols, a.rows, a.cols));
+  if (a.rows != b.rows || a.cols != b.cols) bad(strf("{}: {}x{} rows, expected {}x{}", what, b.rows, b.cols, a.rows, a.cols));
 }
 
 nb::object new_like(nb::handle x, const TensorView& v, const char* what) {
-  if (!v.torch) bad(fmt::format("{}: pass out= (kiln allocates outputs only for torch tensors)", what));
+  if (!v.torch) bad(strf("{}: pass out= (kiln allocates outputs only for torch tensors)", what));
   return x.attr("new_empty")(x.attr("shape"));
 }
 
@@ -221,7 +221,7 @@ nb::object rmsnorm(nb::handle x, nb::handle weight, float eps, nb::handle residu
   Rows r = rows_of(vx, "x");
   TensorView vw = view(weight, "weight", device);
   if (vw.ndim != 1 || vw.shape[0] != r.cols || vw.dtype_code != vx.dtype_code) {
-    bad(fmt::format("weight: must be a vector of {} {}", r.cols, vx.dtype_name));
+    bad(strf("weight: must be a vector of {} {}", r.cols, vx.dtype_name));
   }
   nb::object result = out.is_none() ? new_like(x, vx, "rmsnorm") : nb::borrow(out);
   TensorView vy = view(result, "out", device);

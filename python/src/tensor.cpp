@@ -1,6 +1,6 @@
 #include "tensor.h"
 
-#include <fmt/format.h>
+#include "text.h"
 #include <nanobind/stl/string.h>
 
 #include "errors.h"
@@ -46,16 +46,16 @@ void set_dtype(TensorView& v, char code, int itemsize, std::string name) {
 }
 
 void set_dl_dtype(TensorView& v, DLDataType t) {
-  if (t.lanes != 1) return set_dtype(v, '?', t.bits / 8, fmt::format("vector{}x{}", t.lanes, t.bits));
+  if (t.lanes != 1) return set_dtype(v, '?', t.bits / 8, strf("vector{}x{}", int(t.lanes), int(t.bits)));
   if (t.code == kDLFloat && t.bits == 16) return set_dtype(v, 'h', 2, "float16");
   if (t.code == kDLFloat && t.bits == 32) return set_dtype(v, 'f', 4, "float32");
   if (t.code == kDLBfloat && t.bits == 16) return set_dtype(v, 'b', 2, "bfloat16");
   const char* kind = t.code == kDLFloat ? "float" : t.code == kDLInt ? "int" : t.code == kDLUInt ? "uint" : "type";
-  set_dtype(v, '?', t.bits / 8, fmt::format("{}{}", kind, t.bits));
+  set_dtype(v, '?', t.bits / 8, strf("{}{}", kind, int(t.bits)));
 }
 
 void from_dltensor(TensorView& v, const DLTensor& t, const char* what) {
-  if (t.ndim > 8) bad(fmt::format("{}: {} dimensions; kiln takes at most 8", what, t.ndim));
+  if (t.ndim > 8) bad(strf("{}: {} dimensions; kiln takes at most 8", what, t.ndim));
   v.ndim = t.ndim;
   v.ptr = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
   set_dl_dtype(v, t.dtype);
@@ -82,7 +82,7 @@ TensorView from_dlpack(nb::handle obj, const char* what, intptr_t stream) {
       capsule = obj.attr("__dlpack__")();
     }
   } catch (nb::python_error& e) {
-    bad(fmt::format("{}: __dlpack__ failed: {}", what, e.what()));
+    bad(strf("{}: __dlpack__ failed: {}", what, e.what()));
   }
   TensorView v;
   PyObject* c = capsule.ptr();
@@ -97,13 +97,13 @@ TensorView from_dlpack(nb::handle obj, const char* what, intptr_t stream) {
     PyCapsule_SetName(c, "used_dltensor");
     if (m->deleter) m->deleter(m);
   } else {
-    bad(fmt::format("{}: __dlpack__ returned something that is not a DLPack capsule", what));
+    bad(strf("{}: __dlpack__ returned something that is not a DLPack capsule", what));
   }
   return v;
 }
 
 void set_typestr(TensorView& v, const std::string& typestr, const char* what) {
-  if (typestr.size() < 3) bad(fmt::format("{}: bad __cuda_array_interface__ typestr '{}'", what, typestr));
+  if (typestr.size() < 3) bad(strf("{}: bad __cuda_array_interface__ typestr '{}'", what, typestr));
   char kind = typestr[1];
   int bytes = std::atoi(typestr.c_str() + 2);
   if (kind == 'f' && bytes == 2) return set_dtype(v, 'h', 2, "float16");
@@ -111,7 +111,7 @@ void set_typestr(TensorView& v, const std::string& typestr, const char* what) {
   // NumPy has no bfloat16; ml_dtypes writes it as an opaque 2-byte void ("|V2"), which CuPy and JAX use.
   if (kind == 'V' && bytes == 2) return set_dtype(v, 'b', 2, "bfloat16");
   const char* name = kind == 'f' ? "float" : kind == 'i' ? "int" : kind == 'u' ? "uint" : kind == 'b' ? "bool" : "type";
-  set_dtype(v, '?', bytes, fmt::format("{}{}", name, bytes * 8));
+  set_dtype(v, '?', bytes, strf("{}{}", name, bytes * 8));
 }
 
 TensorView from_cai(nb::handle obj, const char* what) {
@@ -119,7 +119,7 @@ TensorView from_cai(nb::handle obj, const char* what) {
   TensorView v;
   v.device = DeviceKind::kCuda;
   nb::tuple shape = nb::cast<nb::tuple>(cai["shape"]);
-  if (shape.size() > 8) bad(fmt::format("{}: {} dimensions; kiln takes at most 8", what, shape.size()));
+  if (shape.size() > 8) bad(strf("{}: {} dimensions; kiln takes at most 8", what, shape.size()));
   v.ndim = static_cast<int>(shape.size());
   for (int i = 0; i < v.ndim; ++i) v.shape[i] = nb::cast<int64_t>(shape[i]);
   set_typestr(v, nb::cast<std::string>(cai["typestr"]), what);
@@ -131,7 +131,7 @@ TensorView from_cai(nb::handle obj, const char* what) {
       v.strides[i] = expected;
     } else {
       int64_t bytes = nb::cast<int64_t>(nb::cast<nb::tuple>(strides)[i]);
-      if (bytes % v.itemsize) bad(fmt::format("{}: stride of {} bytes is not a whole number of elements", what, bytes));
+      if (bytes % v.itemsize) bad(strf("{}: stride of {} bytes is not a whole number of elements", what, bytes));
       v.strides[i] = bytes / v.itemsize;
     }
     expected *= v.shape[i];
@@ -152,7 +152,7 @@ TensorView from_torch(nb::handle obj, const TorchHandles& t) {
   nb::tuple shape = nb::borrow<nb::tuple>(obj.attr("shape"));
   nb::tuple strides = nb::borrow<nb::tuple>(obj.attr("stride")());
   v.ndim = static_cast<int>(shape.size());
-  if (v.ndim > 8) bad(fmt::format("tensor has {} dimensions; kiln takes at most 8", v.ndim));
+  if (v.ndim > 8) bad(strf("tensor has {} dimensions; kiln takes at most 8", v.ndim));
   for (int i = 0; i < v.ndim; ++i) {
     v.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
     v.strides[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides.ptr(), i));
@@ -207,7 +207,7 @@ TensorView tensor_view(nb::handle obj, const char* what, intptr_t stream) {
   if (t && PyObject_TypeCheck(obj.ptr(), t->tensor)) return from_torch(obj, *t);
   if (nb::hasattr(obj, "__cuda_array_interface__")) return from_cai(obj, what);
   if (nb::hasattr(obj, "__dlpack__")) return from_dlpack(obj, what, stream);
-  bad(fmt::format("{}: expected a tensor (torch, __cuda_array_interface__ or __dlpack__), got {}", what,
+  bad(strf("{}: expected a tensor (torch, __cuda_array_interface__ or __dlpack__), got {}", what,
                   nb::cast<std::string>(nb::str(obj.type().attr("__name__")))));
 }
 
@@ -217,7 +217,7 @@ uintptr_t resolve_stream(nb::handle stream, const TensorView& t) {
     if (nb::hasattr(stream, "__cuda_stream__")) return nb::cast<uintptr_t>(nb::cast<nb::tuple>(stream.attr("__cuda_stream__")())[1]);
     if (nb::hasattr(stream, "cuda_stream")) return nb::cast<uintptr_t>(stream.attr("cuda_stream"));  // torch.cuda.Stream
     if (nb::hasattr(stream, "ptr")) return nb::cast<uintptr_t>(stream.attr("ptr"));                  // cupy.cuda.Stream
-    bad(fmt::format("stream: expected an int handle or a stream object, got {}",
+    bad(strf("stream: expected an int handle or a stream object, got {}",
                     nb::cast<std::string>(nb::str(stream.type().attr("__name__")))));
   }
   if (t.torch) {

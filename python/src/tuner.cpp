@@ -1,6 +1,6 @@
 #include "tuner.h"
 
-#include <fmt/format.h>
+#include "text.h"
 
 #include <chrono>
 #include <cstring>
@@ -103,7 +103,7 @@ Result<OpKey> key_of(const runtime::Problem& problem, int device) {
     return key;
   }
   return make_error(ErrorCode::kUnimplemented,
-                    fmt::format("{}: the Python package runs gemm, rmsnorm and softmax", problem.describe()));
+                    strf("{}: the Python package runs gemm, rmsnorm and softmax", problem.describe()));
 }
 
 Result<std::shared_ptr<PyTuner>> PyTuner::create(TunerOptions options) {
@@ -177,7 +177,7 @@ Result<const runtime::Selection*> PyTuner::resolve(const OpKey& key, const runti
     }
     ++stats_.capture_errors;
     return make_error(ErrorCode::kFailedPrecondition,
-                      fmt::format("{} was not tuned before CUDA-graph capture ({} mode): kiln never tunes, compiles or "
+                      strf("{} was not tuned before CUDA-graph capture ({} mode): kiln never tunes, compiles or "
                                   "allocates inside a capture; run the op once before capturing, or kiln.warmup() a "
                                   "workload that has it",
                                   problem.describe(), cache::tune_mode_name(mode_)),
@@ -212,7 +212,7 @@ Result<WarmupReport> PyTuner::warmup(const std::vector<runtime::Problem>& proble
     auto sel = t->tune(p);
     if (!sel.ok()) {
       ++r.failed;
-      if (r.errors.size() < 20) r.errors.push_back(fmt::format("{}: {}", p.describe(), sel.status().to_string()));
+      if (r.errors.size() < 20) r.errors.push_back(strf("{}: {}", p.describe(), sel.status().to_string()));
       continue;
     }
     ++r.ready;
@@ -253,16 +253,16 @@ Result<runtime::Problem> problem_from_key(const cache::ProblemKey& k) {
       }
       pos = end + 1;
     }
-    json = fmt::format(R"({{"op":"gemm","m":{},"k":{},"n":{},"dtype":"{}","layout_a":"{}","layout_b":"{}","out":"{}","epilogue":"{}")",
+    json = strf(R"({{"op":"gemm","m":{},"k":{},"n":{},"dtype":"{}","layout_a":"{}","layout_b":"{}","out":"{}","epilogue":"{}")",
                        dim(0, 0), dim(0, 1), dim(1, 1), dtype(0), k.operands[0].layout, k.operands[1].layout, dtype(2), ops);
-    if (!attr("bias").empty()) json += fmt::format(R"(,"bias_dtype":"{}")", attr("bias"));
-    if (!attr("residual").empty()) json += fmt::format(R"(,"residual_dtype":"{}")", attr("residual"));
+    if (!attr("bias").empty()) json += strf(R"(,"bias_dtype":"{}")", attr("bias"));
+    if (!attr("residual").empty()) json += strf(R"(,"residual_dtype":"{}")", attr("residual"));
     json += "}";
   } else if ((k.op == "rmsnorm" || k.op == "softmax") && !k.operands.empty()) {
-    json = fmt::format(R"({{"op":"{}","rows":{},"cols":{},"dtype":"{}"{}}})", k.op, dim(0, 0), dim(0, 1), dtype(0),
-                       k.op == "rmsnorm" ? fmt::format(R"(,"residual":{})", attr("residual") == "1") : "");
+    json = strf(R"({{"op":"{}","rows":{},"cols":{},"dtype":"{}"{}}})", k.op, dim(0, 0), dim(0, 1), dtype(0),
+                       k.op == "rmsnorm" ? strf(R"(,"residual":{})", attr("residual") == "1") : "");
   } else {
-    return make_error(ErrorCode::kUnimplemented, fmt::format("op '{}' is not run by the Python package", k.op));
+    return make_error(ErrorCode::kUnimplemented, strf("op '{}' is not run by the Python package", k.op));
   }
   KILN_ASSIGN_OR_RETURN(auto w, runtime::parse_workload(R"({"name":"cache","problems":[)" + json + "]}"));
   if (w.problems.size() != 1) return make_error(ErrorCode::kInternal, "a decision's key gave no single problem");
