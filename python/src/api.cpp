@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "kiln/cache/bundle.h"
 #include "kiln/cache/cache.h"
+#include "kiln/cache/signing.h"
 #include "kiln/pool/gate.h"
 #include "kiln/runtime/builtin.h"
 #include "kiln/runtime/workload.h"
@@ -130,24 +131,37 @@ nb::dict counts(const cache::BundleCounts& c) {
   return d;
 }
 
-nb::dict cache_export(const std::string& path, const std::string& dir, bool binaries, const std::string& prefix) {
+nb::dict cache_export(const std::string& path, const std::string& dir, bool binaries, const std::string& prefix,
+                      const std::string& sign_key) {
   auto n = without_gil([&]() -> Result<cache::BundleCounts> {
     KILN_ASSIGN_OR_RETURN(auto store, shared_store(dir));
-    return cache::export_bundle(*store, path, {binaries, prefix});
+    cache::ExportOptions o{binaries, prefix, std::nullopt};
+    if (!sign_key.empty()) {
+      KILN_ASSIGN_OR_RETURN(o.sign_with, cache::SigningKey::load(sign_key));
+    }
+    return cache::export_bundle(*store, path, o);
   });
   return counts(unwrap(std::move(n)));
 }
 
-nb::dict cache_import(const std::string& path, const std::string& dir) {
+nb::dict cache_import(const std::string& path, const std::string& dir, const std::vector<std::string>& trusted_keys,
+                      bool trust_unsigned) {
   auto r = without_gil([&]() -> Result<cache::ImportReport> {
+    cache::ImportOptions o;
+    o.trust_unsigned = trust_unsigned;
+    for (const auto& k : trusted_keys) {
+      KILN_ASSIGN_OR_RETURN(cache::SigningKey key, cache::SigningKey::load(k));
+      o.trusted_keys.push_back(std::move(key));
+    }
     KILN_ASSIGN_OR_RETURN(auto store, shared_store(dir));
-    KILN_ASSIGN_OR_RETURN(auto report, cache::import_bundle(*store, path));
+    KILN_ASSIGN_OR_RETURN(auto report, cache::import_bundle(*store, path, o));
     KILN_RETURN_IF_ERROR(store->sync());
     return report;
   });
   cache::ImportReport rep = unwrap(std::move(r));
   nb::dict d = counts(rep.imported);
   d["rejected"] = rep.rejected, d["other_toolchain"] = rep.other_toolchain, d["errors"] = rep.errors;
+  d["signature"] = rep.signature, d["binaries_trusted"] = rep.binaries_trusted;
   return d;
 }
 
@@ -222,8 +236,10 @@ void bind_api(nb::module_& m) {
   m.def("_precompile", &precompile, nb::arg("workload"), nb::arg("arch"), nb::arg("cache_dir"), nb::arg("configs"),
         nb::arg("executor"));
   m.def("_cache_stats", &cache_stats, nb::arg("cache_dir"));
-  m.def("_cache_export", &cache_export, nb::arg("path"), nb::arg("cache_dir"), nb::arg("binaries"), nb::arg("prefix"));
-  m.def("_cache_import", &cache_import, nb::arg("path"), nb::arg("cache_dir"));
+  m.def("_cache_export", &cache_export, nb::arg("path"), nb::arg("cache_dir"), nb::arg("binaries"), nb::arg("prefix"),
+        nb::arg("sign_key"));
+  m.def("_cache_import", &cache_import, nb::arg("path"), nb::arg("cache_dir"), nb::arg("trusted_keys"),
+        nb::arg("trust_unsigned"));
 }
 
 }  // namespace kiln::py

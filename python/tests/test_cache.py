@@ -36,9 +36,26 @@ def test_export_import_round_trip(tmp_path, cache_dir):
     n = kiln.cache.export_bundle(bundle, cache_dir, binaries=True)
     assert n["binaries"] == kiln.cache.stats(cache_dir)["binaries"]
     other = str(tmp_path / "other")
+    # Unsigned: the cubins are not trusted unless the importer says so.
     r = kiln.cache.import_bundle(bundle, other)
-    assert r["binaries"] == n["binaries"] and r["rejected"] == 0
+    assert r["binaries"] == 0 and r["rejected"] == 0 and not r["binaries_trusted"]
+    r = kiln.cache.import_bundle(bundle, other, trust_unsigned=True)
+    assert r["binaries"] == n["binaries"] and r["rejected"] == 0 and r["binaries_trusted"]
     assert kiln.cache.stats(other)["binaries"] == n["binaries"]
+
+
+def test_signed_bundle_is_trusted_by_its_key_only(tmp_path, cache_dir):
+    kiln.precompile(SMALL, arch="sm_90", cache_dir=cache_dir, configs=2, executor="inline")
+    key, wrong = tmp_path / "k.key", tmp_path / "w.key"
+    for path, byte in ((key, b"k"), (wrong, b"w")):
+        path.write_bytes(byte * 32)
+        path.chmod(0o600)
+    bundle = tmp_path / "signed.json"
+    n = kiln.cache.export_bundle(bundle, cache_dir, binaries=True, sign_key=key)
+    r = kiln.cache.import_bundle(bundle, str(tmp_path / "a"), trusted_keys=[key])
+    assert r["binaries_trusted"] and r["binaries"] == n["binaries"]
+    r = kiln.cache.import_bundle(bundle, str(tmp_path / "b"), trusted_keys=[wrong])
+    assert not r["binaries_trusted"] and r["binaries"] == 0
 
 
 def test_import_rejects_a_truncated_bundle(tmp_path, cache_dir):

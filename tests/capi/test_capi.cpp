@@ -407,14 +407,56 @@ TEST_F(CApi, CacheStatsExportAndImport) {
   ASSERT_EQ(kiln_cache_export(ctx, bundle.c_str(), 1), KILN_OK) << kiln_last_error();
   ASSERT_TRUE(fs::exists(bundle));
   kiln_context* other = context("b");
-  size_t imported = 0, rejected = 7;
-  ASSERT_EQ(kiln_cache_import(other, bundle.c_str(), &imported, &rejected), KILN_OK) << kiln_last_error();
-  EXPECT_GE(imported, 1u);
-  EXPECT_EQ(rejected, 0u);
+  size_t imported = 7, rejected = 7;
   kiln_cache_stats stats{};
   stats.size = sizeof(stats);
+  // An unsigned bundle's binaries are code from elsewhere: not stored unless the importer says to trust them.
+  ASSERT_EQ(kiln_cache_import(other, bundle.c_str(), &imported, &rejected), KILN_OK) << kiln_last_error();
+  EXPECT_EQ(imported, 0u);
+  EXPECT_EQ(rejected, 0u);
+  ASSERT_EQ(kiln_cache_stats_get(other, &stats), KILN_OK) << kiln_last_error();
+  EXPECT_EQ(stats.binaries, 0u);
+  kiln_import_trust trust;
+  kiln_import_trust_init(&trust);
+  trust.trust_unsigned = 1;
+  int trusted = 0;
+  ASSERT_EQ(kiln_cache_import_trusted(other, bundle.c_str(), &trust, &imported, &rejected, &trusted), KILN_OK)
+      << kiln_last_error();
+  EXPECT_GE(imported, 1u);
+  EXPECT_EQ(trusted, 1);
   ASSERT_EQ(kiln_cache_stats_get(other, &stats), KILN_OK) << kiln_last_error();
   EXPECT_GE(stats.binaries, 1u);
+  // Signed with a key the importer holds: trusted without trust_unsigned; with another key: not.
+  const std::string key = (dir_ / "bundle.key").string(), other_key = (dir_ / "other.key").string();
+  std::ofstream(key) << std::string(32, 'k');
+  std::ofstream(other_key) << std::string(32, 'o');
+  fs::permissions(key, fs::perms::owner_read | fs::perms::owner_write);
+  fs::permissions(other_key, fs::perms::owner_read | fs::perms::owner_write);
+  const std::string signed_bundle = (dir_ / "signed.json").string();
+  ASSERT_EQ(kiln_cache_export_signed(ctx, signed_bundle.c_str(), 1, key.c_str()), KILN_OK) << kiln_last_error();
+  const char* keys[] = {key.c_str()};
+  kiln_import_trust_init(&trust);
+  trust.trusted_key_files = keys;
+  trust.trusted_key_count = 1;
+  kiln_context* third = context("d");
+  ASSERT_EQ(kiln_cache_import_trusted(third, signed_bundle.c_str(), &trust, &imported, &rejected, &trusted), KILN_OK)
+      << kiln_last_error();
+  EXPECT_EQ(trusted, 1);
+  ASSERT_EQ(kiln_cache_stats_get(third, &stats), KILN_OK) << kiln_last_error();
+  EXPECT_GE(stats.binaries, 1u);
+  const char* wrong[] = {other_key.c_str()};
+  trust.trusted_key_files = wrong;
+  kiln_context* fourth = context("e");
+  ASSERT_EQ(kiln_cache_import_trusted(fourth, signed_bundle.c_str(), &trust, &imported, &rejected, &trusted), KILN_OK)
+      << kiln_last_error();
+  EXPECT_EQ(trusted, 0);
+  ASSERT_EQ(kiln_cache_stats_get(fourth, &stats), KILN_OK) << kiln_last_error();
+  EXPECT_EQ(stats.binaries, 0u);
+  trust.trusted_key_files = nullptr;
+  EXPECT_EQ(kiln_cache_import_trusted(fourth, signed_bundle.c_str(), &trust, nullptr, nullptr, nullptr),
+            KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(kiln_cache_export_signed(ctx, signed_bundle.c_str(), 1, (dir_ / "no.key").string().c_str()),
+            KILN_ERROR_NOT_FOUND) << kiln_last_error();
   // Not a bundle, no file, no cache.
   const std::string junk = (dir_ / "junk.json").string();
   std::ofstream(junk) << "this is not a bundle";

@@ -4,6 +4,7 @@
 
 #include "capi_internal.h"
 #include "kiln/cache/bundle.h"
+#include "kiln/cache/signing.h"
 #include "kiln/cache/store.h"
 #include "kiln/runtime/builtin.h"
 #include "kiln/runtime/collective.h"
@@ -294,27 +295,78 @@ KILN_API kiln_status kiln_cache_stats_get(kiln_context* ctx, kiln_cache_stats* s
   });
 }
 
+namespace {
+
+cache::Store* store_of(kiln_context* ctx) { return ctx->cache->store(); }
+
+Status export_to(const char* fn, kiln_context* ctx, const char* path, int binaries, const char* key_file) {
+  if (ctx == nullptr || path == nullptr || *path == '\0') return capi::bad_argument(fn, "ctx and path must be given");
+  cache::Store* store = store_of(ctx);
+  if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
+  cache::ExportOptions o;
+  o.binaries = binaries != 0;
+  if (key_file != nullptr) {
+    KILN_ASSIGN_OR_RETURN(o.sign_with, cache::SigningKey::load(key_file));
+  }
+  return cache::export_bundle(*store, path, o).status();
+}
+
+}  // namespace
+
 KILN_API kiln_status kiln_cache_export(kiln_context* ctx, const char* path, int binaries) {
-  return guarded("kiln_cache_export", [&]() -> Status {
-    if (ctx == nullptr || path == nullptr || *path == '\0') return capi::bad_argument("kiln_cache_export", "ctx and path must be given");
-    cache::Store* store = ctx->cache->store();
+  return guarded("kiln_cache_export", [&] { return export_to("kiln_cache_export", ctx, path, binaries, nullptr); });
+}
+
+KILN_API kiln_status kiln_cache_export_signed(kiln_context* ctx, const char* path, int binaries, const char* sign_key_file) {
+  return guarded("kiln_cache_export_signed", [&]() -> Status {
+    if (sign_key_file == nullptr || *sign_key_file == '\0') {
+      return capi::bad_argument("kiln_cache_export_signed", "sign_key_file must be given");
+    }
+    return export_to("kiln_cache_export_signed", ctx, path, binaries, sign_key_file);
+  });
+}
+
+KILN_API void kiln_import_trust_init(kiln_import_trust* trust) {
+  if (trust == nullptr) return;
+  *trust = kiln_import_trust{};
+  trust->size = sizeof(*trust);
+}
+
+KILN_API kiln_status kiln_cache_import_trusted(kiln_context* ctx, const char* path, const kiln_import_trust* trust,
+                                               size_t* imported, size_t* rejected, int* binaries_trusted) {
+  return guarded("kiln_cache_import_trusted", [&]() -> Status {
+    if (ctx == nullptr || path == nullptr || *path == '\0') {
+      return capi::bad_argument("kiln_cache_import_trusted", "ctx and path must be given");
+    }
+    cache::Store* store = store_of(ctx);
     if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
-    cache::ExportOptions o;
-    o.binaries = binaries != 0;
-    return cache::export_bundle(*store, path, o).status();
+    kiln_import_trust t;
+    kiln_import_trust_init(&t);
+    if (trust != nullptr) {
+      KILN_ASSIGN_OR_RETURN(t, capi::read_struct(trust, t, sizeof(kiln_import_trust), "trust"));
+    }
+    if (t.trusted_key_count > 0 && t.trusted_key_files == nullptr) {
+      return capi::bad_argument("kiln_cache_import_trusted", "trusted_key_count > 0 but trusted_key_files is NULL");
+    }
+    cache::ImportOptions o;
+    o.trust_unsigned = t.trust_unsigned != 0;
+    for (size_t i = 0; i < t.trusted_key_count; ++i) {
+      if (t.trusted_key_files[i] == nullptr) {
+        return capi::bad_argument("kiln_cache_import_trusted", fmt::format("trusted_key_files[{}] is NULL", i));
+      }
+      KILN_ASSIGN_OR_RETURN(cache::SigningKey key, cache::SigningKey::load(t.trusted_key_files[i]));
+      o.trusted_keys.push_back(std::move(key));
+    }
+    KILN_ASSIGN_OR_RETURN(cache::ImportReport r, cache::import_bundle(*store, path, o));
+    if (imported != nullptr) *imported = r.imported.decisions + r.imported.timings + r.imported.binaries;
+    if (rejected != nullptr) *rejected = r.rejected;
+    if (binaries_trusted != nullptr) *binaries_trusted = r.binaries_trusted ? 1 : 0;
+    return Status();
   });
 }
 
 KILN_API kiln_status kiln_cache_import(kiln_context* ctx, const char* path, size_t* imported, size_t* rejected) {
-  return guarded("kiln_cache_import", [&]() -> Status {
-    if (ctx == nullptr || path == nullptr || *path == '\0') return capi::bad_argument("kiln_cache_import", "ctx and path must be given");
-    cache::Store* store = ctx->cache->store();
-    if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
-    KILN_ASSIGN_OR_RETURN(cache::ImportReport r, cache::import_bundle(*store, path));
-    if (imported != nullptr) *imported = r.imported.decisions + r.imported.timings + r.imported.binaries;
-    if (rejected != nullptr) *rejected = r.rejected;
-    return Status();
-  });
+  return kiln_cache_import_trusted(ctx, path, nullptr, imported, rejected, nullptr);
 }
 
 }  // extern "C"

@@ -437,10 +437,31 @@ typedef struct kiln_cache_stats {
 
 /* KILN_ERROR_FAILED_PRECONDITION in tune mode off (no cache). */
 KILN_API kiln_status kiln_cache_stats_get(kiln_context* ctx, kiln_cache_stats* stats);
-/* Writes the cache's decisions and timings (and binaries when `binaries` is 1) to a bundle file at `path`. */
+/* Writes the cache's decisions and timings (and binaries when `binaries` is 1) to a bundle file at `path`,
+ * unsigned. */
 KILN_API kiln_status kiln_cache_export(kiln_context* ctx, const char* path, int binaries);
-/* Imports a bundle; *imported: entries stored, *rejected: entries that failed verification (either may be NULL). */
+/* The same, signed (HMAC-SHA256) with the key in `sign_key_file` (32 bytes to 4 KiB, mode 600), so that an
+ * importer holding that key stores its binaries. */
+KILN_API kiln_status kiln_cache_export_signed(kiln_context* ctx, const char* path, int binaries, const char* sign_key_file);
+
+/* Which bundles' binaries an import stores. Decisions and timings are always imported; binaries (code that
+ * will run) only from a bundle signed with one of the trusted keys, or from an unsigned bundle when
+ * trust_unsigned is 1. A bundle whose signature does not verify never has its binaries stored. */
+typedef struct kiln_import_trust {
+  size_t size;                        /* sizeof(kiln_import_trust), set by kiln_import_trust_init */
+  const char* const* trusted_key_files;
+  size_t trusted_key_count;
+  int trust_unsigned;                 /* default 0 */
+} kiln_import_trust;
+KILN_API void kiln_import_trust_init(kiln_import_trust* trust);
+
+/* Imports a bundle, trusting no binaries (decisions and timings only); *imported: entries stored, *rejected:
+ * entries that failed verification (either may be NULL). */
 KILN_API kiln_status kiln_cache_import(kiln_context* ctx, const char* path, size_t* imported, size_t* rejected);
+/* The same with `trust` (NULL: as kiln_cache_import); *binaries_trusted (may be NULL): 1 when the bundle's
+ * binaries were trusted and stored. */
+KILN_API kiln_status kiln_cache_import_trusted(kiln_context* ctx, const char* path, const kiln_import_trust* trust,
+                                               size_t* imported, size_t* rejected, int* binaries_trusted);
 
 #ifdef __cplusplus
 }
