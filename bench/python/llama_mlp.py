@@ -69,13 +69,13 @@ def main():
             got = kiln_mlp(x, wgu, wd)  # tunes both GEMMs
             err = ((got.float() - want).norm() / want.norm()).item()
             for _ in range(3):
-                compiled(x), compiled_graphs(x)
+                compiled(x, wgu, wd), compiled_graphs(x, wgu, wd)
             variants = {
                 "torch eager": lambda: torch_mlp(x, wgu, wd),
-                "torch.compile max-autotune": lambda: compiled(x),
+                "torch.compile max-autotune": lambda: compiled(x, wgu, wd),
                 "kiln": lambda: kiln_mlp(x, wgu, wd),
                 "torch eager + graph": graphed(torch_mlp, x, wgu, wd),
-                "torch.compile max-autotune (graphs)": lambda: compiled_graphs(x),
+                "torch.compile max-autotune (graphs)": lambda: compiled_graphs(x, wgu, wd),
                 "kiln + graph": graphed(kiln_mlp, x, wgu, wd),
             }
             res = interleaved(variants, args.rounds, device_us)
