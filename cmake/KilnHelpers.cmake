@@ -1,5 +1,3 @@
-# Where this file lives: kiln_embed finds its script here also when kiln is a subproject (fuzz/).
-set(KILN_CMAKE_DIR ${CMAKE_CURRENT_LIST_DIR})
 # kiln_library(NAME folder SOURCES ...): one static library per folder, exported as kiln::<folder>. Its
 # include/ folder holds its public headers (installed); anything internal stays in its src/.
 function(kiln_library name)
@@ -40,8 +38,8 @@ function(kiln_embed)
   endforeach()
   add_custom_command(OUTPUT "${out}"
     COMMAND ${CMAKE_COMMAND} -DOUT=${out} -DNAMESPACE=${ARG_NAMESPACE} -DBASE=${ARG_BASE}
-            "-DFILES=${files_abs}" -P ${KILN_CMAKE_DIR}/KilnEmbedScript.cmake
-    DEPENDS ${files_abs} ${KILN_CMAKE_DIR}/KilnEmbedScript.cmake
+            "-DFILES=${files_abs}" -P ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/KilnEmbedScript.cmake
+    DEPENDS ${files_abs} ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/KilnEmbedScript.cmake
     COMMENT "Embedding ${ARG_NAMESPACE} files" VERBATIM)
   target_sources(${ARG_TARGET} PRIVATE "${out}")
 endfunction()

@@ -2,6 +2,8 @@
 // unavailable even on a GPU machine: compiling must still work and every GPU call must fail cleanly.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <cstdlib>
 
 #include "kiln/jit.h"
@@ -55,6 +57,10 @@ TEST(NoDriver, LoadingAMissingLibraryDirectlyIsAnError) {
 TEST(NoDriver, EveryEntryPointResolvesAgainstTheToolkitStub) {
   // The toolkit's stub libcuda exports every driver symbol but has no driver behind it: all of kiln's entry
   // points must resolve by the names cuda.h maps them to, and only cuInit may fail.
+  if (!std::filesystem::exists(KILN_CUDA_STUB_DRIVER)) {
+    // The build machine's toolkit path; a machine that runs the packed test may lay its toolkit out otherwise.
+    GTEST_SKIP() << "no toolkit stub driver at " << KILN_CUDA_STUB_DRIVER << " on this machine";
+  }
   auto api = load_driver(KILN_CUDA_STUB_DRIVER);
   ASSERT_FALSE(api.ok());
   EXPECT_EQ(api.status().code(), ErrorCode::kNoDevice) << api.status().to_string();
