@@ -468,6 +468,15 @@ Status Template::check(const Params& params, const DeviceLimits& limits) const {
                       fmt::format("needs an arch-specific target (e.g. sm_{}a); target is {}", limits.cc, limits.arch));
   }
   KILN_ASSIGN_OR_RETURN(Params p, complete(params));
+  // Tunables are tile sizes, warp counts, stages and widths: far below this bound. Refusing anything above it
+  // here keeps every family's constraint arithmetic (products of a few parameters) clear of int64 overflow.
+  constexpr int64_t kParamBound = int64_t{1} << 20;
+  for (const auto& [name, value] : p) {
+    if (value.kind() == ParamKind::kInt && (value.as_int() > kParamBound || value.as_int() < -kParamBound)) {
+      return make_error(ErrorCode::kOutOfRange,
+                        fmt::format("parameter '{}' = {} is out of range (|value| <= {})", name, value.as_int(), kParamBound));
+    }
+  }
   if (def_.constraints) return def_.constraints(p, limits);
   return Status();
 }

@@ -1,6 +1,7 @@
 // Bundles: export then import reproduces the entries exactly; import verifies every entry and stores only
 // those that pass; a reader's import is staged for the writer; the CLI drives the same paths.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
@@ -301,7 +302,8 @@ TEST_F(Bundle, ImportThroughAReaderIsStaged) {
 // ---- the CLI, end to end
 
 int run(const std::string& cmd, std::string* out = nullptr) {
-  std::string file = ::testing::TempDir() + "/kiln_cli_out.txt";
+  // One file per process: ctest runs these tests as separate processes at the same time.
+  std::string file = ::testing::TempDir() + "/kiln_cli_out." + std::to_string(::getpid()) + ".txt";
   int rc = std::system((cmd + " > " + file + " 2>&1").c_str());
   std::ifstream in(file);
   std::stringstream ss;
