@@ -174,8 +174,12 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
       c = by_name(decision->choice);
     }
     if (c) {
+      const Clock::time_point fetch = Clock::now();
       auto binaries = s.compile(*c, Priority::kOnDemand);
+      report.compile_wait_seconds = seconds_since(fetch);
+      const Clock::time_point load = Clock::now();
       Status ready = binaries.ok() ? c->prepare(*binaries) : binaries.status();
+      report.load_seconds = seconds_since(load);
       if (ready.ok()) {
         report.chosen = c->name();
         report.decision_from_cache = true;
@@ -253,6 +257,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   for (const auto& c : choices) workspace_bytes = std::max(workspace_bytes, c->workspace_bytes());
   KILN_ASSIGN_OR_RETURN(DeviceBuffer workspace, DeviceBuffer::allocate(workspace_bytes));
 
+  // Outputs the choices also read keep their starting content for every checked run, the reference's included.
+  KILN_RETURN_IF_ERROR(bench->capture_initial(buffers.outputs));
   // The reference first: every other choice is checked against its output.
   {
     auto t = Clock::now();

@@ -101,6 +101,9 @@ struct TuneReport {
   bool decision_from_cache = false;
   double compile_wait_seconds = 0;    // time spent waiting for binaries (compiles overlap benchmarking)
   double benchmark_seconds = 0;
+  /// A cached decision: loading the chosen choice's binaries into the context (prepare(): module loads,
+  /// library handles), apart from fetching them (compile_wait_seconds: a binary-cache hit).
+  double load_seconds = 0;
   double total_seconds = 0;
   std::string note;              // e.g. why the reference was used
 
