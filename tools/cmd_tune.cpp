@@ -35,6 +35,7 @@ struct TuneArgs {
   int top = 5;
   int configs = 24;
   bool quiet = false;
+  std::vector<std::string> families;  // superseded template families to try anyway
 };
 
 Result<std::shared_ptr<cache::TuningCache>> open_cache(const TuneArgs& a, cache::TuneMode fallback) {
@@ -59,10 +60,11 @@ struct PlannedKernel {
 // Every distinct kernel of the workload's choices, so that progress and its ETA count compiles, not problems:
 // problems share most kernels (a GEMM's configurations do not depend on M), so after the first problem of
 // an entry the others are nearly free, and an ETA per problem was off twenty-fold.
-Result<std::vector<PlannedKernel>> plan_kernels(const runtime::Workload& w, const Target& target, int configs,
+Result<std::vector<PlannedKernel>> plan_kernels(const runtime::Workload& w, const Target& target, const TuneArgs& a,
                                                 size_t& requests, std::vector<std::string>& failures) {
   KILN_ASSIGN_OR_RETURN(runtime::ChoiceContext ctx, runtime::choice_context_for_arch(target));
-  ctx.max_template_configs = configs;
+  ctx.max_template_configs = a.configs;
+  ctx.families = a.families;
   std::vector<PlannedKernel> out;
   std::unordered_map<KernelKey, size_t> index;
   for (size_t i = 0; i < w.problems.size(); ++i) {
@@ -116,7 +118,7 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
   }
   std::vector<std::string> failures;
   size_t requests = 0;
-  auto plan = plan_kernels(w, *target, a.configs, requests, failures);
+  auto plan = plan_kernels(w, *target, a, requests, failures);
   if (!plan.ok()) {
     fmt::print(stderr, "kiln precompile: {}\n", plan.status().to_string());
     return 2;
@@ -212,6 +214,7 @@ int run_tune(const TuneArgs& a) {
   options.cache = *cache;
   options.device = a.device;
   options.max_template_configs = a.configs;
+  options.families = a.families;
   auto tuner = runtime::make_tuner(options);
   if (!tuner.ok()) {
     fmt::print(stderr, "kiln tune: {}\n", tuner.status().to_string());
@@ -282,6 +285,8 @@ void add_tune_commands(CLI::App& app) {
       ->check(CLI::Range(1, kMaxConfigs));
   tune->add_option("--arch", args->arch, "Without a GPU: the arch to precompile for (default sm_90a)");
   tune->add_flag("--quiet", args->quiet, "One line per problem");
+  tune->add_option("--family", args->families,
+                  "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable");
   on_run(tune, args, run_tune);
 
   auto pargs = std::make_shared<TuneArgs>();
@@ -291,6 +296,8 @@ void add_tune_commands(CLI::App& app) {
   add_cache_dir_option(pre, pargs->cache_dir);
   pre->add_option("--configs", pargs->configs, "Template configurations per template (default 24)")
       ->check(CLI::Range(1, kMaxConfigs));
+  pre->add_option("--family", pargs->families,
+                  "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable");
   on_run(pre, pargs, [](const TuneArgs& a) {
     auto w = runtime::load_workload(a.workload);
     if (!w.ok()) {

@@ -88,6 +88,7 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices s
   impl->ctx.max_template_configs = options.max_template_configs;
   impl->ctx.max_cublas_algos = options.max_cublas_algos;
   impl->ctx.split_k = options.split_k;
+  impl->ctx.families = options.families;
   impl->fingerprint = cache::DeviceFingerprint::from(impl->ctx.device);
   impl->versions = cache::VersionStamp::current(services.library_versions);
   if (options.cache) {
@@ -504,6 +505,7 @@ Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem
   KILN_ASSIGN_OR_RETURN(ChoiceContext ctx, choice_context_for_arch(arch));
   ctx.max_template_configs = options.max_template_configs;
   ctx.split_k = options.split_k;
+  ctx.families = options.families;
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, ops.choices(problem, ctx));
   PrecompileReport report;
   report.problem = problem.describe();

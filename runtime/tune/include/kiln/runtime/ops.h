@@ -48,6 +48,9 @@ struct ChoiceContext {
   int max_template_configs = 24;         // per template, after pruning (a deterministic sample)
   int max_cublas_algos = 8;              // cuBLASLt heuristic results
   bool split_k = true;                   // add split-K subgraph choices where they may help
+  /// Templates tried even where another supersedes them (TemplateDef::superseded_by: gemm_mma_sm80 on sm_90a);
+  /// "all" keeps every superseded template.
+  std::vector<std::string> families;
 };
 
 struct OpDef {

@@ -70,6 +70,8 @@ struct TuneOptions {
   int max_template_configs = 24;  // per template, a deterministic sample covering every parameter value
   int max_cublas_algos = 8;
   bool split_k = true;
+  /// Superseded template families to try anyway (ChoiceContext::families), e.g. {"gemm_mma_sm80"} or {"all"}.
+  std::vector<std::string> families;
   /// Seed of the random inputs. Default 1.
   uint32_t seed = 1;
   /// Called from tune()'s thread as choices compile and are measured. Optional.
