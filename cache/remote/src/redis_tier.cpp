@@ -80,11 +80,14 @@ Result<std::unique_ptr<RedisConnection>> RedisTier::Impl::connect_now() const {
 
 // ---- RemoteOptions
 
-Result<std::optional<RemoteOptions>> RemoteOptions::from_env() {
-  const char* url = std::getenv("KILN_REMOTE_CACHE");
-  if (url == nullptr || *url == '\0') return std::optional<RemoteOptions>();
+Result<std::optional<RemoteOptions>> RemoteOptions::from_env(std::string url) {
+  if (url.empty()) {
+    const char* env = std::getenv("KILN_REMOTE_CACHE");
+    if (env == nullptr || *env == '\0') return std::optional<RemoteOptions>();
+    url = env;
+  }
   RemoteOptions o;
-  o.url = url;
+  o.url = std::move(url);
   if (const char* k = std::getenv("KILN_CACHE_KEY_FILE"); k && *k) o.key_file = k;
   if (const char* a = std::getenv("KILN_REMOTE_ALLOW_UNSIGNED"); a && *a) {
     std::string_view v = a;

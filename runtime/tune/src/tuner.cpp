@@ -95,7 +95,15 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices s
     impl->cache = options.cache;
   } else {
     KILN_ASSIGN_OR_RETURN(cache::TuneMode mode, cache::tune_mode_from_env());
-    KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode));
+    std::optional<cache::RemoteOptions> remote_options = options.remote;
+    if (!remote_options) {
+      KILN_ASSIGN_OR_RETURN(remote_options, cache::RemoteOptions::from_env());
+    }
+    std::shared_ptr<cache::RemoteTier> remote;
+    if (remote_options && mode != cache::TuneMode::kOff) {
+      KILN_ASSIGN_OR_RETURN(remote, cache::RedisTier::open(*remote_options));
+    }
+    KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode, {}, std::move(remote)));
     impl->cache = std::move(opened);
   }
   if (options.executor) {
@@ -482,10 +490,10 @@ Result<std::unique_ptr<PrecompileGate>> make_cached_gate(std::shared_ptr<cache::
   GateOptions gate;
   gate.executor = std::move(executor);
   std::weak_ptr<cache::TuningCache> weak = cache;
-  gate.lookup = [weak](const KernelKey& key) -> std::optional<Result<Binary>> {
+  gate.lookup = [weak](const KernelKey& key, std::string_view arch) -> std::optional<Result<Binary>> {
     auto c = weak.lock();
     if (!c) return std::nullopt;
-    auto hit = c->lookup_binary(key);
+    auto hit = c->lookup_binary(key, arch);
     if (!hit.ok()) return std::nullopt;
     return Result<Binary>(**hit);
   };

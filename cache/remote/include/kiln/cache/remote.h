@@ -80,10 +80,10 @@ struct RemoteOptions {
   /// Default: steady_clock.
   RemoteClock clock;
 
-  /// Options from the environment: $KILN_REMOTE_CACHE (the URL; empty or unset: no remote, nullopt),
+  /// Options from the environment: the URL `url`, else $KILN_REMOTE_CACHE (neither: no remote, nullopt), and
   /// $KILN_CACHE_KEY_FILE, $KILN_REMOTE_ALLOW_UNSIGNED=1, $KILN_REMOTE_CONNECT_TIMEOUT_MS,
   /// $KILN_REMOTE_READ_TIMEOUT_MS. Errors: kInvalidArgument naming a malformed variable.
-  static Result<std::optional<RemoteOptions>> from_env();
+  static Result<std::optional<RemoteOptions>> from_env(std::string url = {});
 };
 
 struct SyncOptions {

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/cache/remote.h"
 #include "kiln/cache/tuning.h"
 #include "kiln/pool/executor.h"
 #include "kiln/runtime/choice.h"
@@ -60,6 +61,9 @@ struct TuneOptions {
   /// The cache and its mode; null (the default): opened with the mode from $KILN_TUNE_MODE (default tune) and
   /// the default cache folder ($KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or ~/.cache/kiln).
   std::shared_ptr<cache::TuningCache> cache;
+  /// The fleet's remote tier behind the cache opened when `cache` is null (a given cache keeps its own).
+  /// Default: from $KILN_REMOTE_CACHE (none when unset); see kiln/cache/remote.h.
+  std::optional<cache::RemoteOptions> remote;
   /// Where choices compile; null (the default): kiln::make_executor() (the arena, or $KILN_EXECUTOR).
   std::shared_ptr<Executor> executor;
   int device = 0;
