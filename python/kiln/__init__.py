@@ -11,6 +11,7 @@ Tensors come in by DLPack (``__dlpack__``) or ``__cuda_array_interface__`` (torc
 torch is optional: ``import kiln.torch`` registers the custom ops ``torch.ops.kiln.{gemm,rmsnorm,softmax}``.
 See docs/python.md.
 """
+import atexit as _atexit
 import contextlib as _contextlib
 import dataclasses as _dataclasses
 import json as _json
@@ -27,6 +28,10 @@ from ._C import Kernel, TunedOp, Tuner, compile, current_tuner, gemm, rmsnorm, s
 from . import cache  # noqa: E402
 
 __version__ = _C.__version__
+
+# The default tuner may be one made in Python (kiln.warmup): dropped before the interpreter goes, so that its
+# Python object is released while Python still runs (and a background warm-up is joined then).
+_atexit.register(_C._set_default_tuner, None)
 
 
 @_contextlib.contextmanager

@@ -243,7 +243,7 @@ void bind_api(nb::module_& m) {
   m.def("_set_default_tuner", [](std::shared_ptr<PyTuner> t) {
     std::lock_guard lock(current_mu);
     default_tuner = std::move(t);
-  });
+  }, nb::arg("tuner").none());
   m.def("current_tuner", &current_tuner, "The Tuner the ops use now.");
   m.def("_precompile", &precompile, nb::arg("workload"), nb::arg("arch"), nb::arg("cache_dir"), nb::arg("configs"),
         nb::arg("executor"));
