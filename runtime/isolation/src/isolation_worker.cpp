@@ -186,8 +186,8 @@ class BenchWorker {
     }
     Choice& c = *it->second;
     if (!session_->prepared.count(req.name)) {
-      if (!req.has_binaries) return make_error(ErrorCode::kInternal, fmt::format("no binaries sent for '{}'", req.name));
-      KILN_RETURN_IF_ERROR(c.prepare(req.binaries));
+      if (!req.binaries) return make_error(ErrorCode::kInternal, fmt::format("no binaries sent for '{}'", req.name));
+      KILN_RETURN_IF_ERROR(c.prepare(*req.binaries));
       session_->prepared.insert(req.name);
     }
     const OpArgs& args = session_->buffers.args;
@@ -245,12 +245,12 @@ int bench_worker_main(int argc, char** argv, const OpRegistry& ops) {
   loop.handle = [&worker](const codec::Frame& f) -> Result<std::optional<std::string>> {
     switch (static_cast<bw::Type>(f.type)) {
       case bw::Type::kBegin: {
-        KILN_ASSIGN_OR_RETURN(bw::Begin req, bw::decode_begin(f.payload));
+        KILN_ASSIGN_OR_RETURN(bw::Begin req, bw::decode<bw::Begin>(f.payload));
         KILN_ASSIGN_OR_RETURN(std::string reply, bw::encode(worker.begin(req)));
         return std::optional<std::string>(std::move(reply));
       }
       case bw::Type::kRun: {
-        KILN_ASSIGN_OR_RETURN(bw::Run req, bw::decode_run(f.payload));
+        KILN_ASSIGN_OR_RETURN(bw::Run req, bw::decode<bw::Run>(f.payload));
         KILN_ASSIGN_OR_RETURN(std::string reply, bw::encode(worker.run(req)));
         return std::optional<std::string>(std::move(reply));
       }
