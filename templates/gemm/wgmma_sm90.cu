@@ -15,8 +15,8 @@
 // and applies the epilogue: split-K in one kernel, with no workspace. TMA zero-fills reads outside A and B (edges and
 // a K tail included) and the stores are masked, so M, N and K are run-time arguments; TMA needs 16-byte
 // aligned rows: lda and ldb multiples of 8 elements. With swap_ab = ${swap_ab} (decode: M small) the kernel
-// computes D^T = B^T . A^T so that N fills wgmma's 64-row M side and M is the tile's bn (8..64), and stores
-// the transposed tile back to D.
+// computes D^T = B^T . A^T so that N fills wgmma's 64-row M side and M is the tile's bn (any multiple of 8),
+// and stores the transposed tile back to D.
 #include "common/kiln_device.cuh"
 #include "kiln/templates/kernel_args.h"
 ${epilogue}

@@ -129,9 +129,10 @@ TEST(Choices, SupersededFamiliesArePrunedUnlessAskedFor) {
   EXPECT_EQ(templates::superseded_on(*sm80, Target{"sm_80"}), nullptr);
   EXPECT_EQ(templates::superseded_on(*sm90, Target{"sm_90a"}), nullptr);
 
+  // Swap-AB seeds whose bn is M rounded up to 8: 16 rows in an m64n16 tile.
   bool swapped = false;
   KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(decode_gemm(), hopper()));
-  for (const auto& c : choices) swapped |= c->name().rfind("gemm_wgmma_swab_", 0) == 0;
+  for (const auto& c : choices) swapped |= c->name().rfind("gemm_wgmma_swab_128x16x64", 0) == 0;
   EXPECT_TRUE(swapped) << "a 16-row GEMM is offered swap-AB configurations";
 }
 
