@@ -117,6 +117,9 @@ class BenchWorker {
     ctx.max_template_configs = req.session.max_template_configs;
     ctx.max_cublas_algos = req.session.max_cublas_algos;
     ctx.split_k = req.session.split_k;
+    // The host names the choices to measure; superseded families are generated too so that any it asked for
+    // (TuneOptions::families) is found, and the others are never run.
+    ctx.families = {"all"};
     KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> all, ops_.choices(req.session.problem, ctx));
     std::map<std::string, ChoicePtr> by_name;
     for (auto& c : all) by_name[c->name()] = c;
