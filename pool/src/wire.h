@@ -32,7 +32,6 @@ constexpr const codec::Protocol& protocol(MessageType) { return kProtocol; }
 // Each message's fields in order (kiln/codec/codec.h): the layout.
 struct Hello {
   static constexpr MessageType kType = MessageType::kHello;
-  static constexpr std::string_view kName = "pool hello";
   int32_t pid = 0;
   int32_t nvrtc_major = 0;
   int32_t nvrtc_minor = 0;
@@ -41,7 +40,6 @@ KILN_CODEC_FIELDS(Hello, pid, nvrtc_major, nvrtc_minor)
 
 struct Request {
   static constexpr MessageType kType = MessageType::kRequest;
-  static constexpr std::string_view kName = "pool request";
   uint64_t job_id = 0;
   KernelSource source;
   Target target;
@@ -53,7 +51,6 @@ KILN_CODEC_FIELDS(Request, job_id, source, target, want_ptx, use_pch, pch_dir)
 
 struct Reply {
   static constexpr MessageType kType = MessageType::kReply;
-  static constexpr std::string_view kName = "pool reply";
   uint64_t job_id = 0;
   Result<Binary> result = make_error(ErrorCode::kInternal, "empty reply");
 };

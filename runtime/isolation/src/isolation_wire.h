@@ -59,7 +59,6 @@ constexpr const codec::Protocol& protocol(Type) { return kProtocol; }
 
 struct Hello {
   static constexpr Type kType = Type::kHello;
-  static constexpr std::string_view kName = "bench hello";
   int32_t pid = 0;
   int32_t device = 0;
   Status status;               // not ok: the worker has no usable context (it exits after saying so)
@@ -93,7 +92,6 @@ KILN_CODEC_FIELDS(SessionSpec, problem, seed, bench, max_template_configs, max_c
 
 struct Begin {
   static constexpr Type kType = Type::kBegin;
-  static constexpr std::string_view kName = "bench begin";
   uint64_t seq = 0;
   SessionSpec session;
 };
@@ -101,7 +99,6 @@ KILN_CODEC_FIELDS(Begin, seq, session)
 
 struct Begun {
   static constexpr Type kType = Type::kBegun;
-  static constexpr std::string_view kName = "bench begun";
   uint64_t seq = 0;
   Status status;                             // not ok: the session did not start (unknown op or reference, ...)
   std::map<std::string, std::string> unknown;  // choice name -> why the worker cannot rebuild it
@@ -115,7 +112,6 @@ constexpr bool known(RunMode m) { return m == RunMode::kCheckAndMeasure || m == 
 
 struct Run {
   static constexpr Type kType = Type::kRun;
-  static constexpr std::string_view kName = "bench run";
   uint64_t seq = 0;
   std::string name;
   RunMode mode = RunMode::kCheckAndMeasure;
@@ -128,7 +124,6 @@ KILN_CODEC_FIELDS(Run, seq, name, mode, binaries, best_us, n, graph)
 
 struct RunResult {
   static constexpr Type kType = Type::kRunResult;
-  static constexpr std::string_view kName = "bench run result";
   uint64_t seq = 0;
   Status status;
   double error = 0;  // relative error of the check
@@ -142,7 +137,6 @@ KILN_CODEC_FIELDS(RunResult, seq, status, error, us, graph, partial, poisoned, w
 
 struct End {
   static constexpr Type kType = Type::kEnd;
-  static constexpr std::string_view kName = "bench end";
   uint64_t seq = 0;
 };
 KILN_CODEC_FIELDS(End, seq)
