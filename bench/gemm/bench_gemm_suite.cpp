@@ -38,6 +38,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <random>
 #include <set>
@@ -822,6 +823,13 @@ int run_child(const Options& opt, const std::vector<SuiteShape>& shapes, size_t 
 
 // ------------------------------------------------------------------------------------------------ the parent
 
+// A record's shape index, or none: records are re-read from a file a killed child may have left half-written.
+std::optional<size_t> record_index(const json& r) {
+  auto it = r.find("index");
+  if (it == r.end() || !it->is_number_unsigned()) return std::nullopt;
+  return it->get<size_t>();
+}
+
 std::vector<json> read_jsonl(const std::string& path) {
   std::vector<json> out;
   std::ifstream in(path);
@@ -914,7 +922,9 @@ int main(int argc, char** argv) {
     }
     std::vector<json> done = read_jsonl(jsonl);
     size_t resume = next;
-    for (const json& r : done) resume = std::max(resume, r["index"].get<size_t>() + 1);
+    for (const json& r : done) {
+      if (auto i = record_index(r)) resume = std::max(resume, *i + 1);
+    }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
       next = resume;
       break;
@@ -947,30 +957,38 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Results: the last record of each shape, in suite order, then the outputs.
-  std::map<size_t, json> by_index;
-  for (json& r : read_jsonl(jsonl)) by_index[r["index"].get<size_t>()] = std::move(r);
-  std::vector<json> records;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    if (auto it = by_index.find(i); it != by_index.end()) {
-      records.push_back(it->second);
-    } else {
-      json rec = bench::suite::shape_json(shapes[i]);
-      rec["index"] = i;
-      rec["error"] = "not run (time budget or an earlier failure)";
-      records.push_back(rec);
+  // A malformed record must not lose the others: the .jsonl stays for a rerun of the report.
+  try {
+    // Results: the last record of each shape, in suite order, then the outputs.
+    std::map<size_t, json> by_index;
+    for (json& r : read_jsonl(jsonl)) {
+      if (auto i = record_index(r)) by_index[*i] = std::move(r);
     }
+    std::vector<json> records;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (auto it = by_index.find(i); it != by_index.end()) {
+        records.push_back(it->second);
+      } else {
+        json rec = bench::suite::shape_json(shapes[i]);
+        rec["index"] = i;
+        rec["error"] = "not run (time budget or an earlier failure)";
+        records.push_back(rec);
+      }
+    }
+    json env = bench::environment();
+    env["seconds"] = std::chrono::duration<double>(std::chrono::system_clock::now() - start).count();
+    env["incidents"] = incidents;
+    env["left_out_configs"] = json(std::vector<std::string>(blocked.begin(), blocked.end()));
+    env["method"] = "D = A.B, A row-major, fp32 accumulate, output in the input dtype; inputs hashed, rotated over "
+                    ">= 3x L2; cuBLAS output is the reference (spot-checked against float64 on the CPU); GPU time of "
+                    "CUDA graphs of many launches; final figures interleaved";
+    const bool ok = bench::suite::write_outputs(opt.out, records, env);
+    const bench::suite::Summary sum = bench::suite::summarize(records);
+    fmt::print("{}", bench::suite::summary_text(sum));
+    std::remove(state.c_str());
+    return ok && sum.measured > 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_gemm_suite: writing the results from {} failed: {}\n", jsonl, e.what());
+    return 1;
   }
-  json env = bench::environment();
-  env["seconds"] = std::chrono::duration<double>(std::chrono::system_clock::now() - start).count();
-  env["incidents"] = incidents;
-  env["left_out_configs"] = json(std::vector<std::string>(blocked.begin(), blocked.end()));
-  env["method"] = "D = A.B, A row-major, fp32 accumulate, output in the input dtype; inputs hashed, rotated over "
-                  ">= 3x L2; cuBLAS output is the reference (spot-checked against float64 on the CPU); GPU time of "
-                  "CUDA graphs of many launches; final figures interleaved";
-  const bool ok = bench::suite::write_outputs(opt.out, records, env);
-  const bench::suite::Summary sum = bench::suite::summarize(records);
-  fmt::print("{}", bench::suite::summary_text(sum));
-  std::remove(state.c_str());
-  return ok && sum.measured > 0 ? 0 : 1;
 }

@@ -22,7 +22,7 @@ fi
 timeout $(( ${SUITE_SECONDS:-360} + 45 )) $D/bench_gemm_suite --out "$OUT/gemm-suite" --max-seconds "${SUITE_SECONDS:-360}" "$@" \
   > /tmp/suite.txt 2> /tmp/suite.log
 echo "bench_gemm_suite rc=$?" | tee -a "$log"; cat /tmp/suite.log /tmp/suite.txt >> "$log"
-rm -f "$OUT/gemm-suite.jsonl"  # gemm-suite.json holds every record
+[[ -s $OUT/gemm-suite.json ]] && rm -f "$OUT/gemm-suite.jsonl"  # gemm-suite.json holds every record
 grep -E "stopped|lost|WRONG" /tmp/suite.log | head -20
 tail -25 /tmp/suite.log | cut -c1-200
 cat /tmp/suite.txt

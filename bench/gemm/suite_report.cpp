@@ -27,6 +27,10 @@ double number(const json& r, const char* key) {
   auto it = r.find(key);
   return it != r.end() && it->is_number() ? it->get<double>() : 0.0;
 }
+long long integer(const json& r, const char* key) {
+  auto it = r.find(key);
+  return it != r.end() && it->is_number_integer() ? it->get<long long>() : 0;
+}
 std::string text(const json& r, const char* key) {
   auto it = r.find(key);
   return it != r.end() && it->is_string() ? it->get<std::string>() : "";
@@ -46,7 +50,7 @@ Summary summarize(const std::vector<json>& records) {
     log_sum += std::log(x);
     if (x >= 1.05) ++s.faster_105;
     if (x >= 1 / 1.05) ++s.within_105;
-    if (r.value("m", 0) == 4096 && r.value("n", 0) == 4096 && r.value("k", 0) == 4096 && text(r, "dtype") == "bf16" &&
+    if (integer(r, "m") == 4096 && integer(r, "n") == 4096 && integer(r, "k") == 4096 && text(r, "dtype") == "bf16" &&
         text(r, "layout_b") == "col") {
       s.square_vs_cublas = number(r, "speedup_vs_cublas");
     }
@@ -88,8 +92,8 @@ std::string markdown(const std::vector<json>& records, const json& env) {
     const double x = number(r, "speedup_vs_best_reference");
     std::string config = text(r, "kiln_template_config");
     if (config.empty()) config = r.contains("error") ? "error: " + r["error"].dump() : "-";
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `{}` | {} |\n", r.value("index", 0),
-                       text(r, "model"), text(r, "layer"), r.value("m", 0), r.value("n", 0), r.value("k", 0),
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `{}` | {} |\n", integer(r, "index"),
+                       text(r, "model"), text(r, "layer"), integer(r, "m"), integer(r, "n"), integer(r, "k"),
                        text(r, "dtype"), text(r, "layout_b"), us("cublas_us"), us("cublaslt_us"),
                        us("kiln_template_us"), config, x > 0 ? fmt::format("{}{:.2f}x{}", x >= 1.05 ? "**" : "", x,
                                                                            x >= 1.05 ? "**" : "")
@@ -137,7 +141,7 @@ std::string svg(const std::vector<json>& records) {
                        text(r, "id"), x, text(r, "kiln_template_config"));
     const int lx = bx + bar / 2, ly = top + plot_h + 8;
     out += fmt::format("<text x=\"{}\" y=\"{}\" transform=\"rotate(60 {} {})\" font-size=\"9\">{}x{}x{} {}{}</text>\n",
-                       lx, ly, lx, ly, r.value("m", 0), r.value("n", 0), r.value("k", 0), text(r, "dtype"),
+                       lx, ly, lx, ly, integer(r, "m"), integer(r, "n"), integer(r, "k"), text(r, "dtype"),
                        text(r, "layout_b") == "row" ? " Brow" : "");
   }
   out += "</svg>\n";
