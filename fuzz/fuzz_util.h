@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -39,6 +40,24 @@ void check_round_trip(const T& decoded, Encode encode, Decode decode, std::strin
   if (!again.ok()) fail(std::string(what) + ": its own encoding does not decode: " + again.status().to_string());
   Result<std::string> twice = encode(*again);
   if (!twice.ok() || *twice != *once) fail(std::string(what) + ": encoding is not stable over a round trip");
+}
+
+/// A frame's payload as message M: it decodes or is an error (of kind `only_error`, where given), never a
+/// crash, and what decodes survives a round trip through whole frames, as the peer's `encode` writes them.
+template <class M, class Decode, class Encode>
+void check_message(std::string_view payload, Decode decode, Encode encode, std::string_view what,
+                   std::optional<ErrorCode> only_error = std::nullopt) {
+  Result<M> m = decode(payload);
+  if (!m.ok()) {
+    if (only_error && m.status().code() != *only_error) {
+      fail(std::string(what) + ": not the expected error: " + m.status().to_string());
+    }
+    return;
+  }
+  auto decode_frame = [&](const std::string& frame) {
+    return decode(std::string_view(frame).substr(codec::kFrameHeaderBytes));
+  };
+  check_round_trip(*m, encode, decode_frame, what);
 }
 
 /// Every frame of a stream, each handed to `on_frame(type, payload)`, read both ways kiln reads them. Stops

@@ -76,6 +76,34 @@ Result<std::shared_ptr<cache::TuningCache>> open_cache(const TuneArgs& a, cache:
   return std::shared_ptr<cache::TuningCache>(std::move(c));
 }
 
+// The remote tier (null where none is named) and the cache in front of it. On failure `exit_code` is what the
+// command returns, and why has been printed: 2 for remote flags that name nothing usable, 1 for a cache that
+// does not open.
+struct TuneStores {
+  std::shared_ptr<cache::RedisTier> tier;
+  std::shared_ptr<cache::TuningCache> cache;
+  int exit_code = 0;
+};
+
+TuneStores open_stores(const TuneArgs& a, std::string_view command, bool write_behind) {
+  TuneStores s;
+  auto tier = open_remote(a.remote, write_behind);
+  if (!tier.ok()) {
+    fmt::print(stderr, "{}: {}\n", command, tier.status().to_string());
+    s.exit_code = 2;
+    return s;
+  }
+  s.tier = *tier;
+  auto cache = open_cache(a, cache::TuneMode::kTune, s.tier);
+  if (!cache.ok()) {
+    fmt::print(stderr, "{}: {}\n", command, cache.status().to_string());
+    s.exit_code = 1;
+    return s;
+  }
+  s.cache = *cache;
+  return s;
+}
+
 // One kernel to build, with the problems that need it (for their failure lines).
 struct PlannedKernel {
   runtime::CompileRequest request;
@@ -139,22 +167,16 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
   }
   // Read-only here: a kernel another build machine already published is fetched, not compiled; this shard's
   // binaries are published by push() at the end, every one of them, whatever a queue could hold.
-  auto tier = open_remote(a.remote, false);
-  if (!tier.ok()) {
-    fmt::print(stderr, "kiln precompile: {}\n", tier.status().to_string());
-    return 2;
-  }
-  auto cache = open_cache(a, cache::TuneMode::kTune, *tier);
-  if (!cache.ok()) {
-    fmt::print(stderr, "kiln precompile: {}\n", cache.status().to_string());
-    return 1;
-  }
+  const TuneStores stores = open_stores(a, "kiln precompile", false);
+  if (stores.exit_code != 0) return stores.exit_code;
+  const std::shared_ptr<cache::RedisTier>& tier = stores.tier;
+  const std::shared_ptr<cache::TuningCache>& cache = stores.cache;
   auto executor = make_executor();
   if (!executor.ok()) {
     fmt::print(stderr, "kiln precompile: {}\n", executor.status().to_string());
     return 1;
   }
-  auto gate = runtime::make_cached_gate(*cache, *executor);
+  auto gate = runtime::make_cached_gate(cache, *executor);
   if (!gate.ok()) {
     fmt::print(stderr, "kiln precompile: {}\n", gate.status().to_string());
     return 1;
@@ -172,7 +194,7 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
     fmt::print("shard {}/{}: {} of the workload's {} distinct kernels\n", shard.first, shard.second, plan->size(), all);
   }
   fmt::print("precompiling {} problems of '{}' for {} into {}: {} kernels, {} distinct ({} compile workers, {})\n",
-             w.problems.size(), w.name, target->arch, (*cache)->store() ? (*cache)->store()->dir() : "(no cache)",
+             w.problems.size(), w.name, target->arch, cache->store() ? cache->store()->dir() : "(no cache)",
              requests, plan->size(), (*executor)->concurrency(), (*executor)->kind());
   const auto start = Clock::now();
   ProgressTracker tracker(plan->size());
@@ -214,27 +236,27 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
     }
   }
   printer.finish(tracker.snapshot());
-  if (auto* store = (*cache)->store()) (void)store->flush();
+  if (auto* store = cache->store()) (void)store->flush();
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   auto counters = (*gate)->counters();
   fmt::print("{} kernels, {} distinct: {} compiled now, {} already in the cache, {} failed, {:.1f} s\n", requests,
              plan->size(), counters.compiles, counters.cache_hits + counters.cached_failures, failed, secs);
   for (const auto& f : failures) fmt::print("  FAILED {}\n", f);
   int remote_rc = 0;
-  if (*tier && (*cache)->store()) {
+  if (tier && cache->store()) {
     cache::SyncOptions push;
     push.binaries_only = true;
     for (size_t i = 0; i < futures.size(); ++i) {
       if (futures[i].get().ok()) push.binaries.push_back((*plan)[i].key);
     }
-    auto pushed = cache::push(*(*cache)->store(), **tier, push);
+    auto pushed = cache::push(*cache->store(), *tier, push);
     if (!pushed.ok()) {
       fmt::print(stderr, "kiln precompile: publishing to the remote cache failed: {} (the binaries are in the local "
                          "cache; `kiln cache push` sends them later)\n", pushed.status().to_string());
       remote_rc = 1;
     } else {
-      fmt::print("published {} binaries to {}{}\n", pushed->binaries, (*tier)->describe(),
-                 (*tier)->signing() ? " (signed)" : "");
+      fmt::print("published {} binaries to {}{}\n", pushed->binaries, tier->describe(),
+                 tier->signing() ? " (signed)" : "");
       for (const auto& e : pushed->errors) fmt::print(stderr, "  {}\n", e);
       if (pushed->withheld) {
         fmt::print(stderr, "kiln precompile: {} binaries not published: no fleet key (--key-file or KILN_CACHE_KEY_FILE)"
@@ -243,7 +265,7 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
       if (pushed->failed) fmt::print(stderr, "kiln precompile: the remote did not store {} binaries\n", pushed->failed);
       if (pushed->withheld || pushed->failed) remote_rc = 1;
     }
-    fmt::print("{}\n", remote_summary_line(**tier));
+    fmt::print("{}\n", remote_summary_line(*tier));
   }
   if (!no_gpu.empty()) {
     write_unmeasured_report(a, no_gpu,
@@ -278,18 +300,12 @@ int run_tune(const TuneArgs& a) {
                "is measured\n", ctx.status().to_string());
     return run_precompile(a, *w, why);
   }
-  auto tier = open_remote(a.remote);
-  if (!tier.ok()) {
-    fmt::print(stderr, "kiln tune: {}\n", tier.status().to_string());
-    return 2;
-  }
-  auto cache = open_cache(a, cache::TuneMode::kTune, *tier);
-  if (!cache.ok()) {
-    fmt::print(stderr, "kiln tune: {}\n", cache.status().to_string());
-    return 1;
-  }
+  const TuneStores stores = open_stores(a, "kiln tune", true);
+  if (stores.exit_code != 0) return stores.exit_code;
+  const std::shared_ptr<cache::RedisTier>& tier = stores.tier;
+  const std::shared_ptr<cache::TuningCache>& cache = stores.cache;
   runtime::TuneOptions options;
-  options.cache = *cache;
+  options.cache = cache;
   options.device = a.device;
   options.max_template_configs = a.configs;
   options.families = a.families;
@@ -302,7 +318,7 @@ int run_tune(const TuneArgs& a) {
   // Every problem's choices start compiling now, in the background: while one problem is benchmarked the
   // next ones' kernels are being built (tune() raises what it waits for to normal priority).
   for (const auto& p : w->problems) {
-    auto decided = (*cache)->lookup_decision((*tuner)->key(p));
+    auto decided = cache->lookup_decision((*tuner)->key(p));
     if (decided.ok() && *decided) continue;  // a warm start loads only the decided kernel
     auto choices = runtime::default_ops().choices(p, (*tuner)->context());
     if (!choices.ok()) continue;
@@ -310,7 +326,7 @@ int run_tune(const TuneArgs& a) {
   }
   fmt::print("tuning {} problems of '{}' on {} (cache {} in {} mode)\n", w->problems.size(), w->name,
              (*tuner)->context().device.name,
-             (*cache)->store() ? (*cache)->store()->dir() : std::string("off"), cache::tune_mode_name((*cache)->mode()));
+             cache->store() ? cache->store()->dir() : std::string("off"), cache::tune_mode_name(cache->mode()));
   ProgressTracker tracker(w->problems.size());
   ProgressPrinter printer(stderr, ProgressPrinter::Options{.label = "tune"});
   tracker.listen([&](const ProgressSnapshot& s) { printer.update(s); });
@@ -336,16 +352,16 @@ int run_tune(const TuneArgs& a) {
                                      r.decision_from_cache ? " (cached decision)" : ""));
   }
   printer.finish(tracker.snapshot());
-  if (auto* store = (*cache)->store()) (void)store->flush();
+  if (auto* store = cache->store()) (void)store->flush();
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   for (const auto& l : lines) fmt::print("{}\n", l);
   fmt::print("tuned {} problems in {:.3f} s: {} from cached decisions, {} errors\n", w->problems.size(), secs,
              cached_decisions, errors);
-  if (*tier) {
+  if (tier) {
     // The remote is an accelerator, not a requirement: its failures are said here, and the exit status
     // stays that of the tune, which ran from the local cache.
-    if (Status s = (*tier)->drain(std::chrono::seconds(5)); !s.ok()) fmt::print(stderr, "kiln tune: {}\n", s.to_string());
-    fmt::print("{}\n", remote_summary_line(**tier));
+    if (Status s = tier->drain(std::chrono::seconds(5)); !s.ok()) fmt::print(stderr, "kiln tune: {}\n", s.to_string());
+    fmt::print("{}\n", remote_summary_line(*tier));
   }
   if (!a.report.empty()) {
     nlohmann::json out{{"workload", w->name}, {"device", (*tuner)->context().device.name}, {"seconds", secs},

@@ -2,49 +2,38 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
-
 #include "format.h"
+#include "kiln/codec/codec.h"
 
 namespace kiln::cache {
 namespace {
 
+using codec::Reader;
+using codec::Writer;
+
 constexpr std::string_view kSealMagic = "KLNR";
-constexpr size_t kHeaderBytes = 12;
-constexpr size_t kKeyIdBytes = 16;
-constexpr size_t kMacBytes = 64;
 constexpr uint8_t kSignedFlag = 1;
+constexpr size_t kMaxKeyIdBytes = 64;
 
-void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(char((v >> (8 * i)) & 0xff));
-}
-uint32_t get_u32(std::string_view s, size_t at) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(s[at + i])) << (8 * i);
-  return v;
-}
-
+// What the MAC covers: the slot (length-prefixed, so no slot/value split is ambiguous), then every byte of
+// the value before the signature. Binding the slot is what refuses a valid value copied under another key.
 std::string mac_input(std::string_view slot, std::string_view signed_bytes) {
-  std::string in;
-  in.reserve(slot.size() + 1 + signed_bytes.size());
-  in.append(slot);
-  in.push_back('\0');
-  in.append(signed_bytes);
-  return in;
+  Writer w(4 + slot.size() + signed_bytes.size());
+  w.bytes(slot, "slot");
+  w.append(signed_bytes);
+  return std::move(w).take();
 }
 
 std::string seal(std::string_view slot, std::string record, const SigningKey* key) {
-  std::string out;
-  out.reserve(kHeaderBytes + kKeyIdBytes + record.size() + kMacBytes);
-  out.append(kSealMagic);
-  out.push_back(char(kSealedVersion));
-  out.push_back(char(key ? kSignedFlag : 0));
-  out.append(2, '\0');
-  put_u32(out, uint32_t(record.size()));
-  if (key) out.append(key->id().substr(0, kKeyIdBytes));
-  out.append(record);
-  if (key) out.append(key->sign(mac_input(slot, out)));
-  return out;
+  Writer w(record.size() + 128);  // the frame, the key id and the signature fit in the rest
+  w.append(kSealMagic);
+  w.u8(kSealedVersion);
+  w.u8(key ? kSignedFlag : 0);
+  w.u16(0);
+  if (key) w.bytes(key->id(), "key id");
+  w.bytes(record, "record");
+  if (key) w.bytes(key->sign(mac_input(slot, w.buffer())), "signature");
+  return std::move(w).take();
 }
 
 Status refuse(Refusal r, Refusal* why, ErrorCode code, std::string message) {
@@ -55,34 +44,32 @@ Status refuse(Refusal r, Refusal* why, ErrorCode code, std::string message) {
 // Checks the frame and the signature as `policy` asks; the record's bytes on success.
 Result<std::string_view> open(std::string_view slot, std::string_view value, const SealPolicy& policy,
                               bool is_binary, Refusal* why) {
-  if (value.size() < kHeaderBytes || value.substr(0, 4) != kSealMagic) {
+  if (value.substr(0, kSealMagic.size()) != kSealMagic) {
     return refuse(Refusal::kMalformed, why, ErrorCode::kCorrupt, "not a sealed kiln value (bad magic or too short)");
   }
-  if (uint8_t(value[4]) != kSealedVersion) {
+  Reader r(value.substr(kSealMagic.size()));
+  const uint8_t version = r.u8("version");
+  if (r.ok() && version != kSealedVersion) {
     return refuse(Refusal::kMalformed, why, ErrorCode::kCorrupt,
-                  fmt::format("sealed-format version {}, this kiln reads {}", uint8_t(value[4]), kSealedVersion));
+                  fmt::format("sealed-format version {}, this kiln reads {}", version, kSealedVersion));
   }
-  const uint8_t flags = uint8_t(value[5]);
+  const uint8_t flags = r.u8("flags");
   const bool is_signed = flags & kSignedFlag;
-  if ((flags & ~kSignedFlag) != 0 || value[6] != 0 || value[7] != 0) {
-    return refuse(Refusal::kMalformed, why, ErrorCode::kCorrupt, "unknown flags in a sealed value");
+  r.expect((flags & ~kSignedFlag) == 0 && r.u16("reserved") == 0, "flags", "has unknown bits");
+  const std::string_view signer = is_signed ? r.bytes_view("key id") : std::string_view();
+  r.expect(signer.size() <= kMaxKeyIdBytes, "key id", "is too long");  // it is quoted in errors
+  const std::string_view record = r.bytes_view("record");
+  const size_t signed_end = kSealMagic.size() + r.position();
+  const std::string_view mac = is_signed ? r.bytes_view("signature") : std::string_view();
+  if (Status frame = r.finish("sealed value"); !frame.ok()) {
+    return refuse(Refusal::kMalformed, why, ErrorCode::kCorrupt, frame.message());
   }
-  const uint64_t n = get_u32(value, 8);
-  const uint64_t want = kHeaderBytes + n + (is_signed ? kKeyIdBytes + kMacBytes : 0);
-  if (value.size() != want) {
-    return refuse(Refusal::kMalformed, why, ErrorCode::kCorrupt,
-                  fmt::format("sealed value is {} bytes, its frame says {} (truncated or padded)", value.size(), want));
-  }
-  const size_t record_at = kHeaderBytes + (is_signed ? kKeyIdBytes : 0);
-  std::string_view record = value.substr(record_at, n);
   if (policy.key) {
     if (!is_signed) {
       return refuse(Refusal::kUnsigned, why, ErrorCode::kFailedPrecondition,
                     "unsigned value, and this kiln requires values signed with its fleet key");
     }
-    std::string_view signer = value.substr(kHeaderBytes, kKeyIdBytes);
-    std::string_view mac = value.substr(record_at + n);
-    if (!policy.key->verify(mac_input(slot, value.substr(0, record_at + n)), mac)) {
+    if (!policy.key->verify(mac_input(slot, value.substr(0, signed_end)), mac)) {
       std::string who = signer == policy.key->id() ? "by this key, but for another remote key or changed since"
                                                     : fmt::format("by key {}, not by this kiln's key {}", signer,
                                                                   policy.key->id());

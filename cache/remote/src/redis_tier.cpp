@@ -202,64 +202,53 @@ Status RedisTier::ping() {
 
 // ---- read-through
 
+std::optional<Reply> RedisTier::Impl::read(const std::vector<std::string_view>& cmd) {
+  std::lock_guard lock(read_mu);
+  return attempt<Reply>(read_conn, [&](RedisConnection& c) { return c.command(cmd); }, &n.skipped, &n.errors);
+}
+
+std::optional<std::string> RedisTier::Impl::get(const std::string& slot) {
+  std::optional<Reply> r = read({"GET", slot});
+  if (!r) return std::nullopt;
+  if (r->type != Reply::kString) {
+    ++(r->type == Reply::kError ? n.errors : n.misses);
+    return std::nullopt;
+  }
+  return std::move(r->str);
+}
+
 std::optional<Binary> RedisTier::fetch_binary(const KernelKey& key, std::string_view arch) {
   Impl& m = *impl_;
   if (!m.may_send_binaries()) return std::nullopt;  // would be refused: not worth a round trip
   const std::string slot = remote_binary_key(key, arch);
-  std::optional<Reply> r;
-  {
-    std::lock_guard lock(m.read_mu);
-    r = m.attempt<Reply>(m.read_conn, [&](RedisConnection& c) { return c.command({"GET", slot}); }, &m.n.skipped, &m.n.errors);
-  }
-  if (!r) return std::nullopt;
-  if (r->type != Reply::kString) {
-    ++(r->type == Reply::kError ? m.n.errors : m.n.misses);
-    return std::nullopt;
-  }
+  const std::optional<std::string> value = m.get(slot);
+  if (!value) return std::nullopt;
   Refusal why;
-  auto b = unseal_binary(slot, r->str, key, m.policy, &why);
-  if (!b.ok()) {
-    m.count_refusal(why, slot, b.status());
-    return std::nullopt;
-  }
+  std::optional<Binary> b = m.accept(unseal_binary(slot, *value, key, m.policy, &why), why, slot);
+  if (!b) return std::nullopt;
   if (!arch.empty() && b->arch != arch) {
     m.count_refusal(Refusal::kMalformed, slot, make_error(ErrorCode::kCorrupt, fmt::format("built for {}", b->arch)));
     return std::nullopt;
   }
   ++m.n.hits;
-  return std::move(b).value();
+  return b;
 }
 
 std::optional<Decision> RedisTier::fetch_decision(std::string_view problem) {
   Impl& m = *impl_;
   const std::string slot = remote_decision_key(problem);
-  std::optional<Reply> r;
-  {
-    std::lock_guard lock(m.read_mu);
-    r = m.attempt<Reply>(m.read_conn, [&](RedisConnection& c) { return c.command({"GET", slot}); }, &m.n.skipped, &m.n.errors);
-  }
-  if (!r || r->type != Reply::kString) {
-    if (r) ++(r->type == Reply::kError ? m.n.errors : m.n.misses);
-    return std::nullopt;
-  }
+  const std::optional<std::string> value = m.get(slot);
+  if (!value) return std::nullopt;
   Refusal why;
-  auto d = unseal_decision(slot, r->str, problem, m.policy, &why);
-  if (!d.ok()) {
-    m.count_refusal(why, slot, d.status());
-    return std::nullopt;
-  }
-  ++m.n.hits;
-  return std::move(d).value();
+  std::optional<Decision> d = m.accept(unseal_decision(slot, *value, problem, m.policy, &why), why, slot);
+  if (d) ++m.n.hits;
+  return d;
 }
 
 std::vector<TimingRecord> RedisTier::fetch_timings(std::string_view problem) {
   Impl& m = *impl_;
   const std::string slot = remote_timings_key(problem);
-  std::optional<Reply> r;
-  {
-    std::lock_guard lock(m.read_mu);
-    r = m.attempt<Reply>(m.read_conn, [&](RedisConnection& c) { return c.command({"HGETALL", slot}); }, &m.n.skipped, &m.n.errors);
-  }
+  const std::optional<Reply> r = m.read({"HGETALL", slot});
   std::vector<TimingRecord> out;
   if (!r || r->type != Reply::kArray) {
     if (r && r->type == Reply::kError) ++m.n.errors;
@@ -273,12 +262,9 @@ std::vector<TimingRecord> RedisTier::fetch_timings(std::string_view problem) {
     const std::string& choice = r->elements[i].str;
     const std::string field_slot = slot + "\n" + choice;
     Refusal why;
-    auto t = unseal_timing(field_slot, r->elements[i + 1].str, problem, choice, m.policy, &why);
-    if (!t.ok()) {
-      m.count_refusal(why, field_slot, t.status());
-      continue;
-    }
-    out.push_back(std::move(t).value());
+    auto t = m.accept(unseal_timing(field_slot, r->elements[i + 1].str, problem, choice, m.policy, &why), why,
+                      field_slot);
+    if (t) out.push_back(std::move(*t));
   }
   if (!out.empty()) ++m.n.hits;
   return out;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <utility>
 
 #include "tier_impl.h"
 
@@ -63,6 +64,22 @@ Result<std::vector<std::string>> scan(RedisConnection& conn, const std::string& 
   } while (cursor != "0");
   std::sort(keys.begin(), keys.end());
   return keys;
+}
+
+// Reads every key that matches `pattern` with `verb` (GET, HGETALL), `batch` keys a round trip:
+// each(slot, reply) for every key, then batch_done() after each round trip (to store what it gathered).
+template <class Each, class BatchDone>
+Status read_matching(RedisConnection& conn, const std::string& pattern, std::string_view verb, size_t batch,
+                     Each each, BatchDone batch_done) {
+  KILN_ASSIGN_OR_RETURN(auto keys, scan(conn, pattern));
+  for (size_t i = 0; i < keys.size(); i += batch) {
+    std::vector<std::vector<std::string>> cmds;
+    for (size_t j = i; j < std::min(keys.size(), i + batch); ++j) cmds.push_back({std::string(verb), keys[j]});
+    KILN_ASSIGN_OR_RETURN(auto replies, conn.pipeline(cmds));
+    for (size_t j = 0; j < replies.size(); ++j) each(cmds[j][1], replies[j]);
+    batch_done();
+  }
+  return Status();
 }
 
 }  // namespace
@@ -135,89 +152,70 @@ Result<SyncReport> pull(Store& store, RedisTier& remote, const SyncOptions& opti
   // Decisions.
   {
     const std::string head = p + "dec:";
-    KILN_ASSIGN_OR_RETURN(auto keys, scan(*conn, head + problem_arch_glob + ":*"));
-    for (size_t i = 0; i < keys.size(); i += kBatch) {
-      std::vector<std::vector<std::string>> cmds;
-      for (size_t j = i; j < std::min(keys.size(), i + kBatch); ++j) cmds.push_back({"GET", keys[j]});
-      KILN_ASSIGN_OR_RETURN(auto replies, conn->pipeline(cmds));
-      std::vector<Decision> got;
-      for (size_t j = 0; j < replies.size(); ++j) {
-        const std::string& slot = cmds[j][1];
-        if (replies[j].type != Reply::kString) continue;  // gone since the scan
-        const size_t colon = slot.find(':', head.size());
-        std::string problem = slot.substr(colon + 1);
-        Refusal why;
-        auto d = unseal_decision(slot, replies[j].str, problem, m.policy, &why);
-        if (!d.ok()) {
-          refused(why, slot, d.status());
-          continue;
-        }
-        got.push_back(std::move(d).value());
-      }
-      report.decisions += got.size();
-      store_batch({}, std::move(got), {});
-    }
+    std::vector<Decision> got;
+    KILN_RETURN_IF_ERROR(read_matching(
+        *conn, head + problem_arch_glob + ":*", "GET", kBatch,
+        [&](const std::string& slot, const Reply& reply) {
+          if (reply.type != Reply::kString) return;  // gone since the scan
+          std::string problem = slot.substr(slot.find(':', head.size()) + 1);
+          Refusal why;
+          auto d = unseal_decision(slot, reply.str, problem, m.policy, &why);
+          if (!d.ok()) return refused(why, slot, d.status());
+          got.push_back(std::move(d).value());
+        },
+        [&] {
+          report.decisions += got.size();
+          store_batch({}, std::exchange(got, {}), {});
+        }));
   }
   if (options.decisions_only) return report;
 
   // Timings.
   {
     const std::string head = p + "tim:";
-    KILN_ASSIGN_OR_RETURN(auto keys, scan(*conn, head + problem_arch_glob + ":*"));
-    for (size_t i = 0; i < keys.size(); i += kBatch) {
-      std::vector<std::vector<std::string>> cmds;
-      for (size_t j = i; j < std::min(keys.size(), i + kBatch); ++j) cmds.push_back({"HGETALL", keys[j]});
-      KILN_ASSIGN_OR_RETURN(auto replies, conn->pipeline(cmds));
-      std::vector<TimingRecord> got;
-      for (size_t j = 0; j < replies.size(); ++j) {
-        const std::string& slot = cmds[j][1];
-        const std::string problem = slot.substr(slot.find(':', head.size()) + 1);
-        const auto& e = replies[j].elements;
-        for (size_t f = 0; f + 1 < e.size(); f += 2) {
-          const std::string field_slot = slot + "\n" + e[f].str;
-          Refusal why;
-          auto t = unseal_timing(field_slot, e[f + 1].str, problem, e[f].str, m.policy, &why);
-          if (!t.ok()) {
-            refused(why, field_slot, t.status());
-            continue;
+    std::vector<TimingRecord> got;
+    KILN_RETURN_IF_ERROR(read_matching(
+        *conn, head + problem_arch_glob + ":*", "HGETALL", kBatch,
+        [&](const std::string& slot, const Reply& reply) {
+          const std::string problem = slot.substr(slot.find(':', head.size()) + 1);
+          const auto& e = reply.elements;
+          for (size_t f = 0; f + 1 < e.size(); f += 2) {
+            const std::string field_slot = slot + "\n" + e[f].str;
+            Refusal why;
+            auto t = unseal_timing(field_slot, e[f + 1].str, problem, e[f].str, m.policy, &why);
+            if (!t.ok()) {
+              refused(why, field_slot, t.status());
+              continue;
+            }
+            got.push_back(std::move(t).value());
           }
-          got.push_back(std::move(t).value());
-        }
-      }
-      report.timings += got.size();
-      store_batch(std::move(got), {}, {});
-    }
+        },
+        [&] {
+          report.timings += got.size();
+          store_batch(std::exchange(got, {}), {}, {});
+        }));
   }
 
   // Binaries: only where they can pass (a key, or unsigned binaries allowed).
   if (!m.may_send_binaries()) return report;
   {
     const std::string head = p + "bin:";
-    KILN_ASSIGN_OR_RETURN(auto keys, scan(*conn, head + (options.arch.empty() ? "*" : options.arch) + ":*"));
-    for (size_t i = 0; i < keys.size(); i += kBinaryBatch) {
-      std::vector<std::vector<std::string>> cmds;
-      for (size_t j = i; j < std::min(keys.size(), i + kBinaryBatch); ++j) cmds.push_back({"GET", keys[j]});
-      KILN_ASSIGN_OR_RETURN(auto replies, conn->pipeline(cmds));
-      std::vector<Binary> got;
-      for (size_t j = 0; j < replies.size(); ++j) {
-        const std::string& slot = cmds[j][1];
-        if (replies[j].type != Reply::kString) continue;
-        auto k = KernelKey::parse(std::string_view(slot).substr(slot.rfind(':') + 1));
-        if (!k.ok()) {
-          refused(Refusal::kMalformed, slot, k.status());
-          continue;
-        }
-        Refusal why;
-        auto b = unseal_binary(slot, replies[j].str, *k, m.policy, &why);
-        if (!b.ok()) {
-          refused(why, slot, b.status());
-          continue;
-        }
-        got.push_back(std::move(b).value());
-      }
-      report.binaries += got.size();
-      store_batch({}, {}, std::move(got));
-    }
+    std::vector<Binary> got;
+    KILN_RETURN_IF_ERROR(read_matching(
+        *conn, head + (options.arch.empty() ? "*" : options.arch) + ":*", "GET", kBinaryBatch,
+        [&](const std::string& slot, const Reply& reply) {
+          if (reply.type != Reply::kString) return;
+          auto k = KernelKey::parse(std::string_view(slot).substr(slot.rfind(':') + 1));
+          if (!k.ok()) return refused(Refusal::kMalformed, slot, k.status());
+          Refusal why;
+          auto b = unseal_binary(slot, reply.str, *k, m.policy, &why);
+          if (!b.ok()) return refused(why, slot, b.status());
+          got.push_back(std::move(b).value());
+        },
+        [&] {
+          report.binaries += got.size();
+          store_batch({}, {}, std::exchange(got, {}));
+        }));
   }
   return report;
 }

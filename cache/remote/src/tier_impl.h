@@ -70,6 +70,22 @@ struct RedisTier::Impl {
   std::optional<T> attempt(std::unique_ptr<RedisConnection>& conn, const std::function<Result<T>(RedisConnection&)>& fn,
                            std::atomic<uint64_t>* skipped, std::atomic<uint64_t>* failed);
 
+  /// One lookup command on the read connection (attempt's rules); nullopt when skipped or failed.
+  std::optional<Reply> read(const std::vector<std::string_view>& cmd);
+  /// A GET on the read connection: the value, or nullopt on a miss (counted), an error reply (counted) or
+  /// no reply at all.
+  std::optional<std::string> get(const std::string& slot);
+
+  /// An unsealed record, or nullopt with its refusal (`why`, as the unseal call set it) counted.
+  template <class T>
+  std::optional<T> accept(Result<T> r, const Refusal& why, std::string_view slot) {
+    if (!r.ok()) {
+      count_refusal(why, slot, r.status());
+      return std::nullopt;
+    }
+    return std::move(r).value();
+  }
+
   /// A connection outside the breaker, for commands a person runs (push, pull, stats, ping).
   Result<std::unique_ptr<RedisConnection>> connect_now() const;
 

@@ -176,6 +176,27 @@ TEST(Sealed, SignedValuesOpenAndEveryDamageIsRefusedWithItsReason) {
   EXPECT_EQ(bad.status().to_string().find(std::string(40, 'b')), std::string::npos);
 }
 
+TEST(Sealed, TheFrameIsExactTrailingBytesAndOtherVersionsAreMalformed) {
+  const SigningKey a = key_a();
+  const Binary bin = fake_binary(8);
+  const std::string slot = "kiln:f1:bin:sm_90:z";
+  for (const SigningKey* key : {&a, static_cast<const SigningKey*>(nullptr)}) {
+    const std::string v = seal_binary(slot, bin, key);
+    const SealPolicy policy{key, true};
+    Refusal why;
+    ASSERT_TRUE(unseal_binary(slot, v, bin.key, policy, &why).ok());
+    auto padded = unseal_binary(slot, v + "x", bin.key, policy, &why);
+    EXPECT_FALSE(padded.ok());
+    EXPECT_EQ(why, Refusal::kMalformed);
+    std::string old = v;
+    old[4] = char(kSealedVersion - 1);
+    auto other = unseal_binary(slot, old, bin.key, policy, &why);
+    EXPECT_FALSE(other.ok());
+    EXPECT_EQ(why, Refusal::kMalformed);
+    EXPECT_NE(other.status().message().find("sealed-format version"), std::string::npos) << other.status().to_string();
+  }
+}
+
 // ---- against a real Redis
 
 TEST(Remote, WriteBehindThenReadThroughRoundTrip) {

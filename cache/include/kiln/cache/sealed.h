@@ -5,15 +5,17 @@
 // is used: the frame, the record's own checks (magic, version, checksum), that the record is the one the slot
 // names (a valid value copied under another key is refused), and, where a key is configured, the signature.
 //
-//   offset  size  field
-//   0       4     magic "KLNR"
-//   4       1     sealed-format version (kSealedVersion)
-//   5       1     flags: bit 0 signed
-//   6       2     zero
-//   8       4     record length n
-//   12      16    (signed only) the key's public id (SigningKey::id()), for messages
-//   ..      n     the record: exactly the bytes the local store keeps
-//   ..      64    (signed only) HMAC-SHA256, hex, over the slot's name, a zero byte, and every byte before it
+// The frame, in kiln::codec's layout (kiln/codec/codec.h: little-endian, bytes as a u32 length then the bytes):
+//
+//   magic "KLNR" (4 bytes), then
+//   u8     sealed-format version (kSealedVersion)
+//   u8     flags: bit 0 signed
+//   u16    zero
+//   bytes  (signed only) the key's public id (SigningKey::id()), for messages
+//   bytes  the record: exactly the bytes the local store keeps
+//   bytes  (signed only) HMAC-SHA256, hex, over the slot's name (as codec bytes) and every byte before it
+//
+// Nothing may follow the last field.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +29,7 @@
 
 namespace kiln::cache {
 
-inline constexpr uint8_t kSealedVersion = 1;
+inline constexpr uint8_t kSealedVersion = 2;  // 2: codec fields (1 had a fixed-width key id)
 /// The local store's value format version, which remote keys carry so that kilns with another format never
 /// read each other's values.
 uint16_t value_format_version();
