@@ -42,20 +42,22 @@ void check_round_trip(const T& decoded, Encode encode, Decode decode, std::strin
   if (!twice.ok() || *twice != *once) fail(std::string(what) + ": encoding is not stable over a round trip");
 }
 
-/// A frame's payload as message M: it decodes or is an error (of kind `only_error`, where given), never a
-/// crash, and what decodes survives a round trip through whole frames, as the peer's `encode` writes them.
-template <class M, class Decode, class Encode>
-void check_message(std::string_view payload, Decode decode, Encode encode, std::string_view what,
-                   std::optional<ErrorCode> only_error = std::nullopt) {
-  Result<M> m = decode(payload);
+/// A frame's payload as message M (a codec::Message): it decodes or is an error (of kind `only_error`, where
+/// given), never a crash, and what decodes survives a round trip through whole frames, as a peer encodes them.
+template <codec::Message M>
+void check_message(std::string_view payload, std::optional<ErrorCode> only_error) {
+  const codec::Protocol& p = protocol(M::kType);
+  const std::string what = std::string(p.name) + " message " + std::to_string(static_cast<int>(M::kType));
+  Result<M> m = codec::decode<M>(payload);
   if (!m.ok()) {
     if (only_error && m.status().code() != *only_error) {
-      fail(std::string(what) + ": not the expected error: " + m.status().to_string());
+      fail(what + ": not the expected error: " + m.status().to_string());
     }
     return;
   }
-  auto decode_frame = [&](const std::string& frame) {
-    return decode(std::string_view(frame).substr(codec::kFrameHeaderBytes));
+  auto encode = [](const M& v) { return codec::encode(v); };
+  auto decode_frame = [](const std::string& frame) {
+    return codec::decode<M>(std::string_view(frame).substr(codec::kFrameHeaderBytes));
   };
   check_round_trip(*m, encode, decode_frame, what);
 }
@@ -109,6 +111,16 @@ void frames_of_input(const codec::Protocol& p, const uint8_t* data, size_t size,
   auto frame = codec::seal_frame(p, type, std::move(payload));
   if (!frame.ok()) return;
   each_frame(p, *frame, on_frame);
+}
+
+/// The input as frames of one protocol (see the top of this file), each payload checked as the one of `Ms`
+/// (that protocol's messages) whose type the frame names: a fuzz target is its list of messages.
+template <codec::Message... Ms>
+void messages_of_input(const codec::Protocol& p, const uint8_t* data, size_t size,
+                       std::optional<ErrorCode> only_error = std::nullopt) {
+  frames_of_input(p, data, size, [&](uint16_t type, std::string_view payload) {
+    ((type == static_cast<uint16_t>(Ms::kType) ? check_message<Ms>(payload, only_error) : void()), ...);
+  });
 }
 
 }  // namespace kiln::fuzz
