@@ -173,13 +173,18 @@ TEST(StorageFaults, UnreadableDatabaseIsAnErrorNamingThePathAndCause) {
 
 // ---- A full disk.
 
+// A store in `d` whose files live on `disk`, which fills when a test says so.
+StoreOptions on_disk(const TempDir& d, const std::shared_ptr<FullDiskFs>& disk) {
+  StoreOptions o = store_options(d);
+  o.env = FullDiskFs::env(disk);
+  return o;
+}
+
 TEST(StorageFaults, FullDiskFailsTheWriteAndIsRemembered) {
   TempDir d;
   auto disk = std::make_shared<FullDiskFs>();
-  StoreOptions o = store_options(d);
-  o.env = FullDiskFs::env(disk);
   {
-    auto store = Store::open(o);
+    auto store = Store::open(on_disk(d, disk));
     ASSERT_TRUE(store.ok()) << store.status().to_string();
     KILN_ASSERT_OK((*store)->put_timing(timing(0)));
     KILN_EXPECT_OK((*store)->first_write_error());
@@ -207,10 +212,8 @@ TEST(StorageFaults, FullDiskFailsTheWriteAndIsRemembered) {
 TEST(StorageFaults, FullDiskDuringAFlushFailsItAndLosesNothingAcknowledged) {
   TempDir d;
   auto disk = std::make_shared<FullDiskFs>();
-  StoreOptions o = store_options(d);
-  o.env = FullDiskFs::env(disk);
   {
-    auto store = Store::open(o);
+    auto store = Store::open(on_disk(d, disk));
     ASSERT_TRUE(store.ok()) << store.status().to_string();
     for (int i = 0; i < 50; ++i) KILN_ASSERT_OK((*store)->put_timing(timing(i)));
     disk->fill_after(0);
@@ -246,8 +249,7 @@ TEST(StorageFaults, FullDiskFailsAStagedWriteAndLeavesNothingBehind) {
   auto writer = Store::open(store_options(d));
   ASSERT_TRUE(writer.ok());
   auto disk = std::make_shared<FullDiskFs>();
-  StoreOptions o = store_options(d);
-  o.env = FullDiskFs::env(disk);
+  const StoreOptions o = on_disk(d, disk);
   auto reader = Store::open(o);
   ASSERT_TRUE(reader.ok()) << reader.status().to_string();
   ASSERT_FALSE((*reader)->is_writer());

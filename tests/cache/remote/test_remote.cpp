@@ -43,6 +43,13 @@ RemoteOptions options_for(const std::string& url, std::optional<SigningKey> key 
   return o;
 }
 
+// The same, on a fake clock (the breaker's cooldowns).
+RemoteOptions options_for(const std::string& url, const FakeClock& clock) {
+  RemoteOptions o = options_for(url);
+  o.clock = clock.fn();
+  return o;
+}
+
 Decision sample_decision(const std::string& problem, std::string choice = "gemm_128x128") {
   Decision d;
   d.problem = problem;
@@ -302,8 +309,7 @@ TEST(Remote, RedisKilledMidRunLeavesKilnWorkingLocally) {
   RedisServer redis;
   KILN_REQUIRE_REDIS(redis);
   FakeClock clock;
-  RemoteOptions o = options_for(redis.url());
-  o.clock = clock.fn();
+  RemoteOptions o = options_for(redis.url(), clock);
   Machine m(o);
   const std::string problem = sample_problem(8).canonical();
   ASSERT_TRUE(m.cache->record_decision(sample_decision(problem)).ok());
@@ -330,8 +336,7 @@ TEST(Remote, StoppedRedisTimesOutBoundedThenTheBreakerRecoversAfterTheCooldown) 
   RedisServer redis;
   KILN_REQUIRE_REDIS(redis);
   FakeClock clock;
-  RemoteOptions o = options_for(redis.url());
-  o.clock = clock.fn();
+  RemoteOptions o = options_for(redis.url(), clock);
   o.read_timeout = 100ms;
   o.write_behind = false;
   Machine m(o);
@@ -364,8 +369,7 @@ TEST(Remote, StoppedRedisTimesOutBoundedThenTheBreakerRecoversAfterTheCooldown) 
 TEST(Remote, ClosedPortIsAMissAndTheBreakerOpens) {
   const int port = test::free_port();
   FakeClock clock;
-  RemoteOptions o = options_for(fmt::format("redis://127.0.0.1:{}/0", port));
-  o.clock = clock.fn();
+  RemoteOptions o = options_for(fmt::format("redis://127.0.0.1:{}/0", port), clock);
   Machine m(o);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(m.cache->lookup_decision(sample_problem(i + 1).canonical()).value(), nullptr);
   ASSERT_TRUE(m.cache->record_decision(sample_decision(sample_problem(1).canonical())).ok());
