@@ -70,7 +70,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             [](Writer& w, const std::string& id) { w.bytes(id, "NCCL id"); }, "NCCL id");
       break;
     case 2:
-      check(in, [](Reader& r) { return codec::get_source(r); }, codec::put_source, "kernel source");
+      check(in,
+            [](Reader& r) {
+              KernelSource s;
+              codec::field(r, s, "kernel source");
+              return s;
+            },
+            [](Writer& w, const KernelSource& s) { codec::field(w, s, "kernel source"); }, "kernel source");
       break;
     case 3:
       check(in, [](Reader& r) { return codec::get_binaries(r); }, codec::put_binaries, "binaries");

@@ -135,9 +135,9 @@ void isolation_wire() {
   bw::Begun begun{1, Status(), {{"b", "unknown template"}}, false, 0.01};
   put("isolation_wire", "begun", 0, must(bw::encode(begun)));
   bw::Run run;
-  run.seq = 2, run.name = "a", run.has_binaries = true, run.binaries = {sample_binary("a")}, run.best_us = 11.5;
+  run.seq = 2, run.name = "a", run.binaries = std::vector<Binary>{sample_binary("a")}, run.best_us = 11.5;
   put("isolation_wire", "run_measure", 0, must(bw::encode(run)));
-  run.mode = bw::RunMode::kTimeRuns, run.has_binaries = false, run.binaries.clear(), run.n = 5, run.graph = true;
+  run.mode = bw::RunMode::kTimeRuns, run.binaries.reset(), run.n = 5, run.graph = true;
   put("isolation_wire", "run_time", 0, must(bw::encode(run)));
   bw::RunResult result{2, Status(), 1e-3, {11.9, 12.0, 12.2}, false, false, false, 0.5};
   put("isolation_wire", "run_result", 0, must(bw::encode(result)));
@@ -160,7 +160,8 @@ void codec_values() {
   id.bytes(std::string(128, '\x5a'), "NCCL id");
   put("codec", "nccl_id", 1, id.buffer());
   codec::Writer source;
-  codec::put_source(source, sample_source());
+  const KernelSource sample = sample_source();
+  codec::field(source, sample, "kernel source");
   put("codec", "source", 2, source.buffer());
   codec::Writer binaries;
   codec::put_binaries(binaries, {sample_binary("a"), sample_binary("b")});
