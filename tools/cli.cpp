@@ -83,6 +83,9 @@ int check_command_words(CLI::App& app, int argc, char** argv) {
   return 0;
 }
 
+// Thrown by the root's parse-complete hook to end a parse-only run before any command's callback.
+struct ParsedOnly {};
+
 }  // namespace
 
 int run(int argc, char** argv, bool run_commands) {
@@ -90,18 +93,18 @@ int run(int argc, char** argv, bool run_commands) {
   app.require_subcommand(1);
   for (auto add : command_registry()) add(app);
   if (!run_commands) {
-    // Parsing only: every option and validator runs, no command does.
-    std::vector<CLI::App*> todo{&app};
-    while (!todo.empty()) {
-      CLI::App* a = todo.back();
-      todo.pop_back();
-      a->callback(std::function<void()>());
-      for (CLI::App* sub : a->get_subcommands([](CLI::App*) { return true; })) todo.push_back(sub);
-    }
+    // Parsing only: every option and validator runs, no command does. A command's callback is often the only
+    // owner of the arguments its options write into (see on_run), so the callbacks must stay in place:
+    // replacing them freed those arguments before the parse wrote to them. The root's parse-complete hook runs
+    // after every option, validator and requirement and before any subcommand's callback (CLI11's
+    // run_callback), so it ends the run there.
+    app.parse_complete_callback([] { throw ParsedOnly{}; });
   }
   if (int rc = check_command_words(app, argc, argv)) return rc;
   try {
     app.parse(argc, argv);
+  } catch (const ParsedOnly&) {
+    return 0;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::bad_alloc&) {

@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "kiln/cache/cache.h"
+#include "remote_cli.h"
 
 namespace kiln::cli {
 namespace {
@@ -29,6 +30,7 @@ struct CacheArgs {
   std::string sign_key;
   std::vector<std::string> trust_keys;
   bool trust_unsigned = false;
+  RemoteArgs remote;
 };
 
 [[noreturn]] void fail(const std::string& what, const Status& s, int code = 1) {
@@ -83,10 +85,54 @@ Result<std::chrono::seconds> parse_age(const std::string& s) {
   return std::chrono::seconds(static_cast<int64_t>(v * mult));
 }
 
+// The remote part of `kiln cache stats`: what it holds and the fleet's counters (every kiln process adds its
+// own when it closes). JSON null with the reason when it cannot be reached; `ok` false then.
+nlohmann::json remote_stats(const CacheArgs& a, bool& ok) {
+  ok = true;
+  auto tier = open_remote(a.remote, false);
+  if (!tier.ok()) fail("stats", tier.status(), 2);
+  if (!*tier) return nullptr;
+  nlohmann::json out{{"url", (*tier)->describe()}, {"signing", (*tier)->signing()}};
+  auto s = cache::summarize(**tier);
+  if (!s.ok()) {
+    ok = false;
+    out["reachable"] = false;
+    out["error"] = s.status().to_string();
+    return out;
+  }
+  nlohmann::json counters = nlohmann::json::object();
+  for (const auto& [name, n] : s->fleet_counters) counters[name] = n;
+  out.update({{"reachable", true}, {"binaries", s->binaries}, {"decisions", s->decisions},
+              {"timing_problems", s->timing_problems}, {"used_memory", s->used_memory},
+              {"max_memory", s->max_memory}, {"eviction_policy", s->eviction_policy}, {"fleet_counters", counters}});
+  return out;
+}
+
+void print_remote_stats(const nlohmann::json& r) {
+  fmt::print("remote     {} ({})\n", r["url"].get<std::string>(), r["signing"].get<bool>() ? "signed with the fleet key" : "no fleet key");
+  if (!r["reachable"].get<bool>()) {
+    fmt::print("  unreachable: {}\n", r["error"].get<std::string>());
+    return;
+  }
+  fmt::print("  holds    {} decisions, {} problems' timings, {} binaries\n", r["decisions"].get<uint64_t>(),
+             r["timing_problems"].get<uint64_t>(), r["binaries"].get<uint64_t>());
+  const uint64_t max = r["max_memory"].get<uint64_t>();
+  fmt::print("  memory   {} of {} ({})\n", human_bytes(double(r["used_memory"].get<uint64_t>())),
+             max ? human_bytes(double(max)) : std::string("no limit"), r["eviction_policy"].get<std::string>());
+  const auto& c = r["fleet_counters"];
+  auto n = [&](const char* k) { return c.contains(k) ? c[k].get<uint64_t>() : uint64_t(0); };
+  fmt::print("  fleet    {} hits, {} misses, {} refused, {} lookup errors, {} skipped (breaker open, opened {} "
+             "times), {} published, {} queue drops, {} not published, {} binaries withheld (no key)\n",
+             n("hits"), n("misses"), n("refused"), n("errors"), n("skipped"), n("breaker_opened"), n("published"),
+             n("queue_drops"), n("write_errors"), n("withheld"));
+}
+
 void run_stats(const CacheArgs& a) {
   auto store = open_store(a, cache::Role::kReader, "stats");
   auto st = store->stats();
   if (!st.ok()) fail("stats", st.status());
+  bool remote_ok = true;
+  const nlohmann::json remote = remote_stats(a, remote_ok);
   if (a.json) {
     nlohmann::json by_arch = nlohmann::json::object();
     for (const auto& [arch, n] : st->binaries_by_arch) by_arch[arch] = n;
@@ -101,8 +147,10 @@ void run_stats(const CacheArgs& a) {
                        {"stale", st->stale},
                        {"invalid", st->invalid},
                        {"staged_batches", st->staged_batches},
-                       {"disk_bytes", st->disk_bytes}};
+                       {"disk_bytes", st->disk_bytes},
+                       {"remote", remote}};
     fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!remote_ok) throw ExitCode(1);
     return;
   }
   fmt::print("cache      {}\n", st->dir);
@@ -115,6 +163,8 @@ void run_stats(const CacheArgs& a) {
   fmt::print("invalid    {} (fail their checks; replaced when re-written, dropped by prune)\n", st->invalid);
   fmt::print("staged     {} batches waiting for the writer\n", st->staged_batches);
   fmt::print("on disk    {}\n", human_bytes(double(st->disk_bytes)));
+  if (!remote.is_null()) print_remote_stats(remote);
+  if (!remote_ok) throw ExitCode(1);
 }
 
 void run_ls(const CacheArgs& a) {
@@ -316,6 +366,7 @@ void add_cache_commands(CLI::App& root) {
   auto* stats = g.add_subcommand("stats", "Count decisions, timings, failures and binaries; size on disk");
   dir_option(stats);
   stats->add_flag("--json", args->json, "Print the counts as JSON");
+  add_remote_options(stats, args->remote, "Also show the fleet's remote cache");
   stats->callback([args] { run_stats(*args); });
 
   auto* ls = g.add_subcommand("ls", "List entries");

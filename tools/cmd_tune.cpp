@@ -11,11 +11,13 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "kiln/cache/remote.h"
 #include "kiln/cache/tuning.h"
 #include "kiln/pool/gate.h"
 #include "kiln/pool/progress.h"
 #include "kiln/runtime.h"
 #include "kiln/runtime/workload.h"
+#include "remote_cli.h"
 
 namespace kiln::cli {
 namespace {
@@ -35,9 +37,33 @@ struct TuneArgs {
   int top = 5;
   int configs = 24;
   bool quiet = false;
+  std::vector<std::string> families;  // superseded template families to try anyway
+  RemoteArgs remote;
+  std::string shard;  // precompile: "i/N"
 };
 
-Result<std::shared_ptr<cache::TuningCache>> open_cache(const TuneArgs& a, cache::TuneMode fallback) {
+// "i/N": this machine's part of a precompile split N ways (0 <= i < N).
+Result<std::pair<uint64_t, uint64_t>> parse_shard(const std::string& s) {
+  auto bad = [&] {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("--shard '{}': give i/N with 0 <= i < N (e.g. 0/3)", s));
+  };
+  const size_t slash = s.find('/');
+  if (slash == std::string::npos) return bad();
+  char* end = nullptr;
+  const std::string i_text = s.substr(0, slash), n_text = s.substr(slash + 1);
+  const unsigned long long i = std::strtoull(i_text.c_str(), &end, 10);
+  if (i_text.empty() || *end != '\0' || i_text[0] == '-') return bad();
+  const unsigned long long n = std::strtoull(n_text.c_str(), &end, 10);
+  if (n_text.empty() || *end != '\0' || n_text[0] == '-' || n == 0 || n > 100000 || i >= n) return bad();
+  return std::pair<uint64_t, uint64_t>{i, n};
+}
+
+// Which shard builds a kernel: a function of its content key only, so every build machine agrees without
+// talking to the others, and the shards are disjoint and together cover the workload.
+uint64_t shard_of(const KernelKey& key, uint64_t shards) { return (key.high ^ (key.low * 0x9e3779b97f4a7c15ull)) % shards; }
+
+Result<std::shared_ptr<cache::TuningCache>> open_cache(const TuneArgs& a, cache::TuneMode fallback,
+                                                       std::shared_ptr<cache::RemoteTier> remote = nullptr) {
   cache::TuneMode mode = fallback;
   if (!a.mode.empty()) {
     KILN_ASSIGN_OR_RETURN(mode, cache::parse_tune_mode(a.mode));
@@ -46,23 +72,25 @@ Result<std::shared_ptr<cache::TuningCache>> open_cache(const TuneArgs& a, cache:
   }
   cache::StoreOptions store;
   store.dir = a.cache_dir;
-  KILN_ASSIGN_OR_RETURN(auto c, cache::TuningCache::open(mode, store));
+  KILN_ASSIGN_OR_RETURN(auto c, cache::TuningCache::open(mode, store, std::move(remote)));
   return std::shared_ptr<cache::TuningCache>(std::move(c));
 }
 
 // One kernel to build, with the problems that need it (for their failure lines).
 struct PlannedKernel {
   runtime::CompileRequest request;
+  KernelKey key;
   std::vector<size_t> problems;
 };
 
 // Every distinct kernel of the workload's choices, so that progress and its ETA count compiles, not problems:
 // problems share most kernels (a GEMM's configurations do not depend on M), so after the first problem of
 // an entry the others are nearly free, and an ETA per problem was off twenty-fold.
-Result<std::vector<PlannedKernel>> plan_kernels(const runtime::Workload& w, const Target& target, int configs,
+Result<std::vector<PlannedKernel>> plan_kernels(const runtime::Workload& w, const Target& target, const TuneArgs& a,
                                                 size_t& requests, std::vector<std::string>& failures) {
   KILN_ASSIGN_OR_RETURN(runtime::ChoiceContext ctx, runtime::choice_context_for_arch(target));
-  ctx.max_template_configs = configs;
+  ctx.max_template_configs = a.configs;
+  ctx.families = a.families;
   std::vector<PlannedKernel> out;
   std::unordered_map<KernelKey, size_t> index;
   for (size_t i = 0; i < w.problems.size(); ++i) {
@@ -74,8 +102,9 @@ Result<std::vector<PlannedKernel>> plan_kernels(const runtime::Workload& w, cons
     for (const auto& c : *choices) {
       for (auto& k : c->kernels()) {
         ++requests;
-        auto [it, fresh] = index.emplace(make_key(k.source, k.target), out.size());
-        if (fresh) out.push_back({std::move(k), {}});
+        const KernelKey key = make_key(k.source, k.target);
+        auto [it, fresh] = index.emplace(key, out.size());
+        if (fresh) out.push_back({std::move(k), key, {}});
         auto& users = out[it->second].problems;
         if (users.empty() || users.back() != i) users.push_back(i);
       }
@@ -99,7 +128,23 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
     fmt::print(stderr, "kiln precompile: {}\n", target.status().to_string());
     return 2;
   }
-  auto cache = open_cache(a, cache::TuneMode::kTune);
+  std::pair<uint64_t, uint64_t> shard{0, 1};
+  if (!a.shard.empty()) {
+    auto parsed = parse_shard(a.shard);
+    if (!parsed.ok()) {
+      fmt::print(stderr, "kiln precompile: {}\n", parsed.status().to_string());
+      return 2;
+    }
+    shard = *parsed;
+  }
+  // Read-only here: a kernel another build machine already published is fetched, not compiled; this shard's
+  // binaries are published by push() at the end, every one of them, whatever a queue could hold.
+  auto tier = open_remote(a.remote, false);
+  if (!tier.ok()) {
+    fmt::print(stderr, "kiln precompile: {}\n", tier.status().to_string());
+    return 2;
+  }
+  auto cache = open_cache(a, cache::TuneMode::kTune, *tier);
   if (!cache.ok()) {
     fmt::print(stderr, "kiln precompile: {}\n", cache.status().to_string());
     return 1;
@@ -116,10 +161,15 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
   }
   std::vector<std::string> failures;
   size_t requests = 0;
-  auto plan = plan_kernels(w, *target, a.configs, requests, failures);
+  auto plan = plan_kernels(w, *target, a, requests, failures);
   if (!plan.ok()) {
     fmt::print(stderr, "kiln precompile: {}\n", plan.status().to_string());
     return 2;
+  }
+  if (shard.second > 1) {
+    const size_t all = plan->size();
+    std::erase_if(*plan, [&](const PlannedKernel& k) { return shard_of(k.key, shard.second) != shard.first; });
+    fmt::print("shard {}/{}: {} of the workload's {} distinct kernels\n", shard.first, shard.second, plan->size(), all);
   }
   fmt::print("precompiling {} problems of '{}' for {} into {}: {} kernels, {} distinct ({} compile workers, {})\n",
              w.problems.size(), w.name, target->arch, (*cache)->store() ? (*cache)->store()->dir() : "(no cache)",
@@ -172,13 +222,38 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
              counters.cache_hits + counters.cached_failures, failed, secs);
   for (const auto& f : failures) fmt::print("  FAILED {}\n", f);
   if (!stored.ok()) fmt::print(stderr, "kiln precompile: {}\n", stored.to_string());
+  int remote_rc = 0;
+  if (*tier && (*cache)->store()) {
+    cache::SyncOptions push;
+    push.binaries_only = true;
+    for (size_t i = 0; i < futures.size(); ++i) {
+      if (futures[i].get().ok()) push.binaries.push_back((*plan)[i].key);
+    }
+    auto pushed = cache::push(*(*cache)->store(), **tier, push);
+    if (!pushed.ok()) {
+      fmt::print(stderr, "kiln precompile: publishing to the remote cache failed: {} (the binaries are in the local "
+                         "cache; `kiln cache push` sends them later)\n", pushed.status().to_string());
+      remote_rc = 1;
+    } else {
+      fmt::print("published {} binaries to {}{}\n", pushed->binaries, (*tier)->describe(),
+                 (*tier)->signing() ? " (signed)" : "");
+      for (const auto& e : pushed->errors) fmt::print(stderr, "  {}\n", e);
+      if (pushed->withheld) {
+        fmt::print(stderr, "kiln precompile: {} binaries not published: no fleet key (--key-file or KILN_CACHE_KEY_FILE)"
+                           " and unsigned binaries not allowed\n", pushed->withheld);
+      }
+      if (pushed->failed) fmt::print(stderr, "kiln precompile: the remote did not store {} binaries\n", pushed->failed);
+      if (pushed->withheld || pushed->failed) remote_rc = 1;
+    }
+    fmt::print("{}\n", remote_summary_line(**tier));
+  }
   if (!no_gpu.empty()) {
     write_unmeasured_report(a, no_gpu,
                             {{"arch", target->arch}, {"kernels", requests}, {"distinct", plan->size()},
                              {"compiled", counters.compiles}, {"cached", counters.cache_hits + counters.cached_failures},
                              {"failed", failed}, {"stored", stored.ok()}});
   }
-  return failures.empty() && stored.ok() ? 0 : 1;
+  return failures.empty() && stored.ok() ? remote_rc : 1;
 }
 
 int run_tune(const TuneArgs& a) {
@@ -205,7 +280,12 @@ int run_tune(const TuneArgs& a) {
                "is measured\n", ctx.status().to_string());
     return run_precompile(a, *w, why);
   }
-  auto cache = open_cache(a, cache::TuneMode::kTune);
+  auto tier = open_remote(a.remote);
+  if (!tier.ok()) {
+    fmt::print(stderr, "kiln tune: {}\n", tier.status().to_string());
+    return 2;
+  }
+  auto cache = open_cache(a, cache::TuneMode::kTune, *tier);
   if (!cache.ok()) {
     fmt::print(stderr, "kiln tune: {}\n", cache.status().to_string());
     return 1;
@@ -214,6 +294,7 @@ int run_tune(const TuneArgs& a) {
   options.cache = *cache;
   options.device = a.device;
   options.max_template_configs = a.configs;
+  options.families = a.families;
   auto tuner = runtime::make_tuner(options);
   if (!tuner.ok()) {
     fmt::print(stderr, "kiln tune: {}\n", tuner.status().to_string());
@@ -262,6 +343,12 @@ int run_tune(const TuneArgs& a) {
   for (const auto& l : lines) fmt::print("{}\n", l);
   fmt::print("tuned {} problems in {:.3f} s: {} from cached decisions, {} errors{}\n", w->problems.size(), secs,
              cached_decisions, errors, stored.ok() ? "" : "; the results were not all stored");
+  if (*tier) {
+    // The remote is an accelerator, not a requirement: its failures are said here, and the exit status
+    // stays that of the tune, which ran from the local cache.
+    if (Status s = (*tier)->drain(std::chrono::seconds(5)); !s.ok()) fmt::print(stderr, "kiln tune: {}\n", s.to_string());
+    fmt::print("{}\n", remote_summary_line(**tier));
+  }
   if (!a.report.empty()) {
     nlohmann::json out{{"workload", w->name}, {"device", (*tuner)->context().device.name}, {"seconds", secs},
                        {"cached_decisions", cached_decisions}, {"errors", errors}, {"stored", stored.ok()},
@@ -286,6 +373,9 @@ void add_tune_commands(CLI::App& app) {
       ->check(CLI::Range(1, kMaxConfigs));
   tune->add_option("--arch", args->arch, "Without a GPU: the arch to precompile for (default sm_90a)");
   tune->add_flag("--quiet", args->quiet, "One line per problem");
+  tune->add_option("--family", args->families,
+                  "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable");
+  add_remote_options(tune, args->remote);
   on_run(tune, args, run_tune);
 
   auto pargs = std::make_shared<TuneArgs>();
@@ -293,8 +383,13 @@ void add_tune_commands(CLI::App& app) {
   pre->add_option("--workload", pargs->workload, "Workload JSON")->required();
   pre->add_option("--arch", pargs->arch, "Target arch, e.g. sm_90 or sm_90a (default sm_90a)");
   add_cache_dir_option(pre, pargs->cache_dir);
+  add_remote_options(pre, pargs->remote, "Fetch kernels others built from, and publish this run's to, this remote cache");
+  pre->add_option("--shard", pargs->shard, "Build only part i of N (i/N, 0-based): N build machines split a workload "
+                                           "by content key, disjointly");
   pre->add_option("--configs", pargs->configs, "Template configurations per template (default 24)")
       ->check(CLI::Range(1, kMaxConfigs));
+  pre->add_option("--family", pargs->families,
+                  "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable");
   on_run(pre, pargs, [](const TuneArgs& a) {
     auto w = runtime::load_workload(a.workload);
     if (!w.ok()) {

@@ -436,7 +436,7 @@ void square_candidates(std::vector<Candidate>& out, const Problem& p, bool quick
     add_candidate(out, "sm90", sm90,
                   with(base, {{"bm", I(t.bm)}, {"bn", I(t.bn)}, {"consumers", I(t.c)}, {"stages", I(t.s)},
                               {"group_m", I(t.g)}, {"persistent", Value::boolean(t.persistent)}, {"cluster_k", I(1)},
-                              {"blocks_per_sm", I(1)}}),
+                              {"blocks_per_sm", I(1)}, {"swap_ab", Value::boolean(false)}}),
                   p, none, 1, "sm_90a");
   }
 }
@@ -466,7 +466,7 @@ void decode_candidates(std::vector<Candidate>& out, const Problem& p, bool quick
     for (auto& t : t90) {
       Params tp = with(base, {{"bm", I(64)}, {"bn", I(t.bn)}, {"consumers", I(1)}, {"stages", I(t.s)},
                               {"group_m", I(1)}, {"persistent", Value::boolean(false)}, {"cluster_k", I(1)},
-                              {"blocks_per_sm", I(t.bps)}});
+                              {"blocks_per_sm", I(t.bps)}, {"swap_ab", Value::boolean(false)}});
       add_candidate(out, "sm90", sm90, tp, p, ep, s, "sm_90a");
       // The same tile with K split over a cluster instead (one kernel): the split count is the cluster's.
       if (s > 1 && s <= 4) add_candidate(out, "sm90", sm90, with(tp, {{"cluster_k", I(s)}}), p, ep, 1, "sm_90a");

@@ -8,9 +8,20 @@
 // residual_out; the weight row is negligible and not counted); the copy moves the same bytes (read + write).
 // Inputs rotate over two buffer sets so that no repetition finds its data in L2.
 //
-// Usage: bench_norms [--json FILE] [--reps N] [--sweep-reps N] [--quick]
+// Long rows (issue 15): softmax over rows 1, 8, 24, 64 x cols 128256 and 152064 (vocabulary sizes), bf16, with
+// the one-block-per-row softmax template and the split-row softmax_cluster template (every configuration that
+// serves the shape), each checked against a float64 CPU softmax first; times are CUDA-graph replays of 50
+// launches rotating inputs past L2 (median of 15), the same method as bench/norms/softmax_torch.py, whose JSON
+// (--torch FILE) supplies torch.compile's times for the same shapes. copy_bw_fraction is the kernel's
+// (read + write) bandwidth over the device's copy bandwidth (a 128 MiB cuMemcpyDtoD).
+//
+// Usage: bench_norms [--json FILE] [--reps N] [--sweep-reps N] [--quick] [--torch FILE] [--only rows|long]
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -61,20 +72,50 @@ Result<double> time_us(Fn&& fn, int reps, CUstream stream) {
   return bench::stats(us).median;
 }
 
+// GPU microseconds per call of `fn(i)`: a CUDA graph of `launches` calls on `stream`, median of `samples`
+// replays.
+Result<double> graph_us(const std::function<Status(int)>& fn, int launches, int samples, CUstream stream) {
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  KILN_CHECK(d->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  Status ran;
+  for (int i = 0; i < launches && ran.ok(); ++i) ran = fn(i);
+  CUresult end = d->cuStreamEndCapture(stream, &graph);
+  KILN_RETURN_IF_ERROR(ran);
+  KILN_CHECK(end);
+  CUresult inst = d->cuGraphInstantiateWithFlags(&exec, graph, 0);
+  d->cuGraphDestroy(graph);
+  KILN_CHECK(inst);
+  auto time = time_us(
+      [&](int) -> Status {
+        KILN_CHECK(d->cuGraphLaunch(exec, stream));
+        return Status();
+      },
+      samples + 1, stream);
+  d->cuGraphExecDestroy(exec);
+  KILN_RETURN_IF_ERROR(time.status());
+  return *time / launches;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path;
   int reps = 50, sweep_reps = 10;
   bool quick = false;
+  std::string torch_path, only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--sweep-reps" && i + 1 < argc) sweep_reps = std::atoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--torch" && i + 1 < argc) torch_path = argv[++i];
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      fmt::print(stderr, "usage: bench_norms [--json FILE] [--reps N] [--sweep-reps N] [--quick]\n");
+      fmt::print(stderr, "usage: bench_norms [--json FILE] [--reps N] [--sweep-reps N] [--quick] [--torch FILE] "
+                         "[--only rows|long]\n");
       return 2;
     }
   }
@@ -136,6 +177,7 @@ int main(int argc, char** argv) {
   bench::Table table({"problem", "cols", "best configuration", "swept", "kernel us", "GB/s", "copy us", "copy GB/s",
                       "% of copy"});
 
+  if (only == "long") problems.clear();
   for (const Problem& prob : problems) {
     auto t = find_template(prob.tmpl);
     bench::check(t.status());
@@ -287,9 +329,201 @@ int main(int argc, char** argv) {
                  timed.front().config, timed.front().median_us);
     }
   }
-  fmt::print("{}\n", table.str());
-  fmt::print("device {}, {} SMs; kernel and copy move the same bytes (read + write), medians of {} interleaved runs\n",
-             info->name, info->sm_count, reps);
+  if (only != "long") {
+    fmt::print("{}\n", table.str());
+    fmt::print("device {}, {} SMs; kernel and copy move the same bytes (read + write), medians of {} interleaved runs\n",
+               info->name, info->sm_count, reps);
+  }
+
+  // ---- long rows: softmax over vocabulary-sized rows, against torch.compile's (from --torch).
+  if (only != "rows") {
+    nlohmann::json torch = nlohmann::json::array();
+    if (!torch_path.empty()) {
+      std::ifstream in(torch_path);
+      try {
+        torch = nlohmann::json::parse(in);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "bench_norms: cannot read {}: {}\n", torch_path, e.what());
+      }
+    }
+    auto torch_for = [&](int64_t r, int64_t c, const char* key) -> nlohmann::json {
+      for (const auto& t : torch) {
+        if (t.value("rows", 0) == r && t.value("cols", 0) == c && t.contains(key)) return t[key];
+      }
+      return nullptr;
+    };
+    const int launches = 50, samples = 15;
+    // The device's copy bandwidth: 128 MiB device to device (read + write).
+    const size_t big = std::min<size_t>(tensor_bytes, 128u << 20);
+    auto big_us = graph_us(
+        [&](int) -> Status {
+          KILN_CHECK(drv->cuMemcpyDtoDAsync(bufs[1].ptr(), bufs[0].ptr(), big, st));
+          return Status();
+        },
+        5, 5, st);
+    bench::check(big_us.status());
+    const double copy_gbps = 2.0 * big / (*big_us * 1e-6) / 1e9;
+    fmt::print(stderr, "device copy bandwidth: {:.0f} GB/s (128 MiB cuMemcpyDtoD)\n", copy_gbps);
+    out["device_copy_gbps"] = copy_gbps;
+    std::vector<uint16_t> host_x;  // the values every buffer was filled with
+    {
+      host_x.resize(rows * max_cols);
+      bench::check(bufs[0].copy_to_host(host_x.data(), host_x.size() * 2));
+    }
+    bench::Table long_table({"rows", "cols", "best kiln configuration", "kiln us", "GB/s", "of copy bw", "copy us",
+                             "torch.compile us", "kiln vs torch.compile"});
+    nlohmann::json long_out = nlohmann::json::array();
+    for (int64_t cols : {int64_t{128256}, int64_t{152064}}) {
+      for (int64_t lrows : {int64_t{1}, int64_t{8}, int64_t{24}, int64_t{64}}) {
+        const Shape shape{lrows, cols};
+        const size_t bytes = static_cast<size_t>(lrows * cols) * dtype_bytes(dt);
+        const int lsets = static_cast<int>(std::clamp<double>(std::ceil(3.0 * info->l2_bytes / (2.0 * bytes)), 2,
+                                                              std::min<double>(64, tensor_bytes / bytes)));
+        struct Cand {
+          TemplatePtr t;
+          Params p;
+          std::string name;
+          Result<Binary> bin = make_error(ErrorCode::kInternal, "not compiled");
+        };
+        std::vector<Cand> cands;
+        for (const char* name : {"softmax", "softmax_cluster"}) {
+          auto t = find_template(name);
+          bench::check(t.status());
+          auto grid = Grid::create(*t, {{"dtype", Value::dtype(dt)}});
+          bench::check(grid.status());
+          for (const Params& c : pruned(*grid, limits)) {
+            if (!(*t)->check_problem(c, shape).ok()) continue;
+            // The one-block-per-row template runs long rows in its two-pass path: its rows and items do not matter.
+            if (std::string(name) == "softmax" &&
+                (get_int(c, "rows_per_block") != 1 || get_int(c, "items") != 1 || get_int(c, "vec") != 8)) {
+              continue;
+            }
+            if (get_int(c, "vec") != 8) continue;  // 16-byte accesses: both column counts are multiples of 8
+
+            cands.push_back({*t, c, *(*t)->config_name(c)});
+          }
+        }
+        std::atomic<size_t> next{0};
+        std::vector<std::thread> threads;
+        for (unsigned w = 0; w < std::max(1u, std::thread::hardware_concurrency()); ++w) {
+          threads.emplace_back([&] {
+            for (size_t i; (i = next.fetch_add(1)) < cands.size();) {
+              auto r = cands[i].t->render(cands[i].p);
+              cands[i].bin = r.ok() ? compile(r->source, target) : Result<Binary>(r.status());
+            }
+          });
+        }
+        for (auto& th : threads) th.join();
+        auto x_at = [&](int set) { return reinterpret_cast<void*>(static_cast<uintptr_t>(bufs[0].ptr() + set * bytes)); };
+        auto y_at = [&](int set) { return reinterpret_cast<void*>(static_cast<uintptr_t>(bufs[2].ptr() + set * bytes)); };
+        auto args_at = [&](int set) {
+          SoftmaxArgs a{};
+          a.x = x_at(set);
+          a.y = y_at(set);
+          a.rows = static_cast<int>(lrows);
+          a.cols = static_cast<int>(cols);
+          a.ld_x = a.ld_y = cols;
+          a.scale = 1.f;
+          return a;
+        };
+        // The float64 reference of set 0.
+        std::vector<double> ref(static_cast<size_t>(lrows * cols));
+        for (int64_t r = 0; r < lrows; ++r) {
+          double m = -INFINITY, sum = 0;
+          for (int64_t c = 0; c < cols; ++c) m = std::max<double>(m, load_element(dt, &host_x[r * cols + c]));
+          for (int64_t c = 0; c < cols; ++c) sum += std::exp(load_element(dt, &host_x[r * cols + c]) - m);
+          for (int64_t c = 0; c < cols; ++c) ref[r * cols + c] = std::exp(load_element(dt, &host_x[r * cols + c]) - m) / sum;
+        }
+        struct Best {
+          double us = 1e30;
+          std::string name;
+          double err = 0;
+        };
+        std::map<std::string, Best> best_of;  // by template
+        Best best;
+        nlohmann::json swept = nlohmann::json::array();
+        for (Cand& c : cands) {
+          if (!c.bin.ok()) {
+            swept.push_back({{"config", c.name}, {"error", c.bin.status().to_string()}});
+            continue;
+          }
+          auto k = load_kernel(*c.bin);
+          auto geo = c.t->geometry(c.p, shape);
+          if (!k.ok() || !geo.ok()) {
+            swept.push_back({{"config", c.name}, {"error", (k.ok() ? geo.status() : k.status()).to_string()}});
+            continue;
+          }
+          bench::check(bufs[2].fill_bytes(0xFF, st));
+          Status ran = launch(*k, *geo, args_at(0), st);
+          if (ran.ok()) ran = sync_ctx();
+          if (!ran.ok()) {
+            // (A fault would leave the context unusable: the next step's check stops the program.)
+            fmt::print(stderr, "bench_norms: {} failed: {}\n", c.name, ran.to_string());
+            swept.push_back({{"config", c.name}, {"error", ran.to_string()}});
+            continue;
+          }
+          std::vector<uint16_t> y(ref.size());
+          bench::check(bufs[2].copy_to_host(y.data(), y.size() * 2));
+          double num = 0, den = 0;
+          for (size_t i = 0; i < y.size(); ++i) {
+            const double d = load_element(dt, &y[i]) - ref[i];
+            num += d * d;
+            den += ref[i] * ref[i];
+          }
+          const double err = std::sqrt(num / den);
+          if (!(err <= 1e-2)) {
+            swept.push_back({{"config", c.name}, {"error", fmt::format("wrong: relative error {}", err)}});
+            continue;
+          }
+          auto us = graph_us([&](int i) { return launch(*k, *geo, args_at(i % lsets), st); }, launches, samples, st);
+          bench::check(us.status());
+          swept.push_back({{"config", c.name}, {"us", *us}, {"err", err}});
+          if (*us < best.us) best = {*us, c.name, err};
+          if (*us < best_of[c.t->name()].us) best_of[c.t->name()] = {*us, c.name, err};
+        }
+        auto copy_us = graph_us(
+            [&](int i) -> Status {
+              KILN_CHECK(drv->cuMemcpyDtoDAsync(bufs[2].ptr() + (i % lsets) * bytes, bufs[0].ptr() + (i % lsets) * bytes,
+                                                bytes, st));
+              return Status();
+            },
+            launches, samples, st);
+        bench::check(copy_us.status());
+        nlohmann::json r{{"problem", "softmax long rows"}, {"rows", lrows}, {"cols", cols}, {"dtype", "bf16"},
+                         {"input_sets", lsets}, {"copy_us", *copy_us}, {"candidates", swept}};
+        const nlohmann::json tc = torch_for(lrows, cols, "torch_compile_us");
+        r["torch_compile_us"] = tc;
+        r["torch_eager_us"] = torch_for(lrows, cols, "torch_eager_us");
+        for (const auto& [name, b] : best_of) r["best_" + name] = {{"config", b.name}, {"us", b.us}};
+        std::string vs = "-";
+        if (!best.name.empty()) {
+          const double gbps = 2.0 * bytes / (best.us * 1e-6) / 1e9;
+          r["kiln_us"] = best.us;
+          r["kiln_config"] = best.name;
+          r["kiln_err"] = best.err;
+          r["kernel_gbps"] = gbps;
+          r["copy_bw_fraction"] = gbps / copy_gbps;
+          if (tc.is_number()) {
+            r["kiln_speedup_vs_torch_compile"] = tc.get<double>() / best.us;
+            vs = fmt::format("{:.2f}x", tc.get<double>() / best.us);
+          }
+          long_table.add({std::to_string(lrows), std::to_string(cols), best.name, fmt::format("{:.1f}", best.us),
+                          fmt::format("{:.0f}", gbps), fmt::format("{:.0f}%", 100 * gbps / copy_gbps),
+                          fmt::format("{:.1f}", *copy_us), tc.is_number() ? fmt::format("{:.1f}", tc.get<double>()) : "-",
+                          vs});
+        } else {
+          r["kiln_us"] = nullptr;
+        }
+        long_out.push_back(r);
+        fmt::print(stderr, "softmax rows={} cols={}: {} configs, best {} {:.1f} us\n", lrows, cols, cands.size(),
+                   best.name, best.us);
+      }
+    }
+    out["long_rows"] = long_out;
+    fmt::print("{}\n", long_table.str());
+    fmt::print("long rows: CUDA-graph replays of {} launches, inputs rotated past L2; torch.compile from {}\n", launches,
+               torch_path.empty() ? "(not given: --torch)" : torch_path);
+  }
   if (!json_path.empty() && !bench::write_json(json_path, out)) return 1;
   return 0;
 }

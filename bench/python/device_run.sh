@@ -4,12 +4,14 @@
 #
 # Prepare on the development machine: `bash bench/python/pack_device.sh` (a KILN_SHARED=ON build) and carry
 # [".device-py-tar"]. Then, on the GPU machine:
-#   bash bench/python/device_run.sh tests|host|mlp|startup|all
+#   bash bench/python/device_run.sh tests|host|mlp|startup|all [ARGS...]
+# ARGS go to the bench program (host: --parts; startup: --background --threads N) or to pytest (tests: -k ...).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 dev=$root/.device-py
 mode=${1:-all}
+extra=("${@:2}")
 if [ ! -d "$dev" ] && [ -f .device-py-tar/pack.txz ]; then tar xJf .device-py-tar/pack.txz; fi
 [ -d "$dev/prefix" ] || { echo "no $dev/prefix: run bench/python/pack_device.sh and carry .device-py-tar" >&2; exit 2; }
 out=${OUT:-$dev/out}
@@ -30,11 +32,11 @@ cp -r python/kiln "$dev/site/" && cp "$dev"/build-ext/_C*.so "$dev/site/kiln/"
 export PYTHONPATH=$dev/site
 $py -c "import kiln; print('kiln', kiln.__version__, 'devices', kiln._C.device_count())"
 
-run_tests() { (cd python/tests && $py -m pytest -q -rs -p no:cacheprovider . 2>&1 | tee "$out/pytest.txt"); }
+run_tests() { (cd python/tests && $py -m pytest -q -rs -p no:cacheprovider . "${extra[@]}" 2>&1 | tee "$out/pytest.txt"); }
 run_host() { (cd bench/python && $py host_overhead.py --json "$out/python_host_overhead.json" \
-  --bench-runtime "$dev/bench_runtime" 2>&1 | tee "$out/host_overhead.txt"); }
+  --bench-runtime "$dev/bench_runtime" "${extra[@]}" 2>&1 | tee "$out/host_overhead.txt"); }
 run_mlp() { (cd bench/python && $py llama_mlp.py --json "$out/python_llama_mlp.json" 2>&1 | tee "$out/llama_mlp.txt"); }
-run_startup() { (cd bench/python && $py startup.py --json "$out/python_startup.json" 2>&1 | tee "$out/startup.txt"); }
+run_startup() { (cd bench/python && $py startup.py --json "$out/python_startup.json" "${extra[@]}" 2>&1 | tee "$out/startup.txt"); }
 case $mode in
   tests) run_tests ;;
   host) run_host ;;

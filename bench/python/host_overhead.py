@@ -4,7 +4,11 @@ without synchronising, rounds interleaved. Also torch.ops.kiln.gemm (the custom 
 dispatcher), and kiln's C++ dispatch overhead from bench_runtime (`bench_runtime dispatch`) when given.
 Goal: kiln.gemm within +2 µs of torch.mm.
 
-  python bench/python/host_overhead.py [--json out.json] [--bench-runtime build/bin/bench_runtime]
+  python bench/python/host_overhead.py [--json out.json] [--bench-runtime build/bin/bench_runtime] [--parts]
+
+--parts adds rows for the parts of a call, timed the same way: allocating the output as kiln does
+(`x.new_empty(M, N)`), reading one tensor (`kiln._C._tensor_info(x)`), and `torch.ops.aten.mm` (torch's own
+op dispatch from Python, the floor under any `torch.ops.*` call, custom or not).
 """
 import argparse
 import json
@@ -25,6 +29,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--bench-runtime", default=os.environ.get("KILN_BENCH_RUNTIME", ""))
     ap.add_argument("--cache-dir", default=os.environ.get("KILN_CACHE_DIR", ""))
+    ap.add_argument("--parts", action="store_true", help="also time the parts of a call (see the top)")
     args = ap.parse_args()
     torch.cuda.init()
     cache = args.cache_dir or tempfile.mkdtemp(prefix="kiln-host-")
@@ -43,6 +48,12 @@ def main():
                 "kiln.gemm(out=)": lambda: kiln.gemm(x, wt, out=out),
                 "torch.ops.kiln.gemm": lambda: torch.ops.kiln.gemm(x, wt),
             }
+            if args.parts:
+                variants.update({
+                    "torch.ops.aten.mm": lambda: torch.ops.aten.mm(x, wt),
+                    "x.new_empty(M, N)": lambda: x.new_empty(m, 4096),
+                    "kiln._C._tensor_info(x)": lambda: kiln._C._tensor_info(x),
+                })
 
             def measure(fn):
                 torch.cuda.synchronize()

@@ -29,58 +29,6 @@ std::string seal(ValueKind kind, int64_t stamp, Writer&& payload) {
 
 Status corrupt(std::string what) { return make_error(ErrorCode::kCorrupt, std::move(what)); }
 
-// Each payload's fields, in order, for both directions (kiln/codec/codec.h). The stamps are the envelope's.
-template <class IO, class M>
-void toolchain_fields(IO& io, M& t) {
-  io(t.nvrtc_major, "toolchain nvrtc major");
-  io(t.nvrtc_minor, "toolchain nvrtc minor");
-  io(t.driver, "toolchain driver");
-  io(t.kiln, "toolchain kiln version");
-}
-
-template <class IO, class M>
-void timing_fields(IO& io, M& t) {
-  io(t.problem, "timing problem");
-  io(t.choice, "timing choice");
-  io(t.ok, "timing ok");
-  io(t.median_us, "timing median");
-  io(t.min_us, "timing min");
-  io(t.p90_us, "timing p90");
-  io(t.samples, "timing samples");
-  io(t.error, "timing error code");
-  io.expect(t.error >= ErrorCode::kOk && t.error <= ErrorCode::kWrongResult, "timing error code", "is out of range");
-  io(t.reason, "timing reason");
-  toolchain_fields(io, t.toolchain);
-}
-
-// A decision's kernel: a has-kernel flag, then a key (zero without one).
-void kernel_field(Writer& w, const std::optional<KernelKey>& k) {
-  w.boolean(k.has_value());
-  codec::put_key(w, k.value_or(KernelKey{}));
-}
-
-void kernel_field(Reader& r, std::optional<KernelKey>& k) {
-  const bool has = r.boolean("decision has kernel");
-  const KernelKey key = codec::get_key(r, "decision kernel");
-  k = has ? std::optional<KernelKey>(key) : std::nullopt;
-}
-
-template <class IO, class M>
-void decision_fields(IO& io, M& d) {
-  io(d.problem, "decision problem");
-  io(d.choice, "decision choice");
-  io(d.params, "decision params");
-  kernel_field(io, d.kernel);
-  io(d.median_us, "decision median");
-  toolchain_fields(io, d.toolchain);
-}
-
-template <class IO, class M>
-void meta_fields(IO& io, M& m) {
-  io(m.format_version, "meta format version");
-  io(m.kiln_version, "meta kiln version");
-}
-
 // The envelope of a value that must be of kind `want`.
 Result<Envelope> open_as(std::string_view value, ValueKind want, std::string_view what) {
   KILN_ASSIGN_OR_RETURN(Envelope e, open_envelope(value));
@@ -91,7 +39,37 @@ Result<Envelope> open_as(std::string_view value, ValueKind want, std::string_vie
   return e;
 }
 
+// A decision's kernel: a has-kernel flag, then a key (zero without one).
+void kernel_field(Writer& w, const std::optional<KernelKey>& k) {
+  w.boolean(k.has_value());
+  codec::put_key(w, k.value_or(KernelKey{}));
+}
+
+void kernel_field(Reader& r, std::optional<KernelKey>& k) {
+  const bool has = r.boolean("has_kernel");
+  const KernelKey key = codec::get_key(r, "kernel");
+  k = has ? std::optional<KernelKey>(key) : std::nullopt;
+}
+
 }  // namespace
+
+// Each payload's fields in order (kiln/codec/codec.h): the layout. The stamps are the envelope's.
+KILN_CODEC_FIELDS(Toolchain, nvrtc_major, nvrtc_minor, driver, kiln)
+KILN_CODEC_FIELDS(TimingRecord, problem, choice, ok, median_us, min_us, p90_us, samples, error, reason, toolchain)
+KILN_CODEC_FIELDS(MetaRecord, format_version, kiln_version)
+
+// A decision is its members in order but for its kernel, which keeps a key's room even when it has none.
+template <class IO, class M>
+  requires codec::RecordOf<M, Decision>
+static void describe(IO& io, M& d) {
+  using codec::field;
+  field(io, d.problem, "problem");
+  field(io, d.choice, "choice");
+  field(io, d.params, "params");
+  kernel_field(io, d.kernel);
+  field(io, d.median_us, "median_us");
+  field(io, d.toolchain, "toolchain");
+}
 
 Result<Envelope> open_envelope(std::string_view v) {
   if (v.size() < kEnvelopeBytes) return corrupt(fmt::format("value of {} bytes is shorter than its envelope", v.size()));
@@ -171,19 +149,18 @@ Result<BinaryInfo> decode_binary_info(std::string_view value) {
 
 namespace {
 
-// A stored record: its payload described by `fields`, its stamp (the record's own time) in the envelope.
-template <class M, class Fields>
-std::string seal_record(ValueKind kind, int64_t M::*stamp, const M& m, Fields fields) {
+// A stored record: its described payload, its stamp (the record's own time) in the envelope.
+template <class M>
+std::string seal_record(ValueKind kind, int64_t M::*stamp, const M& m) {
   Writer w;
-  fields(w, m);
+  codec::field(w, m, "record");
   return seal(kind, m.*stamp, std::move(w));
 }
 
-template <class M, class Fields>
-Result<M> open_record(std::string_view value, ValueKind want, std::string_view what, int64_t M::*stamp,
-                      Fields fields) {
+template <class M>
+Result<M> open_record(std::string_view value, ValueKind want, std::string_view what, int64_t M::*stamp) {
   KILN_ASSIGN_OR_RETURN(Envelope e, open_as(value, want, what));
-  KILN_ASSIGN_OR_RETURN(M m, codec::read_record<M>(e.payload, fmt::format("stored {}", what), fields));
+  KILN_ASSIGN_OR_RETURN(M m, codec::read_record<M>(e.payload, fmt::format("stored {}", what)));
   m.*stamp = e.stamp;
   return m;
 }
@@ -191,24 +168,18 @@ Result<M> open_record(std::string_view value, ValueKind want, std::string_view w
 }  // namespace
 
 std::string encode_timing(const TimingRecord& t) {
-  return seal_record(ValueKind::kTiming, &TimingRecord::measured_at_ns, t, timing_fields<Writer, const TimingRecord>);
+  return seal_record(ValueKind::kTiming, &TimingRecord::measured_at_ns, t);
 }
 Result<TimingRecord> decode_timing(std::string_view value) {
-  return open_record(value, ValueKind::kTiming, "timing", &TimingRecord::measured_at_ns,
-                     timing_fields<Reader, TimingRecord>);
+  return open_record(value, ValueKind::kTiming, "timing", &TimingRecord::measured_at_ns);
 }
-std::string encode_decision(const Decision& d) {
-  return seal_record(ValueKind::kDecision, &Decision::decided_at_ns, d, decision_fields<Writer, const Decision>);
-}
+std::string encode_decision(const Decision& d) { return seal_record(ValueKind::kDecision, &Decision::decided_at_ns, d); }
 Result<Decision> decode_decision(std::string_view value) {
-  return open_record(value, ValueKind::kDecision, "decision", &Decision::decided_at_ns,
-                     decision_fields<Reader, Decision>);
+  return open_record(value, ValueKind::kDecision, "decision", &Decision::decided_at_ns);
 }
-std::string encode_meta(const MetaRecord& m) {
-  return seal_record(ValueKind::kMeta, &MetaRecord::created_at_ns, m, meta_fields<Writer, const MetaRecord>);
-}
+std::string encode_meta(const MetaRecord& m) { return seal_record(ValueKind::kMeta, &MetaRecord::created_at_ns, m); }
 Result<MetaRecord> decode_meta(std::string_view value) {
-  return open_record(value, ValueKind::kMeta, "meta", &MetaRecord::created_at_ns, meta_fields<Reader, MetaRecord>);
+  return open_record(value, ValueKind::kMeta, "meta", &MetaRecord::created_at_ns);
 }
 
 std::string encode_used(int64_t used_at_ns) { return seal(ValueKind::kUsed, used_at_ns, Writer()); }

@@ -1,6 +1,7 @@
 #include "kiln/cache/tuning.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 
@@ -32,17 +33,39 @@ Result<TuneMode> tune_mode_from_env(TuneMode fallback) {
   return parse_tune_mode(v).with_context("reading KILN_TUNE_MODE");
 }
 
-Result<std::unique_ptr<TuningCache>> TuningCache::open(TuneMode mode, StoreOptions options) {
+Result<std::unique_ptr<TuningCache>> TuningCache::open(TuneMode mode, StoreOptions options,
+                                                       std::shared_ptr<RemoteTier> remote) {
   std::shared_ptr<Store> store;
   if (mode != TuneMode::kOff) {
     KILN_ASSIGN_OR_RETURN(auto s, Store::open(std::move(options)));
     store = std::move(s);
   }
-  return std::make_unique<TuningCache>(mode, std::move(store));
+  return std::make_unique<TuningCache>(mode, std::move(store), std::move(remote));
 }
 
-TuningCache::TuningCache(TuneMode mode, std::shared_ptr<Store> store) : mode_(mode), store_(std::move(store)) {
-  if (mode_ == TuneMode::kOff) store_.reset();
+TuningCache::TuningCache(TuneMode mode, std::shared_ptr<Store> store, std::shared_ptr<RemoteTier> remote)
+    : mode_(mode), store_(std::move(store)), remote_(std::move(remote)) {
+  if (mode_ == TuneMode::kOff) {
+    store_.reset();
+    remote_.reset();
+  }
+}
+
+LookupCounters TuningCache::counters() const {
+  return LookupCounters{local_hits_.load(), local_misses_.load(), remote_hits_.load()};
+}
+
+void TuningCache::fetch_remote_timings(std::string_view problem) const {
+  if (!remote_) return;
+  {
+    std::lock_guard lock(fetched_mu_);
+    if (!fetched_timings_.emplace(problem).second) return;
+  }
+  auto remote = remote_->fetch_timings(problem);
+  if (remote.empty()) return;
+  if (Status s = store_->put_all(std::move(remote), {}); !s.ok()) {
+    spdlog::warn("kiln cache: could not store the timings {} sent: {}", remote_->describe(), s.to_string());
+  }
 }
 
 Result<std::shared_ptr<const Decision>> TuningCache::lookup_decision(std::string_view problem) const {
@@ -52,6 +75,16 @@ Result<std::shared_ptr<const Decision>> TuningCache::lookup_decision(std::string
     return it == own_decisions_.end() ? nullptr : it->second;
   }
   auto d = store_->decision(problem);
+  ++(d ? local_hits_ : local_misses_);
+  if (!d && remote_) {
+    if (auto r = remote_->fetch_decision(problem)) {
+      Status stored = store_->put_decision(*r);
+      d = store_->decision(problem);
+      // Not stored (a full disk, say): still used in this process when it is current.
+      if (!stored.ok() && !d && r->toolchain == store_->toolchain()) d = std::make_shared<const Decision>(std::move(*r));
+      if (d) ++remote_hits_;
+    }
+  }
   if (!d && mode_ == TuneMode::kStrict) {
     return make_error(ErrorCode::kNotFound,
                       fmt::format("tune mode 'strict': no cached decision for {} (tune it first: KILN_TUNE_MODE=tune, "
@@ -70,6 +103,7 @@ std::optional<TimingRecord> TuningCache::cached_timing(std::string_view problem,
     if (c == p->second.end()) return std::nullopt;
     return c->second;
   }
+  fetch_remote_timings(problem);
   return store_->timing(problem, choice);
 }
 
@@ -79,7 +113,10 @@ bool TuningCache::should_measure(std::string_view problem, std::string_view choi
 }
 
 std::vector<TimingRecord> TuningCache::timings(std::string_view problem) const {
-  if (mode_ != TuneMode::kOff) return store_->timings(problem);
+  if (mode_ != TuneMode::kOff) {
+    fetch_remote_timings(problem);
+    return store_->timings(problem);
+  }
   std::lock_guard lock(mu_);
   std::vector<TimingRecord> out;
   if (auto p = own_timings_.find(problem); p != own_timings_.end()) {
@@ -99,7 +136,14 @@ Status TuningCache::check_may_record() const {
 
 Status TuningCache::record_timing(TimingRecord timing) {
   KILN_RETURN_IF_ERROR(check_may_record());
-  if (mode_ != TuneMode::kOff) return store_->put_timing(std::move(timing));
+  if (mode_ != TuneMode::kOff) {
+    if (remote_) {
+      // Stamped here, so the remote copy carries the same stamp and toolchain as the local one.
+      KILN_RETURN_IF_ERROR(stamp_record(timing, store_->toolchain()));
+      remote_->publish_timing(timing);
+    }
+    return store_->put_timing(std::move(timing));
+  }
   KILN_RETURN_IF_ERROR(stamp_record(timing, Toolchain::current()));
   std::lock_guard lock(mu_);
   auto& per_problem = own_timings_[timing.problem];
@@ -119,7 +163,13 @@ Status TuningCache::record_failure(std::string_view problem, std::string_view ch
 
 Status TuningCache::record_decision(Decision decision) {
   KILN_RETURN_IF_ERROR(check_may_record());
-  if (mode_ != TuneMode::kOff) return store_->put_decision(std::move(decision));
+  if (mode_ != TuneMode::kOff) {
+    if (remote_) {
+      KILN_RETURN_IF_ERROR(stamp_record(decision, store_->toolchain()));
+      remote_->publish_decision(decision);
+    }
+    return store_->put_decision(std::move(decision));
+  }
   KILN_RETURN_IF_ERROR(stamp_record(decision, Toolchain::current()));
   std::lock_guard lock(mu_);
   std::string problem = decision.problem;
@@ -129,11 +179,21 @@ Status TuningCache::record_decision(Decision decision) {
 
 Result<std::shared_ptr<const Binary>> TuningCache::lookup_binary(const KernelKey& key, std::string_view arch) const {
   if (mode_ == TuneMode::kOff) return make_error(ErrorCode::kNotFound, "tune mode 'off' caches no binaries");
-  return store_->get_binary(key, arch);
+  auto local = store_->get_binary(key, arch);
+  ++(local.ok() ? local_hits_ : local_misses_);
+  if (local.ok() || !remote_ || local.status().code() != ErrorCode::kNotFound) return local;
+  auto remote = remote_->fetch_binary(key, arch);
+  if (!remote) return local;
+  ++remote_hits_;
+  if (Status s = store_->put_binary(*remote); !s.ok()) {
+    spdlog::warn("kiln cache: could not store binary {} from {}: {}", key.hex(), remote_->describe(), s.to_string());
+  }
+  return std::shared_ptr<const Binary>(std::make_shared<Binary>(std::move(*remote)));
 }
 
 Status TuningCache::record_binary(const Binary& binary) {
   if (mode_ == TuneMode::kOff) return Status();
+  if (remote_) remote_->publish_binary(binary);
   return store_->put_binary(binary);
 }
 

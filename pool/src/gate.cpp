@@ -44,11 +44,11 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
   bool closed = false;
   GateCounters counters;
 
-  std::optional<Result<Binary>> lookup(const KernelKey& key) {
+  std::optional<Result<Binary>> lookup(const KernelKey& key, std::string_view arch) {
     if (!opt.lookup) return std::nullopt;
     // The hook is someone else's code (the cache); a throw there is a miss, not a dead pool thread.
     try {
-      return opt.lookup(key);
+      return opt.lookup(key, arch);
     } catch (...) {
       return std::nullopt;
     }
@@ -133,7 +133,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
       return mine;
     }
 
-    if (auto hit = lookup(key)) {
+    if (auto hit = lookup(key, target.arch)) {
       {
         std::lock_guard lock(mu);
         // What this gate compiled itself and then found in the cache was not "already cached".

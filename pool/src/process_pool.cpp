@@ -313,14 +313,14 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
       if (!frame->has_value()) break;
       const codec::Frame& f = **frame;
       if (f.type == static_cast<uint16_t>(wire::MessageType::kHello)) {
-        auto hello = wire::decode_hello(f.payload);
+        auto hello = wire::decode<wire::Hello>(f.payload);
         if (!hello.ok() || w.state != WorkerState::kStarting) {
           protocol_failure(w, hello.ok() ? "a second hello" : hello.status().to_string());
           return;
         }
         on_hello(w);
       } else if (f.type == static_cast<uint16_t>(wire::MessageType::kReply)) {
-        auto reply = wire::decode_reply(f.payload);
+        auto reply = wire::decode<wire::Reply>(f.payload);
         if (!reply.ok() || w.state != WorkerState::kBusy || !w.job || reply->job_id != w.job->id) {
           protocol_failure(w, reply.ok() ? "a reply for a job it was not given" : reply.status().to_string());
           return;

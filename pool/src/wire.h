@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "kiln/codec/frame.h"
+#include "kiln/codec/values.h"
 #include "kiln/jit/compiler.h"
 #include "kiln/jit/kernel_source.h"
 #include "kiln/jit/target.h"
@@ -26,14 +27,19 @@ enum class MessageType : uint16_t {
 
 /// Version 2: kiln::codec's encodings (the Binary's fields in the cache's order).
 inline constexpr codec::Protocol kProtocol{0x3157504Bu /* "KPW1" */, 2, 3, "kiln pool"};
+constexpr const codec::Protocol& protocol(MessageType) { return kProtocol; }
 
+// Each message's fields in order (kiln/codec/codec.h): the layout.
 struct Hello {
+  static constexpr MessageType kType = MessageType::kHello;
   int32_t pid = 0;
   int32_t nvrtc_major = 0;
   int32_t nvrtc_minor = 0;
 };
+KILN_CODEC_FIELDS(Hello, pid, nvrtc_major, nvrtc_minor)
 
 struct Request {
+  static constexpr MessageType kType = MessageType::kRequest;
   uint64_t job_id = 0;
   KernelSource source;
   Target target;
@@ -41,20 +47,17 @@ struct Request {
   bool use_pch = false;
   std::string pch_dir;
 };
+KILN_CODEC_FIELDS(Request, job_id, source, target, want_ptx, use_pch, pch_dir)
 
 struct Reply {
+  static constexpr MessageType kType = MessageType::kReply;
   uint64_t job_id = 0;
   Result<Binary> result = make_error(ErrorCode::kInternal, "empty reply");
 };
+KILN_CODEC_FIELDS(Reply, job_id, result)
 
-/// Whole frames (header + payload), ready to write. Errors: a field or the frame over its size limit.
-Result<std::string> encode(const Hello& m);
-Result<std::string> encode(const Request& m);
-Result<std::string> encode(const Reply& m);
-
-/// Parse a payload (the bytes after the header) of the given type. Errors: kCorrupt naming the field.
-Result<Hello> decode_hello(std::string_view payload);
-Result<Request> decode_request(std::string_view payload);
-Result<Reply> decode_reply(std::string_view payload);
+// encode(m) and decode<M>(payload): kiln/codec/frame.h.
+using codec::decode;
+using codec::encode;
 
 }  // namespace kiln::wire

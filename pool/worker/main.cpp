@@ -47,7 +47,7 @@ kiln::Result<std::optional<std::string>> serve(const kiln::codec::Frame& frame, 
     return kiln::make_error(kiln::ErrorCode::kCorrupt, "a frame other than a request");
   }
   const int64_t received_ns = monotonic_ns();
-  KILN_ASSIGN_OR_RETURN(wire::Request req, wire::decode_request(frame.payload));
+  KILN_ASSIGN_OR_RETURN(wire::Request req, wire::decode<wire::Request>(frame.payload));
   wire::Reply reply;
   reply.job_id = req.job_id;
   const std::string fault = faults ? test_fault(req.source) : std::string();

@@ -11,10 +11,12 @@ Tensors come in by DLPack (``__dlpack__``) or ``__cuda_array_interface__`` (torc
 torch is optional: ``import kiln.torch`` registers the custom ops ``torch.ops.kiln.{gemm,rmsnorm,softmax}``.
 See docs/python.md.
 """
+import atexit as _atexit
 import contextlib as _contextlib
 import dataclasses as _dataclasses
 import json as _json
 import os as _os
+import warnings as _warnings
 
 from . import errors
 from .errors import *  # noqa: F401,F403 - the exception classes are kiln.<Name>
@@ -26,6 +28,10 @@ from ._C import Kernel, TunedOp, Tuner, compile, current_tuner, gemm, rmsnorm, s
 from . import cache  # noqa: E402
 
 __version__ = _C.__version__
+
+# The default tuner may be one made in Python (kiln.warmup): dropped before the interpreter goes, so that its
+# Python object is released while Python still runs (and a background warm-up is joined then).
+_atexit.register(_C._set_default_tuner, None)
 
 
 @_contextlib.contextmanager
@@ -52,7 +58,9 @@ def _workload_text(workload):
 @_dataclasses.dataclass
 class WarmupReport:
     """What kiln.warmup() made ready. ``compiled`` is 0 on a cache built by ``kiln precompile``;
-    ``tuned`` counts problems that had no decision and were measured now."""
+    ``tuned`` counts problems that had no decision and were measured now. Where the time went:
+    ``open_seconds`` (opening the cache and the device's tuner), ``fetch_seconds`` and ``load_seconds``
+    (reading cached binaries, and loading them into the context, summed over problems and ``threads``)."""
 
     problems: int
     ready: int
@@ -63,15 +71,39 @@ class WarmupReport:
     failed: int
     seconds: float
     errors: list
+    open_seconds: float = 0.0
+    fetch_seconds: float = 0.0
+    load_seconds: float = 0.0
+    threads: int = 0
 
     def __str__(self):
         text = (f"{self.ready}/{self.problems} problems ready in {self.seconds * 1e3:.1f} ms: "
                 f"{self.from_cached_decision} from cached decisions, {self.tuned} tuned now, "
-                f"{self.compiled} kernels compiled, {self.skipped} skipped, {self.failed} failed")
+                f"{self.compiled} kernels compiled, {self.skipped} skipped, {self.failed} failed "
+                f"(opening {self.open_seconds * 1e3:.1f} ms; fetching {self.fetch_seconds * 1e3:.1f} ms and loading "
+                f"{self.load_seconds * 1e3:.1f} ms over {self.threads} threads)")
         return "\n  ".join([text] + list(self.errors))
 
 
-def warmup(cache_dir=None, workload=None, *, mode=None, device=0, tuner=None):
+class WarmupTask:
+    """A warm-up running on background threads (``kiln.warmup(..., wait=False)``). Until it is done, an op
+    call of one of its problems waits for it instead of loading the problem again; ``wait()`` returns its
+    WarmupReport (raising what a waited-for warm-up would raise)."""
+
+    def __init__(self, tuner):
+        self.tuner = tuner
+
+    def done(self):
+        return self.tuner._warmup_done()
+
+    def wait(self):
+        return WarmupReport(**self.tuner._wait_warmup())
+
+    def __repr__(self):
+        return f"<kiln.WarmupTask {'done' if self.done() else 'running'} on {self.tuner!r}>"
+
+
+def warmup(cache_dir=None, workload=None, *, mode=None, device=0, tuner=None, wait=True, threads=0):
     """Makes the ops' kernels ready before the first request: no compile, no tune on the first call.
 
     With ``workload`` (a workload file, its JSON text, a dict, or a list of problem entries: the format of
@@ -79,14 +111,22 @@ def warmup(cache_dir=None, workload=None, *, mode=None, device=0, tuner=None):
     ``kiln precompile`` on a build machine, and decisions), measuring only problems without a decision (tune
     mode). Without it, every decision the cache holds for this device is loaded. The tuner (``tuner``, else a
     new ``Tuner(cache_dir, mode)`` when either is given, else the current one) becomes the one the ops use.
-    Returns a WarmupReport. Runs without the GIL.
+    Problems load on ``threads`` threads (0: up to 8). Returns a WarmupReport. Runs without the GIL.
+
+    ``wait=False`` returns a WarmupTask at once and loads in the background (while the engine loads its
+    weights): an op call of a problem still loading waits for the warm-up, inside a CUDA-graph capture too,
+    so nothing is loaded twice and nothing falls back; ``task.wait()`` gives the report.
     """
     if tuner is None:
         tuner = Tuner(cache_dir=cache_dir and _os.fspath(cache_dir), mode=mode) if (cache_dir or mode) else current_tuner()
-    report = WarmupReport(**tuner._warmup(_workload_text(workload), device))
+    if not wait:
+        tuner._start_warmup(_workload_text(workload), device, threads)
+        result = WarmupTask(tuner)
+    else:
+        result = WarmupReport(**tuner._warmup(_workload_text(workload), device, threads))
     if tuner is not current_tuner():
         _C._set_default_tuner(tuner)
-    return report
+    return result
 
 
 @_dataclasses.dataclass
@@ -119,15 +159,34 @@ def tune(variants, problem_key, check=None, *, op, buffers, reference=None, tole
     follow); with ``attributes`` (a dict of str) and the variants' sources, they key the decision in the cache,
     so a second process gets the chosen variant without tuning. ``op``: the operation's name
     (``"mydsl.axpy"``). ``buffers(sizes, seed)`` makes what a tune runs on: the kernel arguments (as
-    Kernel.launch takes them), or ``{"args": [...], "outputs": [tensors the kernels write]}`` whose outputs are
-    compared with the ``reference`` variant's (default: the first) within ``tolerance``. ``check(sizes, args)``
-    is your own check after each variant's checked run: False or an exception fails that variant. Compiles and
-    benchmarks run without the GIL, the callbacks with it. Returns a kiln.TunedOp (``.chosen``, ``.from_cache``,
-    ``.run(args, sizes=None, stream=None)``, ``.report()``).
+    Kernel.launch takes them), or ``{"args": [...], "outputs": [...], "inouts": [...]}``: ``outputs`` are
+    tensors the kernels only write (poisoned before each checked run, so an element left unwritten fails the
+    variant), ``inouts`` tensors they read and write in place (``y = a * x + y``: each checked run starts from
+    what buffers() made). Both are among ``args`` and are compared with the ``reference`` variant's (default:
+    the first) within ``tolerance``. ``check(sizes, args)`` is your own check after each variant's checked run:
+    False or an exception fails that variant. Compiles and benchmarks run without the GIL, the callbacks with
+    it. When every variant fails, the reference runs and a RuntimeWarning names the first failure. Returns a
+    kiln.TunedOp (``.chosen``, ``.from_cache``, ``.run(args, sizes=None, stream=None)``, ``.report()``).
     """
     sizes = [int(problem_key)] if isinstance(problem_key, int) else [int(s) for s in problem_key]
-    return _C._tune_variants(tuner or current_tuner(), op, list(variants), sizes, buffers, check, reference or "",
-                             float(tolerance), {str(k): str(v) for k, v in (attributes or {}).items()}, device)
+    result = _C._tune_variants(tuner or current_tuner(), op, list(variants), sizes, buffers, check, reference or "",
+                               float(tolerance), {str(k): str(v) for k, v in (attributes or {}).items()}, device)
+    if not result.from_cache:
+        _warn_if_all_failed(op, _json.loads(result.report()))
+    return result
+
+
+def _warn_if_all_failed(op, report):
+    choices = report.get("choices", [])
+    if not choices or any(c.get("ok") for c in choices):
+        return
+    first = choices[0].get("error", "")
+    hint = ""
+    if "not written or are not finite" in first:
+        hint = ('; a tensor the kernels read and write in place belongs under "inouts": under "outputs" it is '
+                'poisoned before each checked run')
+    _warnings.warn(f"kiln.tune({op!r}): every variant failed, so the reference variant "
+                   f"{report.get('chosen')!r} runs unchecked. First failure: {first}{hint}", RuntimeWarning, stacklevel=3)
 
 
 def precompile(workload, arch="sm_90a", cache_dir=None, *, configs=24, executor=None):
@@ -141,6 +200,6 @@ def precompile(workload, arch="sm_90a", cache_dir=None, *, configs=24, executor=
 
 
 __all__ = [
-    "Kernel", "TunedOp", "Tuner", "Variant", "WarmupReport", "autotune", "cache", "compile", "current_tuner", "errors", "gemm",
+    "Kernel", "TunedOp", "Tuner", "Variant", "WarmupReport", "WarmupTask", "autotune", "cache", "compile", "current_tuner", "errors", "gemm",
     "precompile", "rmsnorm", "softmax", "tune", "warmup",
 ] + errors.__all__

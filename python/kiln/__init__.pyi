@@ -1,7 +1,7 @@
 import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union, overload
 
 from . import cache as cache, errors as errors
 from ._C import Kernel as Kernel, TunedOp as TunedOp, Tuner as Tuner, compile as compile, current_tuner as current_tuner
@@ -26,9 +26,25 @@ class WarmupReport:
     failed: int
     seconds: float
     errors: list[str]
+    open_seconds: float = 0.0
+    fetch_seconds: float = 0.0
+    load_seconds: float = 0.0
+    threads: int = 0
 
+class WarmupTask:
+    tuner: Tuner
+    def __init__(self, tuner: Tuner) -> None: ...
+    def done(self) -> bool: ...
+    def wait(self) -> WarmupReport: ...
+
+@overload
 def warmup(cache_dir: Optional[Union[str, os.PathLike]] = None, workload: Optional[Workload] = None, *,
-           mode: Optional[str] = None, device: int = 0, tuner: Optional[Tuner] = None) -> WarmupReport: ...
+           mode: Optional[str] = None, device: int = 0, tuner: Optional[Tuner] = None, wait: Literal[True] = True,
+           threads: int = 0) -> WarmupReport: ...
+@overload
+def warmup(cache_dir: Optional[Union[str, os.PathLike]] = None, workload: Optional[Workload] = None, *,
+           mode: Optional[str] = None, device: int = 0, tuner: Optional[Tuner] = None, wait: Literal[False],
+           threads: int = 0) -> WarmupTask: ...
 def precompile(workload: Workload, arch: str = "sm_90a", cache_dir: Optional[Union[str, os.PathLike]] = None, *,
                configs: int = 24, executor: Optional[str] = None) -> dict[str, Any]: ...
 

@@ -14,7 +14,6 @@ kiln.CaptureMissError. Forward only (no autograd).
 import torch
 
 from . import _C
-from .errors import CaptureMissError
 
 _lib = torch.library.Library("kiln", "DEF")
 _lib.define("gemm(Tensor a, Tensor b, Tensor? bias=None, str epilogue='', Tensor? residual=None, "
@@ -22,10 +21,6 @@ _lib.define("gemm(Tensor a, Tensor b, Tensor? bias=None, str epilogue='', Tensor
 _lib.define("rmsnorm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor")
 _lib.define("fused_add_rmsnorm(Tensor x, Tensor(a!) residual, Tensor weight, float eps=1e-06) -> Tensor")
 _lib.define("softmax(Tensor x, float scale=1.0) -> Tensor")
-
-
-def _strict():
-    return _C.current_tuner().mode == "strict"
 
 
 # The torch compositions a miss inside capture falls back on (same math as kiln's kernels, fp32 inside).
@@ -57,47 +52,22 @@ def _rmsnorm_torch(h, weight, eps):
     return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(h.dtype)
 
 
-def _gemm(a, b, bias=None, epilogue="", residual=None, alpha=1.0, beta=1.0):
-    try:
-        return _C.gemm(a, b, bias, epilogue, None, residual, alpha, beta)
-    except CaptureMissError:
-        if _strict():
-            raise
-        return _gemm_torch(a, b, bias, epilogue, residual, alpha, beta)
+def _fused_add_rmsnorm_torch(x, residual, weight, eps):
+    residual.add_(x)
+    return _rmsnorm_torch(residual, weight, eps)
 
 
-def _rmsnorm(x, weight, eps=1e-6):
-    try:
-        return _C.rmsnorm(x, weight, eps)
-    except CaptureMissError:
-        if _strict():
-            raise
-        return _rmsnorm_torch(x, weight, eps)
+def _softmax_torch(x, scale):
+    return torch.softmax(x.float() * scale, dim=-1).to(x.dtype)
 
 
-def _fused_add_rmsnorm(x, residual, weight, eps=1e-6):
-    try:
-        return _C.rmsnorm(x, weight, eps, residual)
-    except CaptureMissError:
-        if _strict():
-            raise
-        residual.add_(x)
-        return _rmsnorm_torch(residual, weight, eps)
-
-
-def _softmax(x, scale=1.0):
-    try:
-        return _C.softmax(x, scale)
-    except CaptureMissError:
-        if _strict():
-            raise
-        return torch.softmax(x.float() * scale, dim=-1).to(x.dtype)
-
-
-_lib.impl("gemm", _gemm, "CUDA")
-_lib.impl("rmsnorm", _rmsnorm, "CUDA")
-_lib.impl("fused_add_rmsnorm", _fused_add_rmsnorm, "CUDA")
-_lib.impl("softmax", _softmax, "CUDA")
+# The dispatcher calls kiln's C++ directly (no Python frame per call); it runs these compositions on a miss
+# inside capture, except in strict mode.
+_C._set_torch_fallbacks(_gemm_torch, _rmsnorm_torch, _fused_add_rmsnorm_torch, _softmax_torch)
+_lib.impl("gemm", _C._op_gemm, "CUDA")
+_lib.impl("rmsnorm", _C._op_rmsnorm, "CUDA")
+_lib.impl("fused_add_rmsnorm", _C._op_fused_add_rmsnorm, "CUDA")
+_lib.impl("softmax", _C._op_softmax, "CUDA")
 
 
 @torch.library.register_fake("kiln::gemm")

@@ -49,17 +49,19 @@ nb::dict report_dict(const WarmupReport& r) {
   d["problems"] = r.problems, d["ready"] = r.ready, d["from_cached_decision"] = r.from_cached_decision;
   d["tuned"] = r.tuned, d["compiled"] = r.compiled, d["skipped"] = r.skipped, d["failed"] = r.failed;
   d["seconds"] = r.seconds, d["errors"] = r.errors;
+  d["open_seconds"] = r.open_seconds, d["fetch_seconds"] = r.fetch_seconds, d["load_seconds"] = r.load_seconds;
+  d["threads"] = r.threads;
   return d;
 }
 
-nb::dict warmup(const std::shared_ptr<PyTuner>& tuner, std::optional<std::string> workload, int device) {
-  std::vector<runtime::Problem> problems;
-  if (workload) {
-    problems = workload_of(*workload).problems;
-  } else {
-    problems = unwrap(without_gil([&] { return tuner->cached_problems(device); }));
-  }
-  auto r = without_gil([&] { return tuner->warmup(problems, device); });
+std::vector<runtime::Problem> warmup_problems(PyTuner& tuner, const std::optional<std::string>& workload, int device) {
+  if (workload) return workload_of(*workload).problems;
+  return unwrap(without_gil([&] { return tuner.cached_problems(device); }));
+}
+
+nb::dict warmup(const std::shared_ptr<PyTuner>& tuner, std::optional<std::string> workload, int device, int threads) {
+  std::vector<runtime::Problem> problems = warmup_problems(*tuner, workload, device);
+  auto r = without_gil([&] { return tuner->warmup(problems, device, threads); });
   return report_dict(unwrap(std::move(r)));
 }
 
@@ -227,11 +229,21 @@ void bind_api(nb::module_& m) {
       .def("__repr__", [](const PyTuner& t) {
         return strf("kiln.Tuner(cache_dir='{}', mode='{}')", t.cache_dir(), cache::tune_mode_name(t.mode()));
       })
-      .def("_warmup", &warmup, nb::arg("workload").none(), nb::arg("device"));
+      .def("_warmup", &warmup, nb::arg("workload").none(), nb::arg("device"), nb::arg("threads") = 0)
+      .def("_start_warmup", [](const std::shared_ptr<PyTuner>& t, std::optional<std::string> workload, int device,
+                               int threads) {
+        std::vector<runtime::Problem> problems = warmup_problems(*t, workload, device);
+        check(t->start_warmup(std::move(problems), device, threads));
+      }, nb::arg("workload").none(), nb::arg("device"), nb::arg("threads") = 0)
+      .def("_wait_warmup", [](PyTuner& t) {
+        auto r = without_gil([&] { return t.wait_warmup(); });
+        return report_dict(unwrap(std::move(r)));
+      })
+      .def("_warmup_done", &PyTuner::warmup_done);
   m.def("_set_default_tuner", [](std::shared_ptr<PyTuner> t) {
     std::lock_guard lock(current_mu);
     default_tuner = std::move(t);
-  });
+  }, nb::arg("tuner").none());
   m.def("current_tuner", &current_tuner, "The Tuner the ops use now.");
   m.def("_precompile", &precompile, nb::arg("workload"), nb::arg("arch"), nb::arg("cache_dir"), nb::arg("configs"),
         nb::arg("executor"));

@@ -34,6 +34,8 @@ void raise(const Status& status) {
   throw nb::python_error();
 }
 
+bool is_capture_miss(nb::python_error& e) { return capture_miss_class && e.matches(capture_miss_class); }
+
 void bind_errors(nb::module_& m) {
   m.def("_set_error_classes", [](nb::handle base, nb::dict by_code, nb::handle capture_miss) {
     base_class = base.inc_ref().ptr();

@@ -20,6 +20,9 @@ inline void check(const Status& s) {
   if (!s.ok()) raise(s);
 }
 
+/// True when `e` is kiln.CaptureMissError (a miss inside CUDA-graph capture with nothing to run).
+bool is_capture_miss(nanobind::python_error& e);
+
 void bind_errors(nanobind::module_& m);
 
 }  // namespace kiln::py

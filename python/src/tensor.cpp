@@ -184,7 +184,9 @@ const TorchHandles* torch_handles() {
   torch_state.bf16 = tm.attr("bfloat16").inc_ref().ptr();
   torch_state.f32 = tm.attr("float32").inc_ref().ptr();
   nb::object c = tm.attr("_C");
-  if (nb::hasattr(c, "_cuda_getCurrentRawStream")) torch_state.current_raw_stream = c.attr("_cuda_getCurrentRawStream");
+  if (nb::hasattr(c, "_cuda_getCurrentRawStream")) {
+    torch_state.current_raw_stream = c.attr("_cuda_getCurrentRawStream").inc_ref().ptr();
+  }
   torch_ready = true;
   return &torch_state;
 }
@@ -222,7 +224,7 @@ uintptr_t resolve_stream(nb::handle stream, const TensorView& t) {
   }
   if (t.torch) {
     const TorchHandles* th = torch_handles();
-    if (th && th->current_raw_stream.is_valid()) return nb::cast<uintptr_t>(th->current_raw_stream(t.device_index));
+    if (th && th->current_raw_stream) return nb::cast<uintptr_t>(nb::handle(th->current_raw_stream)(t.device_index));
   }
   return 0;
 }

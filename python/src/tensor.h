@@ -40,10 +40,11 @@ TensorView tensor_view(nanobind::handle obj, const char* what, intptr_t stream =
 /// __cuda_stream__), else torch's current stream when `t` is a torch tensor, else the legacy default stream.
 uintptr_t resolve_stream(nanobind::handle stream, const TensorView& t);
 
-/// The torch module's handles the fast path uses, once torch is imported (null before).
+/// The torch module's handles the fast path uses, once torch is imported (null before). Strong references,
+/// never released: a static's destructor would drop them after the interpreter is gone (a crash at exit).
 struct TorchHandles {
   PyTypeObject* tensor = nullptr;
-  nanobind::object current_raw_stream;  // torch._C._cuda_getCurrentRawStream
+  PyObject* current_raw_stream = nullptr;  // torch._C._cuda_getCurrentRawStream (absent in CPU-only torch)
   PyObject* f16 = nullptr;
   PyObject* bf16 = nullptr;
   PyObject* f32 = nullptr;

@@ -2,8 +2,12 @@
 
 #include "text.h"
 
+#include <dlfcn.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <unordered_set>
 
 #include "kiln/cache/problem_key.h"
 #include "kiln/jit/device.h"
@@ -18,7 +22,114 @@ namespace {
 Result<bool> capturing(CUstream stream);
 bool measured(const runtime::TuneReport& r);
 
+// The executor, made on the first compile. A warm start whose binaries are all cached compiles nothing, so
+// it never starts the process pool (spawning a worker per core, and the handshake with a worker named by
+// $KILN_COMPILE_WORKER, which cost start-up time on the critical path of a serving engine's first request).
+class LazyExecutor final : public Executor {
+ public:
+  explicit LazyExecutor(ExecutorOptions options) : options_(std::move(options)) {}
+  ~LazyExecutor() override { shutdown(); }
+
+  Submission submit(CompileJob job) override {
+    auto e = get(true);
+    if (!e.ok()) return {make_ready_future<Binary>(e.status()), 0};
+    return (*e)->submit(std::move(job));
+  }
+  void raise_priority(JobId id, Priority priority) override {
+    if (auto e = get(false); e.ok() && *e) (*e)->raise_priority(id, priority);
+  }
+  void shutdown() override {
+    std::shared_ptr<Executor> e;
+    {
+      std::lock_guard lock(mu_);
+      shut_ = true;
+      e = made_;
+    }
+    if (e) e->shutdown();
+  }
+  std::string_view kind() const override {
+    auto e = get(false);
+    return e.ok() && *e ? (*e)->kind() : std::string_view("lazy");
+  }
+  int concurrency() const override {
+    auto e = get(false);
+    return e.ok() && *e ? (*e)->concurrency() : 1;
+  }
+  ExecutorCounters counters() const override {
+    auto e = get(false);
+    return e.ok() && *e ? (*e)->counters() : ExecutorCounters{};
+  }
+
+ private:
+  // The executor; with `make`, made now if it was not (its error is kept and returned to every submit).
+  Result<std::shared_ptr<Executor>> get(bool make) const {
+    std::lock_guard lock(mu_);
+    if (made_ || !make) return made_;
+    if (shut_) return make_error(ErrorCode::kShutdown, "pool shut down");
+    if (!error_.ok()) return error_;
+    auto e = make_executor(options_);
+    if (!e.ok()) {
+      error_ = e.status();
+      return error_;
+    }
+    made_ = *e;
+    return made_;
+  }
+
+  ExecutorOptions options_;
+  mutable std::mutex mu_;
+  mutable std::shared_ptr<Executor> made_;
+  mutable Status error_;
+  bool shut_ = false;
+};
+
+// A thread that loads modules while another thread may be capturing a CUDA graph: in the default (global)
+// capture mode, a module load or allocation from any thread during another thread's global capture is
+// refused and invalidates that capture; relaxed mode exempts this thread. cuThreadExchangeStreamCaptureMode
+// is not in kiln's driver table: taken from the library kiln loaded.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() {
+    if (Fn fn = exchange()) ok_ = fn(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCaptureMode() {
+    if (ok_) (void)exchange()(&mode_);  // the thread's own mode back
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  using Fn = CUresult (*)(CUstreamCaptureMode*);
+  static Fn exchange() {
+    static Fn fn = []() -> Fn {
+      auto d = driver();
+      if (!d.ok()) return nullptr;
+      void* lib = dlopen((*d)->library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+      return lib ? reinterpret_cast<Fn>(dlsym(lib, "cuThreadExchangeStreamCaptureMode")) : nullptr;
+    }();
+    return fn;
+  }
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool ok_ = false;
+};
+
+// Loading a problem is mostly CPU work (key hashing, reading and decompressing cubins, building sources) that
+// spreads over threads; the driver's module loads serialise, so more than a few threads only contend.
+int warmup_threads(int asked, size_t problems) {
+  int n = asked > 0 ? asked : static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+  return std::max(1, std::min(n, static_cast<int>(std::max<size_t>(1, problems))));
+}
+
 }  // namespace
+
+struct PyTuner::Background {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::unordered_set<OpKey, OpKeyHash> keys;  // the problems it loads
+  Result<WarmupReport> report = make_error(ErrorCode::kInternal, "the warm-up has not finished");
+  std::thread thread;
+};
 
 // One Store per folder in a process: two tuners on the same folder share it (RocksDB allows one writer
 // per process and folder).
@@ -119,7 +230,10 @@ Result<std::shared_ptr<PyTuner>> PyTuner::create(TunerOptions options) {
 }
 
 PyTuner::PyTuner(TunerOptions options, cache::TuneMode mode) : options_(std::move(options)), mode_(mode) {}
-PyTuner::~PyTuner() = default;
+PyTuner::~PyTuner() {
+  // A background warm-up uses this tuner: it finishes first.
+  if (background_ && background_->thread.joinable()) background_->thread.join();
+}
 
 Result<runtime::Tuner*> PyTuner::tuner(int device) {
   std::lock_guard lock(mu_);
@@ -136,7 +250,7 @@ Result<runtime::Tuner*> PyTuner::tuner(int device) {
     if (!options_.executor.empty()) {
       KILN_ASSIGN_OR_RETURN(eo.kind, parse_executor_kind(options_.executor));
     }
-    KILN_ASSIGN_OR_RETURN(executor_, make_executor(eo));
+    executor_ = std::make_shared<LazyExecutor>(std::move(eo));
   }
   runtime::TuneOptions o;
   o.cache = cache_;
@@ -157,12 +271,28 @@ const runtime::Selection* PyTuner::find(const OpKey& key) const {
 
 Status PyTuner::keep(const OpKey& key, std::shared_ptr<runtime::Selection> sel) {
   std::lock_guard lock(mu_);
-  families_[key.family()][key.size] = sel.get();
-  selections_[key] = std::move(sel);
+  // The first selection of a key stays: a caller may hold its pointer (the C++ tuner returns the same one
+  // for a problem anyway).
+  auto [it, inserted] = selections_.emplace(key, std::move(sel));
+  families_[key.family()].emplace(key.size, it->second.get());
   return Status();
 }
 
+void PyTuner::wait_for_background(const OpKey& key) {
+  std::shared_ptr<Background> bg;
+  {
+    std::lock_guard lock(mu_);
+    bg = background_;
+  }
+  if (!bg) return;
+  std::unique_lock lock(bg->mu);
+  if (bg->keys.count(key)) bg->cv.wait(lock, [&] { return bg->done; });
+}
+
 Result<const runtime::Selection*> PyTuner::resolve(const OpKey& key, const runtime::Problem& problem, CUstream stream) {
+  // A problem a background warm-up is loading is taken from it, never loaded twice (nor inside a capture).
+  wait_for_background(key);
+  if (auto* s = find(key)) return s;
   std::lock_guard tune_lock(tune_mu_);
   if (auto* s = find(key)) return s;
   KILN_ASSIGN_OR_RETURN(bool in_capture, capturing(stream));
@@ -195,34 +325,120 @@ Result<const runtime::Selection*> PyTuner::resolve(const OpKey& key, const runti
   return raw;
 }
 
-Result<WarmupReport> PyTuner::warmup(const std::vector<runtime::Problem>& problems, int device) {
-  auto start = std::chrono::steady_clock::now();
+Result<WarmupReport> PyTuner::warmup(const std::vector<runtime::Problem>& problems, int device, int threads) {
+  if (!warmup_done()) {
+    return make_error(ErrorCode::kFailedPrecondition, "a background warm-up of this tuner is running: wait for it first");
+  }
+  std::lock_guard tune_lock(tune_mu_);
+  return run_warmup(problems, device, threads);
+}
+
+Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& problems, int device, int threads) {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const auto start = Clock::now();
   WarmupReport r;
   KILN_ASSIGN_OR_RETURN(runtime::Tuner * t, tuner(device));
-  uint64_t compiles_before = compiles();
-  std::lock_guard tune_lock(tune_mu_);
-  for (const auto& p : problems) {
-    ++r.problems;
-    auto key = key_of(p, device);
-    if (!key.ok()) {
-      ++r.skipped;
-      if (r.errors.size() < 20) r.errors.push_back(key.status().message());
-      continue;
+  r.open_seconds = since(start);
+  KILN_ASSIGN_OR_RETURN(CUcontext ctx, ensure_context(device));
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  const uint64_t compiles_before = compiles();
+  r.threads = warmup_threads(threads, problems.size());
+
+  std::mutex report_mu;
+  Status fatal;
+  std::atomic<size_t> next{0};
+  auto work = [&](bool own_thread) {
+    RelaxedCaptureMode relaxed;
+    // Modules load into the tuner's context, whichever thread loads them.
+    if (own_thread) {
+      if (CUresult rc = d->cuCtxSetCurrent(ctx); rc != CUDA_SUCCESS) {
+        std::lock_guard lock(report_mu);
+        fatal = to_status(rc, "cuCtxSetCurrent", __FILE__, __LINE__);
+        return;
+      }
     }
-    auto sel = t->tune(p);
-    if (!sel.ok()) {
-      ++r.failed;
-      if (r.errors.size() < 20) r.errors.push_back(strf("{}: {}", p.describe(), sel.status().to_string()));
-      continue;
+    for (size_t i = next++; i < problems.size(); i = next++) {
+      const runtime::Problem& p = problems[i];
+      auto key = key_of(p, device);
+      if (!key.ok()) {
+        std::lock_guard lock(report_mu);
+        ++r.skipped;
+        if (r.errors.size() < 20) r.errors.push_back(key.status().message());
+        continue;
+      }
+      auto sel = t->tune(p);
+      std::lock_guard lock(report_mu);
+      if (!sel.ok()) {
+        ++r.failed;
+        if (r.errors.size() < 20) r.errors.push_back(strf("{}: {}", p.describe(), sel.status().to_string()));
+        continue;
+      }
+      const runtime::TuneReport& tr = (*sel)->report();
+      ++r.ready;
+      if (tr.decision_from_cache) ++r.from_cached_decision;
+      if (measured(tr)) ++r.tuned;
+      r.fetch_seconds += tr.decision_from_cache ? tr.compile_wait_seconds : 0;
+      r.load_seconds += tr.load_seconds;
+      if (Status st = keep(*key, std::move(*sel)); !st.ok() && fatal.ok()) fatal = st;
     }
-    ++r.ready;
-    if ((*sel)->report().decision_from_cache) ++r.from_cached_decision;
-    if (measured((*sel)->report())) ++r.tuned;
-    KILN_RETURN_IF_ERROR(keep(*key, std::move(*sel)));
+  };
+  {
+    std::vector<std::thread> pool;
+    for (int i = 1; i < r.threads; ++i) pool.emplace_back(work, true);
+    work(false);
+    for (auto& th : pool) th.join();
   }
+  KILN_RETURN_IF_ERROR(fatal);
+  r.problems = static_cast<int>(problems.size());
   r.compiled = compiles() - compiles_before;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.seconds = since(start);
   return r;
+}
+
+Status PyTuner::start_warmup(std::vector<runtime::Problem> problems, int device, int threads) {
+  auto bg = std::make_shared<Background>();
+  for (const auto& p : problems) {
+    if (auto key = key_of(p, device); key.ok()) bg->keys.insert(*key);
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (background_ && !background_->done) {
+      return make_error(ErrorCode::kFailedPrecondition, "a background warm-up of this tuner is already running");
+    }
+    if (background_ && background_->thread.joinable()) background_->thread.join();  // done: joins at once
+    background_ = bg;
+  }
+  bg->thread = std::thread([this, bg, problems = std::move(problems), device, threads] {
+    Result<WarmupReport> r = [&] {
+      std::lock_guard tune_lock(tune_mu_);
+      return run_warmup(problems, device, threads);
+    }();
+    std::lock_guard lock(bg->mu);
+    bg->report = std::move(r);
+    bg->done = true;
+    bg->cv.notify_all();
+  });
+  return Status();
+}
+
+Result<WarmupReport> PyTuner::wait_warmup() {
+  std::shared_ptr<Background> bg;
+  {
+    std::lock_guard lock(mu_);
+    bg = background_;
+  }
+  if (!bg) return make_error(ErrorCode::kNotFound, "no background warm-up was started on this tuner");
+  std::unique_lock lock(bg->mu);
+  bg->cv.wait(lock, [&] { return bg->done; });
+  return bg->report;
+}
+
+bool PyTuner::warmup_done() const {
+  std::lock_guard lock(mu_);
+  if (!background_) return true;
+  std::lock_guard bg_lock(background_->mu);
+  return background_->done;
 }
 
 namespace {

@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -65,6 +67,10 @@ struct WarmupReport {
   int problems = 0, ready = 0, from_cached_decision = 0, tuned = 0, skipped = 0, failed = 0;
   uint64_t compiled = 0;  // kernels compiled during the warm-up (0 on a precompiled cache)
   double seconds = 0;
+  // Where the time went (seconds): making the device's C++ tuner (opening the cache, the context) and,
+  // summed over problems, fetching cached binaries and loading them into the context; the threads used.
+  double open_seconds = 0, fetch_seconds = 0, load_seconds = 0;
+  int threads = 0;
   std::vector<std::string> errors;
 };
 
@@ -81,8 +87,18 @@ class PyTuner {
   /// whether it is capturing.
   Result<const runtime::Selection*> resolve(const OpKey& key, const runtime::Problem& problem, CUstream stream);
 
-  /// Tunes (or loads) every problem and keeps their selections: after it, those calls are hits.
-  Result<WarmupReport> warmup(const std::vector<runtime::Problem>& problems, int device);
+  /// Tunes (or loads) every problem on `threads` threads (0: a count for the machine) and keeps their
+  /// selections: after it, those calls are hits.
+  Result<WarmupReport> warmup(const std::vector<runtime::Problem>& problems, int device, int threads = 0);
+  /// The same warm-up on background threads; returns at once. Until it is done, a call of one of its
+  /// problems waits for it (rather than loading the problem a second time), inside a graph capture too: the
+  /// loading threads never capture, and they run in relaxed capture mode, so a capture on another thread
+  /// neither sees nor forbids their module loads. kFailedPrecondition while another warm-up runs.
+  Status start_warmup(std::vector<runtime::Problem> problems, int device, int threads = 0);
+  /// Waits for the background warm-up and returns its report (kNotFound when none was started).
+  Result<WarmupReport> wait_warmup();
+  /// True when no background warm-up is running.
+  bool warmup_done() const;
   /// The problems of every decision the cache holds for `device` (and this kiln, driver and cuBLAS).
   Result<std::vector<runtime::Problem>> cached_problems(int device);
 
@@ -107,7 +123,11 @@ class PyTuner {
   std::unordered_map<OpKey, std::map<int64_t, runtime::Selection*>, OpKeyHash> families_;
   mutable TunerStats stats_;
   std::mutex tune_mu_;  // one miss resolves at a time (the tuner benchmarks one problem at a time anyway)
+  struct Background;  // a background warm-up (tuner.cpp)
+  std::shared_ptr<Background> background_;
   Status keep(const OpKey& key, std::shared_ptr<runtime::Selection> sel);
+  Result<WarmupReport> run_warmup(const std::vector<runtime::Problem>& problems, int device, int threads);
+  void wait_for_background(const OpKey& key);
 };
 
 /// The key of a built-in problem (gemm, rmsnorm, softmax) on `device`; kUnimplemented for other ops.

@@ -70,10 +70,10 @@ struct Owned {
 std::mutex owned_mu;
 std::unordered_map<const void*, std::weak_ptr<Owned>> owned_by_storage;
 
-runtime::OutputRegion output_region(nb::handle t, size_t index) {
-  TensorView v = tensor_view(t, "output");
+runtime::OutputRegion output_region(nb::handle t, const char* kind, size_t index, bool restore) {
+  TensorView v = tensor_view(t, kind);
   if (v.device != DeviceKind::kCuda || !v.has_kiln_dtype()) {
-    bad(strf("output {}: a CUDA float16, bfloat16 or float32 tensor is compared with the reference", index));
+    bad(strf("{} {}: a CUDA float16, bfloat16 or float32 tensor is compared with the reference", kind, index));
   }
   runtime::OutputRegion r;
   r.ptr = v.ptr;
@@ -82,8 +82,9 @@ runtime::OutputRegion output_region(nb::handle t, size_t index) {
   r.rows = 1;
   for (int i = 0; i + 1 < v.ndim; ++i) r.rows *= v.shape[i];
   r.ld = v.ndim >= 2 ? v.strides[v.ndim - 2] : r.cols;
-  if (!v.contiguous()) bad(strf("output {}: must be contiguous", index));
-  r.name = strf("output{}", index);
+  if (!v.contiguous()) bad(strf("{} {}: must be contiguous", kind, index));
+  r.name = strf("{}{}", kind, index);
+  r.restore = restore;
   return r;
 }
 
@@ -115,15 +116,53 @@ class PyTunedOp {
   std::vector<int64_t> sizes_;
 };
 
-// buffers() gives the kernel arguments, or {"args": [...], "outputs": [...]} with the tensors the variants
-// write (compared with the reference variant's).
-std::pair<nb::sequence, nb::object> split_made(nb::object made) {
-  if (nb::isinstance<nb::dict>(made)) {
-    nb::dict d = nb::cast<nb::dict>(made);
-    if (!d.contains("args")) throw std::runtime_error("buffers' dict needs \"args\"");
-    return {nb::cast<nb::sequence>(d["args"]), d.contains("outputs") ? nb::borrow(d["outputs"]) : nb::none()};
+// buffers() gives the kernel arguments, or {"args": [...], "outputs": [...], "inouts": [...]}: tensors the
+// variants write (poisoned before each checked run), and tensors they update in place (y = a * x + y: restored
+// to what buffers() made before each checked run; poison there would be read back and fail every variant).
+// Both are compared with the reference variant's.
+struct Made {
+  nb::sequence args;
+  nb::object outputs = nb::none(), inouts = nb::none();
+};
+
+bool same_memory(nb::handle a, nb::handle b) {
+  if (a.is(b)) return true;
+  try {
+    return tensor_view(a, "output").ptr == tensor_view(b, "argument").ptr;
+  } catch (...) {
+    return false;
   }
-  return {nb::cast<nb::sequence>(made), nb::none()};
+}
+
+Made split_made(nb::object made) {
+  Made m;
+  if (!nb::isinstance<nb::dict>(made)) {
+    m.args = nb::cast<nb::sequence>(made);
+    return m;
+  }
+  nb::dict d = nb::cast<nb::dict>(made);
+  for (auto [k, v] : d) {
+    std::string key = nb::cast<std::string>(nb::str(k));
+    if (key != "args" && key != "outputs" && key != "inouts") {
+      throw std::runtime_error(strf("buffers' dict has \"{}\"; its keys are \"args\", \"outputs\" and \"inouts\"", key));
+    }
+  }
+  if (!d.contains("args")) throw std::runtime_error("buffers' dict needs \"args\"");
+  m.args = nb::cast<nb::sequence>(d["args"]);
+  if (d.contains("outputs")) m.outputs = nb::borrow(d["outputs"]);
+  if (d.contains("inouts")) m.inouts = nb::borrow(d["inouts"]);
+  // A tensor the kernels never get cannot be written by them: every variant would fail as "not written".
+  for (auto [kind, list] : {std::pair{"outputs", m.outputs}, std::pair{"inouts", m.inouts}}) {
+    if (list.is_none()) continue;
+    size_t i = 0;
+    for (nb::handle t : nb::cast<nb::sequence>(list)) {
+      bool passed = false;
+      for (nb::handle a : m.args) passed = passed || same_memory(t, a);
+      if (!passed) throw std::runtime_error(strf("{}[{}] is not among the args: the kernels cannot write it", kind, i));
+      ++i;
+    }
+  }
+  return m;
 }
 
 runtime::Variant variant_of(nb::handle v) {
@@ -195,23 +234,31 @@ std::shared_ptr<PyTunedOp> tune(std::shared_ptr<PyTuner> tuner, const std::strin
   const runtime::Variant& ref = reference.empty() ? op.variants.front() : *std::find_if(op.variants.begin(), op.variants.end(), [&](const auto& v) { return v.name == reference; });
 
   // One call of buffers() for this problem tells the argument count; its objects serve the signature only.
-  nb::sequence probe_seq = split_made(buffers(size_list(sizes), 1)).first;
+  // It is also where a malformed dict is caught, before anything needs a device.
+  nb::sequence probe_seq = [&] {
+    try {
+      return split_made(buffers(size_list(sizes), 1)).args;
+    } catch (...) {
+      bad(strf("variant op '{}': buffers: {}", op_name, python_error_text()));
+    }
+  }();
   std::vector<size_t> params = signature(op_name, ref, device, nb::len(probe_seq));
 
   Ref buffers_fn = std::make_shared<PyRef>(buffers);
   op.buffers = [buffers_fn, params](std::span<const int64_t> s, uint32_t seed) -> Result<runtime::VariantBuffers> {
     nb::gil_scoped_acquire gil;
     try {
-      auto [args, outputs] = split_made(buffers_fn->get()(size_list(s), seed));
-      if (nb::len(args) != params.size()) {
-        throw std::runtime_error(strf("buffers gave {} arguments; the kernels take {}", nb::len(args), params.size()));
+      Made made = split_made(buffers_fn->get()(size_list(s), seed));
+      if (nb::len(made.args) != params.size()) {
+        throw std::runtime_error(strf("buffers gave {} arguments; the kernels take {}", nb::len(made.args), params.size()));
       }
-      auto owned = std::make_shared<Owned>(Owned{std::make_shared<PyRef>(args), PackedArgs(args, params)});
+      auto owned = std::make_shared<Owned>(Owned{std::make_shared<PyRef>(made.args), PackedArgs(made.args, params)});
       runtime::VariantBuffers vb;
       vb.params.assign(owned->packed.pointers.begin(), owned->packed.pointers.end() - 1);
-      if (!outputs.is_none()) {
+      for (auto [kind, list, restore] : {std::tuple{"output", made.outputs, false}, std::tuple{"inout", made.inouts, true}}) {
+        if (list.is_none()) continue;
         size_t i = 0;
-        for (nb::handle t : nb::cast<nb::sequence>(outputs)) vb.outputs.push_back(output_region(t, i++));
+        for (nb::handle t : nb::cast<nb::sequence>(list)) vb.outputs.push_back(output_region(t, kind, i++, restore));
       }
       {
         std::lock_guard lock(owned_mu);

@@ -58,3 +58,41 @@ def test_warmup_from_cached_decisions_only(cache_dir):
     assert kiln.current_tuner() is fresh
     kiln.softmax(x)
     assert fresh.stats()["hits"] == 1 and fresh.stats()["misses"] == 0
+
+
+def test_background_warmup_without_a_gpu_reports_the_error_on_wait(cache_dir):
+    if HAS_GPU:
+        pytest.skip("a GPU is here: the no-GPU path is not reachable")
+    task = kiln.warmup(cache_dir, WORKLOAD, wait=False)
+    assert isinstance(task, kiln.WarmupTask)
+    with pytest.raises((kiln.NoDriverError, kiln.NoDeviceError)):
+        task.wait()
+    assert task.done()
+    # A finished background warm-up leaves the tuner free for the next one.
+    with pytest.raises((kiln.NoDriverError, kiln.NoDeviceError)):
+        kiln.warmup(tuner=task.tuner, workload=WORKLOAD)
+
+
+@needs_torch_gpu
+def test_background_warmup_serves_the_first_call_and_a_capture_without_loading_twice(cache_dir):
+    import torch
+    import kiln.torch  # noqa: F401
+    xs = [torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16) for rows in (4, 8)]
+    with kiln.Tuner(cache_dir=cache_dir, configs=4):
+        for x in xs:
+            kiln.softmax(x)  # tunes and stores the decisions
+    torch.cuda.synchronize()
+    fresh = kiln.Tuner(cache_dir=cache_dir, mode="strict", configs=4)
+    task = kiln.warmup(tuner=fresh, wait=False, threads=2)  # every decision for this GPU
+    assert kiln.current_tuner() is fresh
+    kiln.softmax(xs[0])  # waits for the warm-up if it is still loading, never loads again
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = torch.ops.kiln.softmax(xs[1])  # its own tuned kernel, not the nearest size or torch's
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y.float(), torch.softmax(xs[1].float(), -1), atol=2e-2, rtol=2e-2)
+    report = task.wait()
+    assert task.done() and report.ready == 2 and report.tuned == 0 and report.compiled == 0, report
+    s = fresh.stats()
+    assert s["misses"] == 0 and s["capture_nearest"] == 0 and s["capture_errors"] == 0, s

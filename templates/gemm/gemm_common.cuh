@@ -78,6 +78,28 @@ __device__ __forceinline__ void kiln_gemm_store2(const KilnGemmArgs& args, int z
   }
 }
 
+// swap_ab kernels: (row, col) and (row, col + 1) of the kernel's D^T tile, whose args have m and n swapped
+// (args.m is D's N, args.n is D's M), so they are D elements (col, row) and (col + 1, row). The epilogue
+// sees D's own row and column; partials keep D's layout (row-major, leading dimension N).
+template <bool PARTIALS>
+__device__ __forceinline__ void kiln_gemm_store2_transposed(const KilnGemmArgs& args, int z, int row, int col,
+                                                            float v0, float v1) {
+  const int m = args.n, n = args.m;
+  if (row >= n) return;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = col + i;
+    if (r >= m) return;
+    const float v = i ? v1 : v0;
+    if constexpr (PARTIALS) {
+      args.workspace[(static_cast<long long>(z) * m + r) * n + row] = v;
+    } else {
+      static_cast<kiln_epilogue_out_t*>(args.d)[static_cast<long long>(r) * args.ldd + row] =
+          kiln_epilogue_cast(kiln_epilogue(v, r, row, args.ep));
+    }
+  }
+}
+
 // The K range of split-K slice z: [k_begin, k_end). Without split-K, the whole of K.
 __device__ __forceinline__ void kiln_k_range(const KilnGemmArgs& args, int z, int& k_begin, int& k_end) {
   if (args.split_k > 1) {

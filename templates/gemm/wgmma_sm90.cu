@@ -14,7 +14,9 @@
 // accumulators in its shared memory and the cluster's first block sums them over distributed shared memory
 // and applies the epilogue: split-K in one kernel, with no workspace. TMA zero-fills reads outside A and B (edges and
 // a K tail included) and the stores are masked, so M, N and K are run-time arguments; TMA needs 16-byte
-// aligned rows: lda and ldb multiples of 8 elements.
+// aligned rows: lda and ldb multiples of 8 elements. With swap_ab = ${swap_ab} (decode: M small) the kernel
+// computes D^T = B^T . A^T so that N fills wgmma's 64-row M side and M is the tile's bn (any multiple of 8),
+// and stores the transposed tile back to D.
 #include "common/kiln_device.cuh"
 #include "kiln/templates/kernel_args.h"
 ${epilogue}
@@ -29,8 +31,14 @@ constexpr int WG_M = BM / CONSUMERS;  // rows per consumer warpgroup
 constexpr int MW = WG_M / 64;         // m64 wgmmas per consumer per k16 step
 constexpr int STAGES = ${stages};
 constexpr int GROUP_M = ${group_m};
-constexpr bool A_COL = ${layout_a.col};  // A M-contiguous: an MN-major wgmma operand
-constexpr bool B_COL = ${layout_b.col};  // B K-contiguous: a K-major wgmma operand
+// swap_ab: the kernel computes D^T = B^T . A^T, its A operand being B^T (rows = N) and its B operand A^T
+// (columns = M), and stores D^T transposed back; launch_gemm() swaps the pointers, sizes and leading dimensions
+// in the args and encodes the tensor maps of the kernel's operands.
+constexpr bool SWAP_AB = ${swap_ab};
+// The kernel's A M-contiguous: an MN-major wgmma operand.
+constexpr bool A_COL = SWAP_AB ? ${layout_b.row} : ${layout_a.col};
+// The kernel's B K-contiguous: a K-major wgmma operand.
+constexpr bool B_COL = SWAP_AB ? ${layout_a.row} : ${layout_b.col};
 constexpr bool PARTIALS = ${partials};
 constexpr int CLUSTER_K = ${cluster_k};
 constexpr int BLOCKS_PER_SM = ${blocks_per_sm};
@@ -38,7 +46,7 @@ constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int CHUNK_BYTES = 64 * BK * 2;  // one 64 (M or N) x 64 (K) box of an MN-major operand
-static_assert(WG_M % 64 == 0 && BN % 64 == 0, "tile shape");
+static_assert(WG_M % 64 == 0 && BN % 8 == 0 && (B_COL || BN % 64 == 0), "tile shape");
 static_assert(CLUSTER_K == 1 || (!PARTIALS && CONSUMERS * MW * BN * 128 * 2 <= STAGES * STAGE_BYTES),
               "cluster split-K parks the accumulators in the pipeline's shared memory");
 
@@ -301,8 +309,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
           const int col = wk.n0 + j * 8 + 2 * (lane % 4);
-          kiln_gemm_store2<PARTIALS>(args, wk.z, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
-          kiln_gemm_store2<PARTIALS>(args, wk.z, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+          if constexpr (SWAP_AB) {
+            kiln_gemm_store2_transposed<PARTIALS>(args, wk.z, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
+            kiln_gemm_store2_transposed<PARTIALS>(args, wk.z, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+          } else {
+            kiln_gemm_store2<PARTIALS>(args, wk.z, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
+            kiln_gemm_store2<PARTIALS>(args, wk.z, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+          }
         }
       }
     }

@@ -99,6 +99,8 @@ TemplateDef gemm_mma_sm80_def() {
                               "tensor-core GEMM: mma.sync m16n8k16 with a cp.async multi-stage pipeline (sm_80+)",
                               "gemm/mma_sm80.cu", "kiln_gemm_mma_sm80", {"gemm/gemm_common.cuh"});
   d.min_cc = 80;
+  // Measured on an H200 (issue 15): 3-12x slower than the wgmma family on every problem.
+  d.superseded_by = "gemm_wgmma_sm90";
   d.params = gemm_problem_specs();
   d.params.push_back(int_param("align", ParamRole::kProblem, {8, 1}, "a",
                                "elements per global load of A and B: divides lda and ldb (gemm_alignment)"));

@@ -2,6 +2,7 @@
 // launch (tensor maps are encoded on the host from each call's pointers and sizes).
 #include <array>
 #include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -40,6 +41,7 @@ namespace {
 
 struct Sm90Config {
   int64_t bm, bn, consumers, stages, cluster_k, blocks_per_sm;
+  bool swap_ab;
   int64_t wg_m() const { return bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
   int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
@@ -50,7 +52,21 @@ struct Sm90Config {
 
 Sm90Config config_of(const Params& p) {
   return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
-          get_int(p, "blocks_per_sm")};
+          get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab")};
+}
+
+// The kernel's own operands. Without swap_ab they are A and B; with it the kernel computes D^T = B^T . A^T, so
+// its "A" (the wgmma M side, bm rows) is B^T and its "B" (the wgmma N side, bn columns) is A^T.
+//   a_mn: the kernel's A is M-contiguous (an MN-major wgmma operand, loaded as 64x64 boxes)
+//   b_k:  the kernel's B is K-contiguous (a K-major wgmma operand, loaded as one box of bn rows)
+struct KernelOperands {
+  bool a_mn, b_k;
+};
+KernelOperands kernel_operands(const Params& p) {
+  const bool a_row = get_layout(p, "layout_a") == Layout::kRowMajor;
+  const bool b_row = get_layout(p, "layout_b") == Layout::kRowMajor;
+  if (get_bool(p, "swap_ab")) return {b_row, a_row};
+  return {!a_row, !b_row};
 }
 
 Result<Params> derive(const Params& p) {
@@ -59,9 +75,8 @@ Result<Params> derive(const Params& p) {
   if (bn < 8 || bn > 256 || bn % 8) {
     return make_error(ErrorCode::kInvalidArgument, fmt::format("bn {} is not a multiple of 8 in [8, 256]", bn));
   }
-  const bool a_mn = get_layout(p, "layout_a") == Layout::kColMajor;
-  const bool b_mn = get_layout(p, "layout_b") == Layout::kRowMajor;
-  d.emplace("wgmma", Value::code(render_wgmma(static_cast<int>(bn), get_dtype(p, "dtype"), a_mn, b_mn),
+  const KernelOperands ops = kernel_operands(p);
+  d.emplace("wgmma", Value::code(render_wgmma(static_cast<int>(bn), get_dtype(p, "dtype"), ops.a_mn, !ops.b_k),
                                  fmt::format("m64n{}k16", bn)));
   return d;
 }
@@ -74,9 +89,12 @@ Status constraints(const Params& p, const DeviceLimits& l) {
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("bm {} must be a multiple of 64 x consumers {}", c.bm, c.consumers));
   }
-  if (c.bm > 256 || c.bn % 64 || c.bn > 256) {
+  // An MN-major B is loaded as 64-wide boxes; a K-major one as one box of bn rows (any multiple of 8: the
+  // small bn of swap_ab, where bn covers M).
+  const int64_t bn_step = kernel_operands(p).b_k ? 8 : 64;
+  if (c.bm > 256 || c.bn % bn_step || c.bn < bn_step || c.bn > 256) {
     return fail(ErrorCode::kInvalidArgument,
-                fmt::format("bm {} <= 256 and bn {} a multiple of 64 <= 256 (TMA boxes, wgmma n)", c.bm, c.bn));
+                fmt::format("bm {} <= 256 and bn {} a multiple of {} <= 256 (TMA boxes, wgmma n)", c.bm, c.bn, bn_step));
   }
   if (c.stages < 2) return fail(ErrorCode::kOutOfRange, "stages must be >= 2");
   if (c.acc_regs() > 128) {
@@ -133,7 +151,9 @@ Status problem_constraints(const Params& p, const Shape& s) {
 Result<Launch> geometry(const Params& p, const Shape& s) {
   const Sm90Config c = config_of(p);
   Launch l;
-  const int64_t work = ((s.m + c.bm - 1) / c.bm) * ((s.n + c.bn - 1) / c.bn) *
+  // With swap_ab the kernel's rows are N and its columns M.
+  const int64_t rows = c.swap_ab ? s.n : s.m, cols = c.swap_ab ? s.m : s.n;
+  const int64_t work = ((rows + c.bm - 1) / c.bm) * ((cols + c.bn - 1) / c.bn) *
                        (get_bool(p, "partials") ? s.splits : 1) * c.cluster_k;
   if (work > INT32_MAX) return make_error(ErrorCode::kInvalidArgument, "gemm: too many tiles");
   // A persistent grid is capped at one block per SM by launch_gemm(), which knows the device.
@@ -147,8 +167,8 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
 
 std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
-  return fmt::format("gemm_wgmma_{}x{}x64_c{}_s{}_g{}{}{}{}_{}", c.bm, c.bn, c.consumers, c.stages, get_int(p, "group_m"),
-                     get_bool(p, "persistent") ? "_p" : "",
+  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn, c.consumers,
+                     c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
                      c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
                      c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", gemm_problem_suffix(p));
 }
@@ -201,16 +221,25 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
   const DType dtype = get_dtype(params, "dtype");
   KILN_ASSIGN_OR_RETURN(const DriverApi* api, driver());
 
-  CUtensorMap map_a, map_b;  // the type carries its alignment (64 or 128 by toolkit; clang refuses a smaller alignas)
-  if (get_layout(params, "layout_a") == Layout::kRowMajor) {  // [M][K]: one box of BM rows per stage
-    KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, a.a, a.m, a.k, a.lda, 64, static_cast<unsigned>(c.bm)));
-  } else {  // [K][M]: BM / 64 boxes of 64 M x 64 K per stage
-    KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, a.a, a.k, a.m, a.lda, 64, 64));
+  // The kernel's operands and sizes: with swap_ab it computes D^T = B^T . A^T (its m is N, its n is M) and
+  // stores transposed; d, ldd, the epilogue and the workspace keep their meaning.
+  GemmArgs k = a;
+  if (c.swap_ab) {
+    std::swap(k.a, k.b);
+    std::swap(k.m, k.n);
+    std::swap(k.lda, k.ldb);
   }
-  if (get_layout(params, "layout_b") == Layout::kColMajor) {  // [N][K]: one box of BN rows per stage
-    KILN_RETURN_IF_ERROR(encode_map(&map_b, api, dtype, a.b, a.n, a.k, a.ldb, 64, static_cast<unsigned>(c.bn)));
+  const KernelOperands ops = kernel_operands(params);
+  CUtensorMap map_a, map_b;  // the type carries its alignment (64 or 128 by toolkit; clang refuses a smaller alignas)
+  if (!ops.a_mn) {  // [M][K]: one box of BM rows per stage
+    KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, k.a, k.m, k.k, k.lda, 64, static_cast<unsigned>(c.bm)));
+  } else {  // [K][M]: BM / 64 boxes of 64 M x 64 K per stage
+    KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, k.a, k.k, k.m, k.lda, 64, 64));
+  }
+  if (ops.b_k) {  // [N][K]: one box of BN rows per stage
+    KILN_RETURN_IF_ERROR(encode_map(&map_b, api, dtype, k.b, k.n, k.k, k.ldb, 64, static_cast<unsigned>(c.bn)));
   } else {  // [K][N]
-    KILN_RETURN_IF_ERROR(encode_map(&map_b, api, dtype, a.b, a.k, a.n, a.ldb, 64, 64));
+    KILN_RETURN_IF_ERROR(encode_map(&map_b, api, dtype, k.b, k.k, k.n, k.ldb, 64, 64));
   }
 
   LaunchConfig cfg = geometry.config(stream);
@@ -218,7 +247,7 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
     KILN_ASSIGN_OR_RETURN(int sms, sm_count_of_current_device());
     cfg.grid.x = std::min<unsigned>(cfg.grid.x, static_cast<unsigned>(sms));
   }
-  void* ptrs[] = {const_cast<GemmArgs*>(&a), &map_a, &map_b, nullptr};
+  void* ptrs[] = {&k, &map_a, &map_b, nullptr};
   return kernel.launch(cfg, ptrs);
 }
 
@@ -230,18 +259,22 @@ TemplateDef gemm_wgmma_sm90_def() {
   d.needs_arch_specific = true;
   d.params = gemm_problem_specs();
   d.params.push_back(int_param("bm", ParamRole::kTunable, {64, 128, 256}, "", "block tile rows (M)"));
-  d.params.push_back(int_param("bn", ParamRole::kTunable, {64, 128, 192, 256}, "", "block tile columns (N): wgmma n"));
+  d.params.push_back(int_param("bn", ParamRole::kTunable, {8, 16, 32, 64, 128, 192, 256}, "",
+                               "block tile columns (N, or M with swap_ab): wgmma n"));
   d.params.push_back(int_param("consumers", ParamRole::kTunable, {1, 2}, "c", "consumer warpgroups, bm/consumers rows each"));
   d.params.push_back(int_param("stages", ParamRole::kTunable, {3, 4, 5, 6, 8}, "s", "TMA pipeline depth (64-wide K steps)"));
   d.params.push_back(int_param("group_m", ParamRole::kTunable, {1, 8, 16}, "g",
                                "tile rasterisation: tile rows walked before the next tile column (L2 reuse)"));
   d.params.push_back(bool_param("persistent", ParamRole::kTunable, "p",
                                 "one block per SM looping over tiles (the next tile's loads overlap the stores)"));
-  d.params.push_back(int_param("cluster_k", ParamRole::kTunable, {1, 4}, "ck",
+  d.params.push_back(int_param("cluster_k", ParamRole::kTunable, {1, 2, 4}, "ck",
                                "split K over a cluster of this many blocks, reduced in distributed shared memory "
                                "(one kernel; for few tiles, e.g. decode)"));
   d.params.push_back(int_param("blocks_per_sm", ParamRole::kTunable, {1, 2}, "b",
                                "1: registers move to the consumers (setmaxnreg); 2: two small-tile blocks per SM"));
+  d.params.push_back(bool_param("swap_ab", ParamRole::kTunable, "swab",
+                                "compute D^T = B^T . A^T: N fills wgmma's 64-row side and a small M is the tile's bn "
+                                "(decode); D is stored transposed back"));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "

@@ -112,6 +112,16 @@ Result<TemplatePtr> find_template(std::string_view name) {
   return make_error(ErrorCode::kNotFound, fmt::format("no template '{}' (templates: {})", name, known));
 }
 
+TemplatePtr superseded_on(const Template& t, const Target& arch_target) {
+  if (t.def().superseded_by.empty()) return nullptr;
+  auto by = find_template(t.def().superseded_by);
+  if (!by.ok()) return nullptr;
+  const TemplateDef& d = (*by)->def();
+  if (arch_target.compute_capability() < d.min_cc) return nullptr;
+  if (d.needs_arch_specific && !arch_target.arch_specific()) return nullptr;
+  return *by;
+}
+
 std::vector<TemplatePtr> templates_for(std::string_view problem) {
   std::vector<TemplatePtr> out;
   for (const TemplatePtr& t : all_templates()) {

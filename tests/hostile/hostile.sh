@@ -93,25 +93,21 @@ J
     cache_still_good
     ;;
   workload_wrong_types)
-    w() { echo "{\"problems\": [$1]}" >"$WORK/w.json"; }
-    w '{"op": "gemm", "m": "16", "n": 64, "k": 64}'
-    run 2 'entry 0.*"m".*w.json' -- precompile --workload "$WORK/w.json"
-    w '{"op": "gemm", "m": 16, "n": 64, "k": 64, "epilogue": 5}'
-    run 2 '"epilogue" must be a string.*w.json' -- precompile --workload "$WORK/w.json"
-    w '{"op": "rmsnorm", "rows": 16, "cols": 64, "residual": 3}'
-    run 2 '"residual" must be true or false.*w.json' -- precompile --workload "$WORK/w.json"
-    w '{"op": "rmsnorm", "rows": 16, "cols": 64, "eps": "tiny"}'
-    run 2 '"eps" must be a number.*w.json' -- precompile --workload "$WORK/w.json"
-    w '{"op": "rmsnorm", "rows": 16, "cols": 64, "eps": -1}'
-    run 2 '"eps" is -1.*w.json' -- precompile --workload "$WORK/w.json"
-    w '{"op": "softmax", "rows": 16, "cols": 64, "scale": 1e300}'
-    run 2 '"scale".*w.json' -- precompile --workload "$WORK/w.json"
-    w '{"op": 7}'
-    run 2 '"op".*w.json' -- precompile --workload "$WORK/w.json"
-    echo '{"problems": {"op": "gemm"}}' >"$WORK/w.json"
-    run 2 'problems.*w.json' -- precompile --workload "$WORK/w.json"
-    echo '{"problems": [' >"$WORK/w.json"
-    run 2 'not JSON.*w.json' -- precompile --workload "$WORK/w.json"
+    # A line each: a workload's body | what its refusal says, before the file's name.
+    while IFS='|' read -r -u 3 body says; do
+      echo "$body" >"$WORK/w.json"
+      run 2 "$says.*w.json" -- precompile --workload "$WORK/w.json"
+    done 3<<'T'
+{"problems": [{"op": "gemm", "m": "16", "n": 64, "k": 64}]}|entry 0.*"m"
+{"problems": [{"op": "gemm", "m": 16, "n": 64, "k": 64, "epilogue": 5}]}|"epilogue" must be a string
+{"problems": [{"op": "rmsnorm", "rows": 16, "cols": 64, "residual": 3}]}|"residual" must be true or false
+{"problems": [{"op": "rmsnorm", "rows": 16, "cols": 64, "eps": "tiny"}]}|"eps" must be a number
+{"problems": [{"op": "rmsnorm", "rows": 16, "cols": 64, "eps": -1}]}|"eps" is -1
+{"problems": [{"op": "softmax", "rows": 16, "cols": 64, "scale": 1e300}]}|"scale"
+{"problems": [{"op": 7}]}|"op"
+{"problems": {"op": "gemm"}}|problems
+{"problems": [|not JSON
+T
     cache_still_good
     ;;
   huge_and_negative_numbers)
@@ -148,18 +144,19 @@ J
   outside_includes)
     mkdir -p "$WORK/src" "$WORK/secret"
     echo 'constexpr int kiln_secret_value = 424242;' >"$WORK/secret/secret.h"
-    printf '#include "%s/secret/secret.h"\nextern "C" __global__ void k() {}\n' "$WORK" >"$WORK/src/abs.cu"
-    run 1 "abs.cu|'abs'.*outside the include folders" -- compile "$WORK/src/abs.cu" --arch sm_80
+    # refused NAME LINE REGEX: a kernel src/NAME.cu that starts with LINE (backslash escapes as printf's) does
+    # not compile, and says REGEX.
+    refused() {
+      printf '%b\nextern "C" __global__ void k() {}\n' "$2" >"$WORK/src/$1.cu"
+      run 1 "$3" -- compile "$WORK/src/$1.cu" --arch sm_80
+    }
+    refused abs "#include \"$WORK/secret/secret.h\"" "abs.cu|'abs'.*outside the include folders"
     grep -q 424242 <<<"$OUT" && fail "the log shows the content of a file outside the include folders"
-    printf '#include "../secret/secret.h"\nextern "C" __global__ void k() {}\n' >"$WORK/src/dotdot.cu"
-    run 1 "outside the include folders" -- compile "$WORK/src/dotdot.cu" --arch sm_80
+    refused dotdot '#include "../secret/secret.h"' "outside the include folders"
     ln -s "$WORK/secret/secret.h" "$WORK/src/link.h"
-    printf '#include "link.h"\nextern "C" __global__ void k() {}\n' >"$WORK/src/link.cu"
-    run 1 "link.h.*outside the include folders" -- compile "$WORK/src/link.cu" --arch sm_80
-    printf '#define F "../secret/secret.h"\n#include F\nextern "C" __global__ void k() {}\n' >"$WORK/src/computed.cu"
-    run 1 "computed include" -- compile "$WORK/src/computed.cu" --arch sm_80
-    printf '#inc\\\nlude "../secret/secret.h"\nextern "C" __global__ void k() {}\n' >"$WORK/src/spliced.cu"
-    run 1 "outside the include folders" -- compile "$WORK/src/spliced.cu" --arch sm_80
+    refused link '#include "link.h"' "link.h.*outside the include folders"
+    refused computed '#define F "../secret/secret.h"\n#include F' "computed include"
+    refused spliced '#inc\\\nlude "../secret/secret.h"' "outside the include folders"
     # Opted in, the absolute include compiles, and its content is in the key.
     run 0 "key " -- compile "$WORK/src/abs.cu" --arch sm_80 --allow-outside-includes
     key1=$(grep -E '^key ' <<<"$OUT")

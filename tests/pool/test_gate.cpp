@@ -108,7 +108,7 @@ TEST(Gate, CachedKeysNeverReachTheCompiler) {
   std::map<KernelKey, Result<Binary>> cache;
   std::vector<std::string> stored, remembered_failures;
   GateOptions o;
-  o.lookup = [&](const KernelKey& k) -> std::optional<Result<Binary>> {
+  o.lookup = [&](const KernelKey& k, std::string_view) -> std::optional<Result<Binary>> {
     std::lock_guard lock(mu);
     auto it = cache.find(k);
     if (it == cache.end()) return std::nullopt;

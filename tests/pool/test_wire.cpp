@@ -72,7 +72,7 @@ TEST(Wire, RequestRoundTrip) {
   KILN_ASSERT_OK_AND_ASSIGN(codec::FrameHeader h, codec::parse_header(wire::kProtocol, bytes));
   EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MessageType::kRequest));
   ASSERT_EQ(h.length + kHeader, bytes.size());
-  KILN_ASSERT_OK_AND_ASSIGN(wire::Request out, wire::decode_request(std::string_view(bytes).substr(kHeader)));
+  KILN_ASSERT_OK_AND_ASSIGN(wire::Request out, wire::decode<wire::Request>(std::string_view(bytes).substr(kHeader)));
   EXPECT_EQ(out.job_id, in.job_id);
   EXPECT_EQ(out.source.name, in.source.name);
   EXPECT_EQ(out.source.entry, in.source.entry);
@@ -102,7 +102,7 @@ TEST(Wire, ReplyRoundTripsBinariesAndErrors) {
   b.nvrtc_major = 13;
   b.nvrtc_minor = 1;
   std::string bytes = frame(wire::Reply{7, b});
-  KILN_ASSERT_OK_AND_ASSIGN(wire::Reply ok, wire::decode_reply(std::string_view(bytes).substr(kHeader)));
+  KILN_ASSERT_OK_AND_ASSIGN(wire::Reply ok, wire::decode<wire::Reply>(std::string_view(bytes).substr(kHeader)));
   EXPECT_EQ(ok.job_id, 7u);
   ASSERT_TRUE(ok.result.ok());
   EXPECT_EQ(ok.result->key, b.key);
@@ -114,7 +114,7 @@ TEST(Wire, ReplyRoundTripsBinariesAndErrors) {
   Status err = make_error(ErrorCode::kCompileError, "bad", "the log");
   err.with_context("while compiling n");
   bytes = frame(wire::Reply{8, err});
-  KILN_ASSERT_OK_AND_ASSIGN(wire::Reply bad, wire::decode_reply(std::string_view(bytes).substr(kHeader)));
+  KILN_ASSERT_OK_AND_ASSIGN(wire::Reply bad, wire::decode<wire::Reply>(std::string_view(bytes).substr(kHeader)));
   ASSERT_FALSE(bad.result.ok());
   EXPECT_EQ(bad.result.status().code(), ErrorCode::kCompileError);
   EXPECT_EQ(bad.result.status().detail(), "the log");
@@ -139,20 +139,20 @@ TEST(Wire, CorruptFramesAreErrorsNotCrashes) {
   std::string_view payload = std::string_view(good).substr(kHeader);
   // Every truncation fails cleanly.
   for (size_t n = 0; n < payload.size(); ++n) {
-    EXPECT_EQ(wire::decode_request(payload.substr(0, n)).status().code(), ErrorCode::kCorrupt) << n;
+    EXPECT_EQ(wire::decode<wire::Request>(payload.substr(0, n)).status().code(), ErrorCode::kCorrupt) << n;
   }
   // Trailing garbage too.
-  EXPECT_EQ(wire::decode_request(std::string(payload) + "x").status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(wire::decode<wire::Request>(std::string(payload) + "x").status().code(), ErrorCode::kCorrupt);
   // A list count that cannot fit in the bytes left is rejected before anything is allocated.
   std::string lying(payload);
   lying[8 + 4 + 1 + 4 + 1 + 4 + 3] = '\xff';  // the options count's low byte... made huge below
   lying[8 + 4 + 1 + 4 + 1 + 4 + 3 + 3] = '\x7f';
-  EXPECT_EQ(wire::decode_request(lying).status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(wire::decode<wire::Request>(lying).status().code(), ErrorCode::kCorrupt);
   // A reply whose status code is out of range.
   std::string reply = frame(wire::Reply{1, make_error(ErrorCode::kInternal, "x")});
   std::string body = reply.substr(kHeader);
   body[9] = '\x63';  // code 99 (after the job id and the ok byte)
-  EXPECT_EQ(wire::decode_reply(body).status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(wire::decode<wire::Reply>(body).status().code(), ErrorCode::kCorrupt);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "kiln/cache/tuning.h"
 #include "kiln/pool/gate.h"
 #include "kiln/runtime.h"
+#include "kiln/templates/registry.h"
 #include "kiln_test.h"
 
 namespace kiln::runtime {
@@ -50,7 +51,8 @@ TEST(Choices, GemmOnHopperWithoutAGpu) {
       families.insert(c->parameters().at("template"));
     }
   }
-  EXPECT_EQ(families, (std::set<std::string>{"gemm_mma_sm80", "gemm_wgmma_sm90"}));
+  // gemm_mma_sm80 is superseded on sm_90a (3-12x slower than wgmma on an H200): not offered unless asked for.
+  EXPECT_EQ(families, (std::set<std::string>{"gemm_wgmma_sm90"}));
   EXPECT_GT(subgraphs, 0) << "a 16-row GEMM with K = 4096 leaves most SMs idle: split-K must be offered";
   EXPECT_GE(choices.size(), 12u);
 }
@@ -80,7 +82,58 @@ TEST(Choices, LargeProblemsSkipSplitKAndIncludeTheSeededWinners) {
     wgmma_seed |= c->name().rfind("gemm_wgmma_128x256x64_c2_s4_g16_p", 0) == 0;
     mma_seed |= c->name().rfind("gemm_mma_128x128x32_w2x2_s4_g8", 0) == 0;
   }
-  EXPECT_TRUE(wgmma_seed && mma_seed) << "the H200 sweep's 4096^3 winners are always tried";
+  EXPECT_TRUE(wgmma_seed) << "the H200 sweep's 4096^3 winner is always tried";
+  EXPECT_FALSE(mma_seed) << "gemm_mma_sm80 is superseded on sm_90a";
+  ChoiceContext asked = hopper();
+  asked.families = {"gemm_mma_sm80"};
+  KILN_ASSERT_OK_AND_ASSIGN(choices, default_ops().choices(Problem::gemm(g), asked));
+  for (const auto& c : choices) mma_seed |= c->name().rfind("gemm_mma_128x128x32_w2x2_s4_g8", 0) == 0;
+  EXPECT_TRUE(mma_seed) << "asked for by name, its seeded winner is tried";
+}
+
+// Pruning by device: the mma.sync family is compiled and timed on sm_90 only when asked for ("gemm_mma_sm80"
+// or "all"), stays the GEMM family of sm_80-class devices, and an sm_90 target without the arch-specific
+// features (no wgmma there) keeps it too. Swap-AB configurations are offered for decode shapes on sm_90a.
+TEST(Choices, SupersededFamiliesArePrunedUnlessAskedFor) {
+  auto families_of = [](const ChoiceContext& ctx) {
+    std::set<std::string> families;
+    auto choices = default_ops().choices(decode_gemm(), ctx);
+    EXPECT_TRUE(choices.ok()) << choices.status().to_string();
+    if (!choices.ok()) return families;
+    for (const auto& c : *choices) {
+      auto params = c->parameters();
+      if (auto it = params.find("template"); it != params.end()) families.insert(it->second);
+      if (auto it = params.find("step0.template"); it != params.end()) families.insert(it->second);
+    }
+    return families;
+  };
+  ChoiceContext ctx = hopper();
+  EXPECT_EQ(families_of(ctx), (std::set<std::string>{"gemm_wgmma_sm90"}));
+  for (const char* asked : {"gemm_mma_sm80", "all"}) {
+    ctx.families = {asked};
+    EXPECT_EQ(families_of(ctx), (std::set<std::string>{"gemm_mma_sm80", "gemm_wgmma_sm90"})) << asked;
+  }
+  KILN_ASSERT_OK_AND_ASSIGN(ChoiceContext ampere, choice_context_for_arch(Target{"sm_80"}));
+  ampere.max_template_configs = 6;
+  EXPECT_EQ(families_of(ampere), (std::set<std::string>{"gemm_mma_sm80"}));
+  // A plain sm_90 context whose arch target lacks the "a" features cannot run the wgmma family.
+  ChoiceContext plain = hopper();
+  plain.arch_target = plain.target;
+  plain.arch_limits = plain.limits;
+  EXPECT_EQ(families_of(plain), (std::set<std::string>{"gemm_mma_sm80"}));
+
+  KILN_ASSERT_OK_AND_ASSIGN(auto sm80, templates::find_template("gemm_mma_sm80"));
+  KILN_ASSERT_OK_AND_ASSIGN(auto sm90, templates::find_template("gemm_wgmma_sm90"));
+  EXPECT_EQ(templates::superseded_on(*sm80, Target{"sm_90a"}), sm90);
+  EXPECT_EQ(templates::superseded_on(*sm80, Target{"sm_90"}), nullptr);
+  EXPECT_EQ(templates::superseded_on(*sm80, Target{"sm_80"}), nullptr);
+  EXPECT_EQ(templates::superseded_on(*sm90, Target{"sm_90a"}), nullptr);
+
+  // Swap-AB seeds whose bn is M rounded up to 8: 16 rows in an m64n16 tile.
+  bool swapped = false;
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(decode_gemm(), hopper()));
+  for (const auto& c : choices) swapped |= c->name().rfind("gemm_wgmma_swab_128x16x64", 0) == 0;
+  EXPECT_TRUE(swapped) << "a 16-row GEMM is offered swap-AB configurations";
 }
 
 TEST(Choices, AmpereGetsNoHopperTemplates) {

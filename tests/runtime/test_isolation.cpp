@@ -88,8 +88,8 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
                 .find("magic"),
             std::string::npos);
   // Truncated and padded payloads.
-  EXPECT_EQ(bw::decode_end(std::string_view(bytes).substr(12, 7)).status().code(), ErrorCode::kCorrupt);
-  EXPECT_EQ(bw::decode_end(bytes.substr(12) + "x").status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(bw::decode<bw::End>(std::string_view(bytes).substr(12, 7)).status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(bw::decode<bw::End>(bytes.substr(12) + "x").status().code(), ErrorCode::kCorrupt);
 }
 
 TEST(BenchWire, EveryMessageRoundTrips) {
@@ -107,7 +107,7 @@ TEST(BenchWire, EveryMessageRoundTrips) {
   b.session.reference_binaries = binaries_for("r");
   b.session.choices = {{"a", {KernelKey{1, 2}}}, {"b", {KernelKey{3, 4}, KernelKey{5, 6}}}};
   std::string f = frame(b);
-  KILN_ASSERT_OK_AND_ASSIGN(bw::Begin b2, bw::decode_begin(std::string_view(f).substr(12)));
+  KILN_ASSERT_OK_AND_ASSIGN(bw::Begin b2, bw::decode<bw::Begin>(std::string_view(f).substr(12)));
   EXPECT_EQ(b2.seq, 7u);
   EXPECT_EQ(b2.session.problem, b.session.problem);
   EXPECT_EQ(b2.session.seed, 42u);
@@ -126,29 +126,28 @@ TEST(BenchWire, EveryMessageRoundTrips) {
   r.seq = 8;
   r.name = "a";
   r.mode = bw::RunMode::kTimeRuns;
-  r.has_binaries = true;
   r.binaries = binaries_for("a");
   r.n = 4;
   r.graph = true;
   f = frame(r);
-  KILN_ASSERT_OK_AND_ASSIGN(bw::Run r2, bw::decode_run(std::string_view(f).substr(12)));
+  KILN_ASSERT_OK_AND_ASSIGN(bw::Run r2, bw::decode<bw::Run>(std::string_view(f).substr(12)));
   EXPECT_EQ(r2.mode, bw::RunMode::kTimeRuns);
   EXPECT_TRUE(r2.graph);
   EXPECT_EQ(r2.n, 4);
-  EXPECT_EQ(r2.binaries.at(0).name, "a");
+  EXPECT_EQ(r2.binaries->at(0).name, "a");
 
   bw::RunResult rr;
   rr.seq = 8;
   rr.status = make_error(ErrorCode::kCudaError, "CUDA_ERROR_ILLEGAL_ADDRESS").with_context("checking a");
   rr.poisoned = true;
   f = frame(rr);
-  KILN_ASSERT_OK_AND_ASSIGN(bw::RunResult rr2, bw::decode_run_result(std::string_view(f).substr(12)));
+  KILN_ASSERT_OK_AND_ASSIGN(bw::RunResult rr2, bw::decode<bw::RunResult>(std::string_view(f).substr(12)));
   EXPECT_EQ(rr2.status.to_string(), rr.status.to_string());
   EXPECT_TRUE(rr2.poisoned);
   rr.status = Status();
   rr.us = {1.5, 2.5};
   f = frame(rr);
-  KILN_ASSERT_OK_AND_ASSIGN(rr2, bw::decode_run_result(std::string_view(f).substr(12)));
+  KILN_ASSERT_OK_AND_ASSIGN(rr2, bw::decode<bw::RunResult>(std::string_view(f).substr(12)));
   EXPECT_TRUE(rr2.status.ok());
   EXPECT_EQ(rr2.us, (std::vector<double>{1.5, 2.5}));
 
@@ -156,14 +155,14 @@ TEST(BenchWire, EveryMessageRoundTrips) {
   g.seq = 7;
   g.unknown = {{"x", "why"}};
   f = frame(g);
-  KILN_ASSERT_OK_AND_ASSIGN(bw::Begun g2, bw::decode_begun(std::string_view(f).substr(12)));
+  KILN_ASSERT_OK_AND_ASSIGN(bw::Begun g2, bw::decode<bw::Begun>(std::string_view(f).substr(12)));
   EXPECT_EQ(g2.unknown, g.unknown);
 
   bw::Hello hello;
   hello.pid = 12;
   hello.status = make_error(ErrorCode::kNoDevice, "none");
   f = frame(hello);
-  KILN_ASSERT_OK_AND_ASSIGN(bw::Hello h2, bw::decode_hello(std::string_view(f).substr(12)));
+  KILN_ASSERT_OK_AND_ASSIGN(bw::Hello h2, bw::decode<bw::Hello>(std::string_view(f).substr(12)));
   EXPECT_EQ(h2.status.code(), ErrorCode::kNoDevice);
 }
 

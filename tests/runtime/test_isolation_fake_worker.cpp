@@ -65,8 +65,8 @@ bw::RunResult run(const bw::Run& req, std::set<std::string>& has_binaries) {
   if (name == "hang") {
     while (true) ::pause();
   }
-  if (req.has_binaries) {
-    if (req.binaries.empty() || req.binaries.front().name != name) {
+  if (req.binaries) {
+    if (req.binaries->empty() || req.binaries->front().name != name) {
       r.status = kiln::make_error(kiln::ErrorCode::kInternal, "fake worker: binaries of another choice");
     }
     has_binaries.insert(name);
@@ -112,14 +112,14 @@ int main(int argc, char** argv) {
   loop.handle = [&has_binaries](const kiln::codec::Frame& f) -> kiln::Result<std::optional<std::string>> {
     if (f.type == static_cast<uint16_t>(bw::Type::kEnd)) return std::optional<std::string>();
     if (f.type == static_cast<uint16_t>(bw::Type::kBegin)) {
-      KILN_ASSIGN_OR_RETURN(bw::Begin req, bw::decode_begin(f.payload));
+      KILN_ASSIGN_OR_RETURN(bw::Begin req, bw::decode<bw::Begin>(f.payload));
       KILN_ASSIGN_OR_RETURN(std::string reply, bw::encode(begin(req, has_binaries)));
       return std::optional<std::string>(std::move(reply));
     }
     if (f.type != static_cast<uint16_t>(bw::Type::kRun)) {
       return kiln::make_error(kiln::ErrorCode::kCorrupt, "fake worker: not a request");
     }
-    KILN_ASSIGN_OR_RETURN(bw::Run req, bw::decode_run(f.payload));
+    KILN_ASSIGN_OR_RETURN(bw::Run req, bw::decode<bw::Run>(f.payload));
     KILN_ASSIGN_OR_RETURN(std::string reply, bw::encode(run(req, has_binaries)));
     return std::optional<std::string>(std::move(reply));
   };

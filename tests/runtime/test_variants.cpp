@@ -335,5 +335,65 @@ TEST_F(VariantsGpu, TunesChecksCachesAndDispatches) {
   }
 }
 
+// An in-place update (y = a * x + y): the variants read what they write, so the poison a checked run starts
+// from would fail all of them; an output marked `restore` starts each checked run from its content before the
+// reference ran, and the caller's check then sees each variant's true result.
+TEST_F(VariantsGpu, InPlaceOutputsAreRestoredBeforeEachCheckedRun) {
+  const char* in_place = R"(
+extern "C" __global__ void axpy(const float* x, float* y, float a, int n) {
+  int i = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+  for (int j = 0; j < VEC; ++j) if (i + j < n) y[i + j] = a * x[i + j] + y[i + j];
+}
+)";
+  std::vector<Variant> variants;
+  for (int vec : {1, 2, 4}) {
+    Variant v = axpy_variant(vec, 128);
+    v.source = in_place;
+    variants.push_back(std::move(v));
+  }
+  auto make = [](bool restore) {
+    return [restore](std::span<const int64_t> sizes, uint32_t seed) -> Result<VariantBuffers> {
+      KILN_ASSIGN_OR_RETURN(VariantBuffers vb, axpy_buffers(sizes, seed));
+      auto* b = static_cast<AxpyBuffers*>(vb.owner.get());
+      KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+      std::vector<float> ones(b->n, 1.0f);
+      KILN_CHECK(d->cuMemcpyHtoD(b->yp, ones.data(), sizeof(float) * b->n));  // y starts at y0's value
+      vb.params = {&b->xp, &b->yp, &b->a, &b->n};
+      vb.outputs[0].restore = restore;
+      return vb;
+    };
+  };
+  std::vector<float> seen;
+  VariantOp op = axpy_op("t.gpu_axpy_in_place", variants);
+  op.buffers = make(true);
+  op.check = [&seen](std::span<const int64_t>, void** params, CUstream) -> Status {
+    const CUdeviceptr y = *static_cast<CUdeviceptr*>(params[1]);
+    float second = 0;
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_CHECK(d->cuMemcpyDtoH(&second, y + sizeof(float), sizeof(float)));
+    seen.push_back(second);
+    return Status();
+  };
+  KILN_ASSERT_OK_AND_ASSIGN(VariantSet set, register_variants(default_ops(), op));
+  {
+    auto t = tuner(cache::TuneMode::kOff);
+    KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(set.problem({1 << 16})));
+    EXPECT_EQ(sel->report().failures, 0) << sel->report().table(10);
+    ASSERT_EQ(seen.size(), 3u);
+    for (float v : seen) EXPECT_EQ(v, 3.0f);  // 2 * x[1] + 1, from the restored y every time
+  }
+  // Without `restore` the same op is checked from poison: every variant reads it and fails, named as such.
+  op.name = "t.gpu_axpy_in_place_poisoned";
+  op.buffers = make(false);
+  op.check = nullptr;
+  KILN_ASSERT_OK_AND_ASSIGN(VariantSet poisoned, register_variants(default_ops(), op));
+  auto t = tuner(cache::TuneMode::kOff);
+  KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(poisoned.problem({1 << 16})));
+  EXPECT_EQ(sel->report().failures, 3) << sel->report().table(10);
+  for (const auto& c : sel->report().choices) {
+    EXPECT_NE(c.status.message().find("not finite"), std::string::npos) << c.status.to_string();
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime

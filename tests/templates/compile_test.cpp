@@ -38,7 +38,7 @@ TEST_P(CompileTest, SampleCompilesForSm90) {
   for (const Status& s : results) KILN_EXPECT_OK(s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Templates, CompileTest, ::testing::Values("rmsnorm", "layernorm", "softmax", "splitk_reduce",
+INSTANTIATE_TEST_SUITE_P(Templates, CompileTest, ::testing::Values("rmsnorm", "layernorm", "softmax", "softmax_cluster", "splitk_reduce",
                                                                    "allreduce", "allreduce_rmsnorm"));
 
 }  // namespace

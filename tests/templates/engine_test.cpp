@@ -103,7 +103,7 @@ TEST(Registry, HasTheBuiltInTemplatesAndNoErrors) {
   for (const char* n : {"rmsnorm", "layernorm", "softmax", "splitk_reduce"}) EXPECT_TRUE(names.contains(n)) << n;
   KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr rms, find_template("rmsnorm"));
   EXPECT_EQ(rms->problem(), "rmsnorm");
-  EXPECT_EQ(templates_for("softmax").size(), 1u);
+  EXPECT_EQ(templates_for("softmax").size(), 2u);  // softmax, softmax_cluster (long rows)
   auto missing = find_template("nope");
   EXPECT_EQ(missing.status().code(), ErrorCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("rmsnorm"));

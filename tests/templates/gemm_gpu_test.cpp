@@ -165,7 +165,7 @@ TEST(GemmGpu, SplitKSubgraphDecode) {
                      {{"bm", Value::integer(64)}, {"bn", Value::integer(128)}, {"consumers", Value::integer(1)},
                       {"stages", Value::integer(6)}, {"group_m", Value::integer(1)},
                       {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(1)},
-                      {"blocks_per_sm", Value::integer(1)}}});
+                      {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(false)}}});
   }
   KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr reduce_t, templates::find_template("splitk_reduce"));
   for (const Case& c : cases) {
@@ -226,7 +226,8 @@ TEST(GemmGpu, ClusterSplitKDecode) {
              {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
              {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(1)},
              {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(c.cluster_k)},
-             {"blocks_per_sm", Value::integer(c.consumers == 1 && c.bm * c.bn <= 64 * 128 && c.cluster_k <= 4 ? 2 : 1)}})
+             {"blocks_per_sm", Value::integer(c.consumers == 1 && c.bm * c.bn <= 64 * 128 && c.cluster_k <= 4 ? 2 : 1)},
+             {"swap_ab", Value::boolean(false)}})
       p.insert_or_assign(k, v);
     cfgs.emplace_back(t, std::move(p));
   }
@@ -242,6 +243,63 @@ TEST(GemmGpu, ClusterSplitKDecode) {
     std::printf("  %-60s %s err %.2e\n", compiled[i]->rendered.config_name.c_str(), p.str().c_str(), *err);
     EXPECT_LE(*err, 1e-2) << compiled[i]->rendered.config_name;
     EXPECT_EQ(compiled[i]->attr.local_bytes, 0);
+  }
+}
+
+// Swap-AB (gemm_wgmma_sm90, swap_ab): D^T = B^T . A^T with N on wgmma's 64-row side, stored transposed back.
+// Decode and odd shapes (M = 1, 3, 17, 64, 77, 200; N not a multiple of the tile; K tails), both B layouts,
+// epilogues that index D's row and column (bias, residual), fp16 and bf16, the cluster split of K and split-K
+// partials, each against the float64 reference with the output poisoned first.
+TEST(GemmGpu, SwapAbDecode) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  using templates::Value;
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  struct Case {
+    int64_t m, n, k;
+    DType in;
+    Layout lb;
+    const char* ep;
+    int bm, bn, consumers, stages, cluster_k, blocks;
+    int splits;
+  };
+  const std::vector<Case> cases = {
+      {1, 4096, 4096, DType::kBF16, C, "bias+gelu", 128, 8, 1, 8, 2, 1, 1},
+      {3, 4100, 1000, DType::kBF16, R, "residual", 128, 8, 1, 8, 4, 1, 1},
+      {17, 520, 264, DType::kF16, C, "bias+silu+residual", 64, 24, 1, 6, 1, 2, 1},
+      {64, 1000, 4096, DType::kBF16, R, "scale+bias+relu", 128, 64, 1, 8, 2, 1, 1},
+      {77, 6144, 136, DType::kF16, C, "", 128, 80, 1, 6, 1, 1, 1},
+      {200, 392, 1000, DType::kBF16, C, "bias", 128, 200, 2, 4, 1, 1, 1},
+      {16, 4096, 4096, DType::kBF16, C, "", 128, 16, 1, 8, 1, 1, 4},  // split-K partials, transposed back
+  };
+  std::vector<std::pair<TemplatePtr, Params>> cfgs;
+  for (const Case& c : cases) {
+    Params p = templates::gemm_problem_params(c.in, R, c.lb, spec(c.ep, c.in), c.splits > 1);
+    for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
+             {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
+             {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(1)},
+             {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(c.cluster_k)},
+             {"blocks_per_sm", Value::integer(c.blocks)}, {"swap_ab", Value::boolean(true)}})
+      p.insert_or_assign(k, v);
+    KILN_ASSERT_OK(t->check(p, DeviceLimits::from_device(info, Target{"sm_90a"})));
+    cfgs.emplace_back(t, std::move(p));
+  }
+  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    KILN_ASSERT_OK(compiled[i]);
+    const Case& c = cases[i];
+    GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.in), c.splits};
+    const GemmData d = make_gemm_data(p, 500 + i);
+    KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
+    auto err = run_and_check(*compiled[i], p, d, g);
+    KILN_ASSERT_OK(err);
+    const double tol = c.splits > 1 ? 1e-5 : gemm_tolerance(p.ep.out);
+    std::printf("  %-64s %s regs %d err %.2e\n", compiled[i]->rendered.config_name.c_str(), p.str().c_str(),
+                compiled[i]->attr.registers, *err);
+    EXPECT_LE(*err, tol) << compiled[i]->rendered.config_name << " on " << p.str();
+    EXPECT_EQ(compiled[i]->attr.local_bytes, 0) << compiled[i]->rendered.config_name;
   }
 }
 

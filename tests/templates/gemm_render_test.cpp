@@ -41,6 +41,7 @@ Params sm90_params(int64_t bm, int64_t bn, int64_t consumers, int64_t stages, bo
   p.emplace("persistent", Value::boolean(persistent));
   p.emplace("cluster_k", Value::integer(1));
   p.emplace("blocks_per_sm", Value::integer(1));
+  p.emplace("swap_ab", Value::boolean(false));
   return p;
 }
 
@@ -147,6 +148,55 @@ TEST(GemmTemplates, ConstraintsPruneWithReasons) {
                            limits("sm_90a")).ok());  // 64 accumulators, but two consumer warpgroups
 }
 
+// Swap-AB (decode): the kernel computes D^T = B^T . A^T, N on wgmma's 64-row side and M in the tile's bn.
+// A small bn needs the kernel's B (A^T) K-major: A row-major; the kernel's A is B^T, MN-major for B row-major.
+TEST(GemmTemplates, SwapAbTilesGeometryAndNames) {
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  auto swap = [](int64_t bm, int64_t bn, Layout la, Layout lb, int64_t ck = 1) {
+    Params p = sm90_params(bm, bn, 1, 8, false, DType::kBF16, la, lb);
+    p.insert_or_assign("swap_ab", Value::boolean(true));
+    p.insert_or_assign("cluster_k", Value::integer(ck));
+    p.insert_or_assign("group_m", Value::integer(1));
+    return p;
+  };
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  for (int64_t bn : {8, 16, 24, 40, 64}) {
+    EXPECT_TRUE(sm90->check(swap(128, bn, R, C), limits("sm_90a")).ok()) << bn;
+    EXPECT_TRUE(sm90->check(swap(64, bn, R, R), limits("sm_90a")).ok()) << bn;
+  }
+  // A col-major: A^T is M-contiguous, loaded in 64-wide boxes; bn must be a multiple of 64 then.
+  Status s = sm90->check(swap(128, 16, C, C), limits("sm_90a"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("multiple of 64"), std::string::npos) << s.to_string();
+  EXPECT_TRUE(sm90->check(swap(128, 64, C, C), limits("sm_90a")).ok());
+  // Without swap, small tiles serve a K-major (col-major) B only.
+  EXPECT_TRUE(sm90->check(sm90_params(64, 32, 1, 8, false, DType::kBF16, R, C), limits("sm_90a")).ok());
+  EXPECT_FALSE(sm90->check(sm90_params(64, 32, 1, 8, false, DType::kBF16, R, R), limits("sm_90a")).ok());
+  EXPECT_FALSE(sm90->check(swap(128, 12, R, C), limits("sm_90a")).ok());  // wgmma n is a multiple of 8
+
+  // Tiles walk N by bm and M by bn: M = 3, N = 4100 with 128 x 8 tiles is 33 x 1 tiles, x 2 for the cluster.
+  auto g = sm90->geometry(swap(128, 8, R, C, 2), Shape{3, 4100, 4096});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid.x, 33u * 2u);
+  EXPECT_EQ(g->cluster.x, 2u);
+  g = sm90->geometry(swap(64, 16, R, R), Shape{40, 1000, 512});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid.x, 16u * 3u);
+  EXPECT_EQ(*sm90->config_name(swap(128, 8, R, C, 2)), "gemm_wgmma_swab_128x8x64_c1_s8_g1_ck2_bf16_rc_bias_gelu_bf16");
+  EXPECT_EQ(*sm90->config_name(sm90_params(128, 256, 2, 4, true)), "gemm_wgmma_128x256x64_c2_s4_g8_p_bf16_rc_bias_gelu_bf16");
+
+  // The wgmma wrapper's transpose flags are the kernel's operands': B row-major makes B^T MN-major (tnspA = 1),
+  // A row-major makes A^T K-major (tnspB = 0).
+  auto r = sm90->render(swap(64, 16, R, R));
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->source.source.find("m64n16k16.f32.bf16.bf16"), std::string::npos);
+  EXPECT_NE(r->source.source.find("p, 1, 1, 1, 0;"), std::string::npos);
+  EXPECT_NE(r->source.source.find("constexpr bool SWAP_AB = true;"), std::string::npos);
+  r = sm90->render(swap(128, 8, R, C));
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->source.source.find("p, 1, 1, 0, 0;"), std::string::npos);
+}
+
 TEST(GemmTemplates, ProblemChecksAlignmentAndGeometry) {
   auto sm80 = *find_template("gemm_mma_sm80");
   auto sm90 = *find_template("gemm_wgmma_sm90");
@@ -222,6 +272,18 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
        {"wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "cp.async.bulk.tensor.2d"}},
       {sm90, [&] { Params p = sm90_params(64, 128, 1, 4, false); p.insert_or_assign("cluster_k", Value::integer(4)); return p; }(),
        "sm_90a", {"barrier.cluster.arrive", "mapa.shared::cluster", "ld.shared::cluster.v4.f32"}},
+      // Swap-AB decode tiles: M = 1 in an n8 wgmma with the K split over a cluster; B row-major (MN-major B^T)
+      // with fp16 and a residual epilogue (which indexes D's own row and column); split-K partials.
+      {sm90, [&] { Params p = sm90_params(128, 8, 1, 8, false); p.insert_or_assign("swap_ab", Value::boolean(true));
+                   p.insert_or_assign("cluster_k", Value::integer(2)); return p; }(),
+       "sm_90a", {"wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16", "mapa.shared::cluster", "cp.async.bulk.tensor.2d"}},
+      {sm90, [&] { Params p = sm90_params(64, 40, 1, 6, false, DType::kF16, R, R, false, "bias+residual", DType::kF16);
+                   p.insert_or_assign("swap_ab", Value::boolean(true)); p.insert_or_assign("blocks_per_sm", Value::integer(2));
+                   return p; }(),
+       "sm_90a", {"wgmma.mma_async.sync.aligned.m64n40k16.f32.f16.f16"}},
+      {sm90, [&] { Params p = sm90_params(128, 64, 2, 4, false, DType::kBF16, R, C, true, "", DType::kF32);
+                   p.insert_or_assign("swap_ab", Value::boolean(true)); return p; }(),
+       "sm_90a", {"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"}},
   };
   std::vector<Result<Binary>> out(jobs.size(), make_error(ErrorCode::kCancelled, "not run"));
   std::atomic<size_t> next{0};

@@ -360,6 +360,61 @@ TEST(GpuTemplates, Softmax) {
   });
 }
 
+// The split-row softmax (softmax_cluster, sm_90+): vocabulary-sized rows over a cluster of blocks, odd column
+// counts (vec 1), slices that end mid-row and a padded leading dimension, against a float64 reference.
+TEST(GpuTemplates, SoftmaxClusterLongRows) {
+  KILN_REQUIRE_GPU();
+  auto g = gpu();
+  ASSERT_TRUE(g);
+  if (g->limits.cc < 90) GTEST_SKIP() << "thread-block clusters need sm_90";
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, find_template("softmax_cluster"));
+  struct Case {
+    DType dt;
+    int64_t threads, vec, items, cluster;
+    RowShape shape;
+  };
+  const std::vector<Case> cases = {
+      {DType::kBF16, 1024, 8, 2, 8, {1, 128256, 0}},  {DType::kBF16, 1024, 8, 3, 8, {8, 152064, 0}},
+      {DType::kF16, 1024, 8, 4, 4, {3, 128256, 8}},   {DType::kBF16, 256, 1, 8, 4, {5, 4099, 1}},
+      {DType::kF32, 512, 4, 4, 2, {2, 10000, 4}},     {DType::kBF16, 1024, 8, 1, 2, {64, 12288, 0}},
+  };
+  std::vector<Params> params;
+  for (const Case& c : cases) {
+    params.push_back({{"dtype", Value::dtype(c.dt)}, {"threads", Value::integer(c.threads)}, {"vec", Value::integer(c.vec)},
+                      {"items", Value::integer(c.items)}, {"cluster", Value::integer(c.cluster)}});
+    KILN_ASSERT_OK(t->check(params.back(), g->limits));
+    KILN_ASSERT_OK(t->check_problem(params.back(), Shape{c.shape.rows, c.shape.cols}));
+  }
+  std::vector<Config> configs = build(*t, params, g->target);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const RowShape& s = c.shape;
+    const int64_t ld = s.cols + s.pad;
+    SCOPED_TRACE(fmt::format("{} rows={} cols={} ld=+{}", configs[i].r.config_name, s.rows, s.cols, s.pad));
+    ASSERT_TRUE(configs[i].kernel.has_value());
+    const float scale = 0.7f;
+    auto x = round_to(random_values(s.rows * ld, -6, 6), c.dt);
+    std::vector<double> ref(s.rows * s.cols);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      double m = -INFINITY, sum = 0;
+      for (int64_t col = 0; col < s.cols; ++col) m = std::max(m, x[r * ld + col] * scale);
+      for (int64_t col = 0; col < s.cols; ++col) sum += std::exp(x[r * ld + col] * scale - m);
+      for (int64_t col = 0; col < s.cols; ++col) ref[r * s.cols + col] = std::exp(x[r * ld + col] * scale - m) / sum;
+    }
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dx, upload(x, c.dt));
+    KILN_ASSERT_OK_AND_ASSIGN(Buf dy, poisoned(s.rows * ld, c.dt));
+    SoftmaxArgs a{};
+    a.x = ptr(dx);
+    a.y = ptr(dy);
+    a.rows = static_cast<int>(s.rows);
+    a.cols = static_cast<int>(s.cols);
+    a.ld_x = a.ld_y = ld;
+    a.scale = scale;
+    KILN_ASSERT_OK_AND_ASSIGN(auto y, run_rows(t, configs[i], s, ld, a, dy));
+    EXPECT_LE(rel_error(y, ld, ref, s.rows, s.cols), tolerance(c.dt));
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ split-K
 
 double apply_ops(double v, const EpilogueSpec& spec, double bias, double residual, double alpha, double beta) {

@@ -87,7 +87,7 @@ Status Reader::finish(std::string_view what) const {
   if (pos_ != in_.size()) {
     return make_error(ErrorCode::kCorrupt, fmt::format("malformed {}: {} unexpected trailing bytes", what, remaining()));
   }
-  return Status();
+  return unusable_;
 }
 
 }  // namespace kiln::codec

@@ -25,6 +25,11 @@ Result<std::string> seal_frame(const Protocol& p, uint16_t type, Writer&& payloa
   return std::move(header).take();
 }
 
+Status finish_message(const Reader& r, const Protocol& p, uint16_t type) {
+  if (r.ok() && r.remaining() == 0) return r.finish("");
+  return r.finish(fmt::format("{} message {}", p.name, type));
+}
+
 Result<FrameHeader> parse_header(const Protocol& p, std::string_view bytes) {
   Reader r(bytes.substr(0, kFrameHeaderBytes));
   const uint32_t magic = r.u32("magic");

@@ -27,7 +27,7 @@ Status get_error(Reader& r) {
   std::string detail = r.bytes("status detail");
   std::vector<std::string> context = r.strings("status context");
   if (!r.ok()) return Status();
-  if (code == 0 || code > static_cast<uint32_t>(ErrorCode::kWrongResult)) {
+  if (code == 0 || !known(static_cast<ErrorCode>(code))) {
     r.reject("status code", "is not an error code this build knows");
     return Status();
   }
@@ -44,38 +44,6 @@ void put_outcome(Writer& w, const Status& s) {
 Status get_outcome(Reader& r) {
   if (r.boolean("outcome")) return Status();
   return get_error(r);
-}
-
-void put_source(Writer& w, const KernelSource& s) {
-  w.bytes(s.name, "source name");
-  w.bytes(s.entry, "source entry");
-  w.bytes(s.source, "source text");
-  w.strings(s.options, "source options");
-  w.count(s.headers.size(), "source headers");
-  for (const auto& h : s.headers) {
-    w.bytes(h.name, "header name");
-    w.bytes(h.content, "header content");
-  }
-  w.strings(s.include_dirs, "source include dirs");
-  w.strings(s.name_expressions, "source name expressions");
-}
-
-KernelSource get_source(Reader& r) {
-  KernelSource s;
-  s.name = r.bytes("source name");
-  s.entry = r.bytes("source entry");
-  s.source = r.bytes("source text");
-  s.options = r.strings("source options");
-  const uint32_t n = r.count("source headers", 8);
-  for (uint32_t i = 0; i < n && r.ok(); ++i) {
-    Header h;
-    h.name = r.bytes("header name");
-    h.content = r.bytes("header content");
-    s.headers.push_back(std::move(h));
-  }
-  s.include_dirs = r.strings("source include dirs");
-  s.name_expressions = r.strings("source name expressions");
-  return s;
 }
 
 void put_binary(Writer& w, const Binary& b) {

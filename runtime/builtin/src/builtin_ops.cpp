@@ -28,10 +28,16 @@ std::optional<std::pair<Target, templates::DeviceLimits>> target_for(const templ
   return std::make_pair(target, specific ? ctx.arch_limits : ctx.limits);
 }
 
+// Whether the context names `t` (or "all") among the superseded families to try anyway.
+bool asked_for(const templates::Template& t, const ChoiceContext& ctx) {
+  return std::find(ctx.families.begin(), ctx.families.end(), t.name()) != ctx.families.end() ||
+         std::find(ctx.families.begin(), ctx.families.end(), "all") != ctx.families.end();
+}
+
 // Configurations that won on the H200 in the GEMM sweep (bench/results/gemm-nvidia-h200-2026-11-21.md): the
 // 4096^3 winners of each family and the decode winners (small M). They are tried first, before the
 // deterministic sample, so a small sample cannot miss them; a seed the device or problem rules out is skipped.
-std::vector<Params> seed_configurations(const std::string& tmpl) {
+std::vector<Params> seed_configurations(const std::string& tmpl, const templates::Shape& shape) {
   auto ints = [](std::initializer_list<std::pair<const char*, int64_t>> kv) {
     Params p;
     for (const auto& [k, v] : kv) p.emplace(k, Value::integer(v));
@@ -40,15 +46,24 @@ std::vector<Params> seed_configurations(const std::string& tmpl) {
   std::vector<Params> out;
   if (tmpl == "gemm_wgmma_sm90") {
     auto w = [&](int64_t bm, int64_t bn, int64_t consumers, int64_t stages, int64_t group, bool persistent,
-                 int64_t cluster_k, int64_t blocks) {
+                 int64_t cluster_k, int64_t blocks, bool swap_ab = false) {
       Params p = ints({{"bm", bm}, {"bn", bn}, {"consumers", consumers}, {"stages", stages}, {"group_m", group},
                        {"cluster_k", cluster_k}, {"blocks_per_sm", blocks}});
       p.emplace("persistent", Value::boolean(persistent));
+      p.emplace("swap_ab", Value::boolean(swap_ab));
       return p;
     };
     out.push_back(w(128, 256, 2, 4, 16, true, 1, 1));  // 4096^3: 0.90-0.92 of cuBLAS
     out.push_back(w(64, 64, 1, 8, 1, false, 2, 1));     // decode, cluster split-K
     out.push_back(w(64, 64, 1, 6, 1, false, 1, 2));     // decode, two blocks per SM
+    // Decode with swap-AB: N on wgmma's M side, M padded only to the tile's bn (a multiple of 8), K split over a
+    // cluster when the tiles are few; not yet measured (bench_gemm_suite decides which to keep here).
+    if (shape.m <= 256) {
+      const int64_t bn = std::max<int64_t>(8, (shape.m + 7) / 8 * 8);
+      const int64_t consumers = bn > 128 ? 2 : 1;
+      for (int64_t ck : {1, 2, 4}) out.push_back(w(128, bn, consumers, 8, 1, false, ck, 1, true));
+      out.push_back(w(64, bn, 1, 8, 1, false, 2, 1, true));
+    }
   } else if (tmpl == "gemm_mma_sm80") {
     out.push_back(ints({{"bm", 128}, {"bn", 128}, {"bk", 32}, {"warps_m", 2}, {"warps_n", 2}, {"stages", 4}, {"group_m", 8}}));
     out.push_back(ints({{"bm", 16}, {"bn", 64}, {"bk", 64}, {"warps_m", 1}, {"warps_n", 4}, {"stages", 6}, {"group_m", 1}}));
@@ -64,6 +79,7 @@ std::vector<std::pair<templates::Rendered, Target>> configurations(const Templat
   std::vector<std::pair<templates::Rendered, Target>> out;
   auto where = target_for(*t, ctx);
   if (!where) return out;
+  if (templates::superseded_on(*t, ctx.arch_target) != nullptr && !asked_for(*t, ctx)) return out;
   Params given;
   for (const auto& [k, v] : fixed) {
     if (t->param(k) != nullptr) given.emplace(k, v);
@@ -71,7 +87,7 @@ std::vector<std::pair<templates::Rendered, Target>> configurations(const Templat
   auto grid = templates::Grid::create(t, given);
   if (!grid.ok()) return out;
   std::vector<Params> candidates;
-  for (Params seed : seed_configurations(t->name())) {
+  for (Params seed : seed_configurations(t->name(), shape)) {
     for (const auto& [k, v] : given) seed.insert_or_assign(k, v);
     candidates.push_back(std::move(seed));
   }

@@ -2,7 +2,7 @@
 // application's NCCL communicator), workloads (precompile, warm-up) and the cache (stats, export, import).
 #include <fmt/format.h>
 
-#include "capi_internal.h"
+#include "capi_args.h"
 #include "kiln/cache/bundle.h"
 #include "kiln/cache/signing.h"
 #include "kiln/cache/store.h"
@@ -18,20 +18,12 @@ struct kiln_allreduce {
 };
 
 using namespace kiln;
-using kiln::capi::guarded;
 
 namespace {
 
 template <class T>
 T* ptr(uint64_t p) {
   return reinterpret_cast<T*>(static_cast<uintptr_t>(p));
-}
-
-Status positive(const char* fn, std::initializer_list<std::pair<const char*, int64_t>> sizes) {
-  for (const auto& [name, v] : sizes) {
-    if (v <= 0) return capi::bad_argument(fn, fmt::format("{} is {}: sizes must be positive", name, v));
-  }
-  return Status();
 }
 
 Status run_tuned(kiln_context* ctx, const runtime::Problem& problem, const runtime::OpArgs& args, void* stream) {
@@ -45,21 +37,17 @@ Status run_tuned(kiln_context* ctx, const runtime::Problem& problem, const runti
 extern "C" {
 
 KILN_API void kiln_gemm_args_init(kiln_gemm_args* a) {
-  if (a == nullptr) return;
-  *a = kiln_gemm_args{};
-  a->size = sizeof(*a);
+  if (!capi::init_struct(a)) return;
   a->a_dtype = a->b_dtype = a->d_dtype = KILN_BF16;
   a->alpha = a->beta = 1.0f;
 }
 
 KILN_API kiln_status kiln_gemm(kiln_context* ctx, const kiln_gemm_args* given, void* stream) {
-  return guarded("kiln_gemm", [&]() -> Status {
-    if (ctx == nullptr) return capi::bad_argument("kiln_gemm", "ctx is NULL");
-    kiln_gemm_args defaults;
-    kiln_gemm_args_init(&defaults);
-    KILN_ASSIGN_OR_RETURN(kiln_gemm_args g, capi::read_struct(given, defaults, sizeof(kiln_gemm_args), "args"));
-    KILN_RETURN_IF_ERROR(positive("kiln_gemm", {{"m", g.m}, {"n", g.n}, {"k", g.k}}));
-    if (g.a == 0 || g.b == 0 || g.d == 0) return capi::bad_argument("kiln_gemm", "a, b and d must be device pointers");
+  return capi::entry("kiln_gemm", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
+    KILN_ASSIGN_OR_RETURN(kiln_gemm_args g, capi::read_struct(given, kiln_gemm_args_init, "args"));
+    KILN_RETURN_IF_ERROR(arg.positive({{"m", g.m}, {"n", g.n}, {"k", g.k}}));
+    if (g.a == 0 || g.b == 0 || g.d == 0) return arg.bad("a, b and d must be device pointers");
     KILN_ASSIGN_OR_RETURN(kiln_layout a_layout, capi::checked_enum(g.a_layout, KILN_ROW_MAJOR, KILN_COL_MAJOR, "kiln_layout", "args.a_layout"));
     KILN_ASSIGN_OR_RETURN(kiln_layout b_layout, capi::checked_enum(g.b_layout, KILN_ROW_MAJOR, KILN_COL_MAJOR, "kiln_layout", "args.b_layout"));
     runtime::GemmProblem p;
@@ -73,10 +61,10 @@ KILN_API kiln_status kiln_gemm(kiln_context* ctx, const kiln_gemm_args* given, v
     p.b_layout = b_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
     KILN_ASSIGN_OR_RETURN(p.epilogue, templates::parse_epilogue(capi::str(g.epilogue), out));
     if (p.epilogue.has(templates::EpilogueOp::kBias) && g.bias == 0) {
-      return capi::bad_argument("kiln_gemm", "the epilogue adds a bias, and bias is 0");
+      return arg.bad("the epilogue adds a bias, and bias is 0");
     }
     if (p.epilogue.has(templates::EpilogueOp::kResidual) && g.residual == 0) {
-      return capi::bad_argument("kiln_gemm", "the epilogue adds a residual, and residual is 0");
+      return arg.bad("the epilogue adds a residual, and residual is 0");
     }
     const runtime::Problem problem = runtime::Problem::gemm(p);
     KILN_RETURN_IF_ERROR(problem.validate());
@@ -102,23 +90,19 @@ KILN_API kiln_status kiln_gemm(kiln_context* ctx, const kiln_gemm_args* given, v
 }
 
 KILN_API void kiln_rmsnorm_args_init(kiln_rmsnorm_args* a) {
-  if (a == nullptr) return;
-  *a = kiln_rmsnorm_args{};
-  a->size = sizeof(*a);
+  if (!capi::init_struct(a)) return;
   a->dtype = KILN_BF16;
   a->eps = 1e-6f;
 }
 
 KILN_API kiln_status kiln_rmsnorm(kiln_context* ctx, const kiln_rmsnorm_args* given, void* stream) {
-  return guarded("kiln_rmsnorm", [&]() -> Status {
-    if (ctx == nullptr) return capi::bad_argument("kiln_rmsnorm", "ctx is NULL");
-    kiln_rmsnorm_args defaults;
-    kiln_rmsnorm_args_init(&defaults);
-    KILN_ASSIGN_OR_RETURN(kiln_rmsnorm_args g, capi::read_struct(given, defaults, sizeof(kiln_rmsnorm_args), "args"));
-    KILN_RETURN_IF_ERROR(positive("kiln_rmsnorm", {{"rows", g.rows}, {"cols", g.cols}}));
-    if (g.x == 0 || g.weight == 0 || g.y == 0) return capi::bad_argument("kiln_rmsnorm", "x, weight and y must be device pointers");
+  return capi::entry("kiln_rmsnorm", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
+    KILN_ASSIGN_OR_RETURN(kiln_rmsnorm_args g, capi::read_struct(given, kiln_rmsnorm_args_init, "args"));
+    KILN_RETURN_IF_ERROR(arg.positive({{"rows", g.rows}, {"cols", g.cols}}));
+    if (g.x == 0 || g.weight == 0 || g.y == 0) return arg.bad("x, weight and y must be device pointers");
     if ((g.residual == 0) != (g.residual_out == 0)) {
-      return capi::bad_argument("kiln_rmsnorm", "residual and residual_out must be both set or both 0");
+      return arg.bad("residual and residual_out must be both set or both 0");
     }
     runtime::NormProblem p;
     p.rows = g.rows;
@@ -143,21 +127,17 @@ KILN_API kiln_status kiln_rmsnorm(kiln_context* ctx, const kiln_rmsnorm_args* gi
 }
 
 KILN_API void kiln_softmax_args_init(kiln_softmax_args* a) {
-  if (a == nullptr) return;
-  *a = kiln_softmax_args{};
-  a->size = sizeof(*a);
+  if (!capi::init_struct(a)) return;
   a->dtype = KILN_BF16;
   a->scale = 1.0f;
 }
 
 KILN_API kiln_status kiln_softmax(kiln_context* ctx, const kiln_softmax_args* given, void* stream) {
-  return guarded("kiln_softmax", [&]() -> Status {
-    if (ctx == nullptr) return capi::bad_argument("kiln_softmax", "ctx is NULL");
-    kiln_softmax_args defaults;
-    kiln_softmax_args_init(&defaults);
-    KILN_ASSIGN_OR_RETURN(kiln_softmax_args g, capi::read_struct(given, defaults, sizeof(kiln_softmax_args), "args"));
-    KILN_RETURN_IF_ERROR(positive("kiln_softmax", {{"rows", g.rows}, {"cols", g.cols}}));
-    if (g.x == 0 || g.y == 0) return capi::bad_argument("kiln_softmax", "x and y must be device pointers");
+  return capi::entry("kiln_softmax", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
+    KILN_ASSIGN_OR_RETURN(kiln_softmax_args g, capi::read_struct(given, kiln_softmax_args_init, "args"));
+    KILN_RETURN_IF_ERROR(arg.positive({{"rows", g.rows}, {"cols", g.cols}}));
+    if (g.x == 0 || g.y == 0) return arg.bad("x and y must be device pointers");
     runtime::SoftmaxProblem p;
     p.rows = g.rows;
     p.cols = g.cols;
@@ -178,16 +158,11 @@ KILN_API kiln_status kiln_softmax(kiln_context* ctx, const kiln_softmax_args* gi
 
 KILN_API kiln_status kiln_allreduce_create(kiln_context* ctx, void* nccl_comm, int rank, int world, kiln_dtype dtype,
                                            size_t max_bytes, kiln_allreduce** out) {
-  return guarded("kiln_allreduce_create", [&]() -> Status {
-    if (out == nullptr) return capi::bad_argument("kiln_allreduce_create", "out is NULL");
-    *out = nullptr;
-    if (ctx == nullptr) return capi::bad_argument("kiln_allreduce_create", "ctx is NULL");
-    if (nccl_comm == nullptr) {
-      return capi::bad_argument("kiln_allreduce_create", "nccl_comm is NULL: pass the application's ncclComm_t");
-    }
-    if (world < 1 || rank < 0 || rank >= world) {
-      return capi::bad_argument("kiln_allreduce_create", fmt::format("rank {} of world {} is not a rank", rank, world));
-    }
+  return capi::entry("kiln_allreduce_create", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.out(out));
+    KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
+    if (nccl_comm == nullptr) return arg.bad("nccl_comm is NULL: pass the application's ncclComm_t");
+    if (world < 1 || rank < 0 || rank >= world) return arg.bad(fmt::format("rank {} of world {} is not a rank", rank, world));
     if (auto v = runtime::nccl_version(); !v.ok()) {
       return make_error(ErrorCode::kUnimplemented,
                         fmt::format("all-reduce needs NCCL, and it cannot be loaded here: {}", v.status().to_string()));
@@ -207,17 +182,17 @@ KILN_API kiln_status kiln_allreduce_create(kiln_context* ctx, void* nccl_comm, i
 }
 
 KILN_API kiln_status kiln_allreduce_tune(kiln_allreduce* allreduce) {
-  return guarded("kiln_allreduce_tune", [&]() -> Status {
-    if (allreduce == nullptr) return capi::bad_argument("kiln_allreduce_tune", "allreduce is NULL");
+  return capi::entry("kiln_allreduce_tune", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.given(allreduce, "allreduce"));
     return allreduce->allreduce->tune().status();
   });
 }
 
 KILN_API kiln_status kiln_allreduce_run(const kiln_allreduce* allreduce, uint64_t in, uint64_t out, int64_t count,
                                         void* stream) {
-  return guarded("kiln_allreduce_run", [&]() -> Status {
-    if (allreduce == nullptr) return capi::bad_argument("kiln_allreduce_run", "allreduce is NULL");
-    if (in == 0 || out == 0 || count <= 0) return capi::bad_argument("kiln_allreduce_run", "in, out and a positive count are needed");
+  return capi::entry("kiln_allreduce_run", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.given(allreduce, "allreduce"));
+    if (in == 0 || out == 0 || count <= 0) return arg.bad("in, out and a positive count are needed");
     return allreduce->allreduce->run(in, out, count, static_cast<CUstream>(stream));
   });
 }
@@ -233,9 +208,9 @@ KILN_API void kiln_allreduce_destroy(kiln_allreduce* allreduce) {
 
 KILN_API kiln_status kiln_precompile_workload(kiln_context* ctx, const char* workload_json, const char* arch,
                                               kiln_workload_report* report) {
-  return guarded("kiln_precompile_workload", [&]() -> Status {
-    if (ctx == nullptr || workload_json == nullptr) return capi::bad_argument("kiln_precompile_workload", "ctx and workload_json must not be NULL");
-    if (report != nullptr) KILN_RETURN_IF_ERROR(capi::check_out_struct(report, "kiln_precompile_workload", "report"));
+  return capi::entry("kiln_precompile_workload", [&](const capi::Args& arg) -> Status {
+    if (ctx == nullptr || workload_json == nullptr) return arg.bad("ctx and workload_json must not be NULL");
+    if (report != nullptr) KILN_RETURN_IF_ERROR(capi::check_out_struct(report, arg.fn(), "report"));
     KILN_ASSIGN_OR_RETURN(runtime::Workload w, runtime::parse_workload(workload_json));
     KILN_ASSIGN_OR_RETURN(Target t, ctx->target(arch));
     kiln_workload_report r{};
@@ -254,9 +229,9 @@ KILN_API kiln_status kiln_precompile_workload(kiln_context* ctx, const char* wor
 }
 
 KILN_API kiln_status kiln_warmup_workload(kiln_context* ctx, const char* workload_json, kiln_workload_report* report) {
-  return guarded("kiln_warmup_workload", [&]() -> Status {
-    if (ctx == nullptr || workload_json == nullptr) return capi::bad_argument("kiln_warmup_workload", "ctx and workload_json must not be NULL");
-    if (report != nullptr) KILN_RETURN_IF_ERROR(capi::check_out_struct(report, "kiln_warmup_workload", "report"));
+  return capi::entry("kiln_warmup_workload", [&](const capi::Args& arg) -> Status {
+    if (ctx == nullptr || workload_json == nullptr) return arg.bad("ctx and workload_json must not be NULL");
+    if (report != nullptr) KILN_RETURN_IF_ERROR(capi::check_out_struct(report, arg.fn(), "report"));
     KILN_ASSIGN_OR_RETURN(runtime::Workload w, runtime::parse_workload(workload_json));
     KILN_ASSIGN_OR_RETURN(runtime::Tuner * tuner, ctx->get_tuner());
     kiln_workload_report r{};
@@ -274,9 +249,9 @@ KILN_API kiln_status kiln_warmup_workload(kiln_context* ctx, const char* workloa
 // ---- the cache
 
 KILN_API kiln_status kiln_cache_stats_get(kiln_context* ctx, kiln_cache_stats* stats) {
-  return guarded("kiln_cache_stats_get", [&]() -> Status {
-    if (ctx == nullptr) return capi::bad_argument("kiln_cache_stats_get", "ctx is NULL");
-    KILN_RETURN_IF_ERROR(capi::check_out_struct(stats, "kiln_cache_stats_get", "stats"));
+  return capi::entry("kiln_cache_stats_get", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
+    KILN_RETURN_IF_ERROR(capi::check_out_struct(stats, arg.fn(), "stats"));
     cache::Store* store = ctx->cache->store();
     if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
     KILN_ASSIGN_OR_RETURN(cache::StoreStats s, store->stats());
@@ -297,8 +272,8 @@ namespace {
 
 cache::Store* store_of(kiln_context* ctx) { return ctx->cache->store(); }
 
-Status export_to(const char* fn, kiln_context* ctx, const char* path, int binaries, const char* key_file) {
-  if (ctx == nullptr || path == nullptr || *path == '\0') return capi::bad_argument(fn, "ctx and path must be given");
+Status export_to(const capi::Args& arg, kiln_context* ctx, const char* path, int binaries, const char* key_file) {
+  if (ctx == nullptr || path == nullptr || *path == '\0') return arg.bad("ctx and path must be given");
   cache::Store* store = store_of(ctx);
   if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
   cache::ExportOptions o;
@@ -312,45 +287,40 @@ Status export_to(const char* fn, kiln_context* ctx, const char* path, int binari
 }  // namespace
 
 KILN_API kiln_status kiln_cache_export(kiln_context* ctx, const char* path, int binaries) {
-  return guarded("kiln_cache_export", [&] { return export_to("kiln_cache_export", ctx, path, binaries, nullptr); });
+  return capi::entry("kiln_cache_export",
+                     [&](const capi::Args& arg) { return export_to(arg, ctx, path, binaries, nullptr); });
 }
 
 KILN_API kiln_status kiln_cache_export_signed(kiln_context* ctx, const char* path, int binaries, const char* sign_key_file) {
-  return guarded("kiln_cache_export_signed", [&]() -> Status {
-    if (sign_key_file == nullptr || *sign_key_file == '\0') {
-      return capi::bad_argument("kiln_cache_export_signed", "sign_key_file must be given");
-    }
-    return export_to("kiln_cache_export_signed", ctx, path, binaries, sign_key_file);
+  return capi::entry("kiln_cache_export_signed", [&](const capi::Args& arg) -> Status {
+    if (sign_key_file == nullptr || *sign_key_file == '\0') return arg.bad("sign_key_file must be given");
+    return export_to(arg, ctx, path, binaries, sign_key_file);
   });
 }
 
 KILN_API void kiln_import_trust_init(kiln_import_trust* trust) {
-  if (trust == nullptr) return;
-  *trust = kiln_import_trust{};
-  trust->size = sizeof(*trust);
+  if (!capi::init_struct(trust)) return;
 }
 
 KILN_API kiln_status kiln_cache_import_trusted(kiln_context* ctx, const char* path, const kiln_import_trust* trust,
                                                size_t* imported, size_t* rejected, int* binaries_trusted) {
-  return guarded("kiln_cache_import_trusted", [&]() -> Status {
-    if (ctx == nullptr || path == nullptr || *path == '\0') {
-      return capi::bad_argument("kiln_cache_import_trusted", "ctx and path must be given");
-    }
+  return capi::entry("kiln_cache_import_trusted", [&](const capi::Args& arg) -> Status {
+    if (ctx == nullptr || path == nullptr || *path == '\0') return arg.bad("ctx and path must be given");
     cache::Store* store = store_of(ctx);
     if (store == nullptr) return make_error(ErrorCode::kFailedPrecondition, "this context has no cache (tune mode off)");
     kiln_import_trust t;
     kiln_import_trust_init(&t);
     if (trust != nullptr) {
-      KILN_ASSIGN_OR_RETURN(t, capi::read_struct(trust, t, sizeof(kiln_import_trust), "trust"));
+      KILN_ASSIGN_OR_RETURN(t, capi::read_struct(trust, kiln_import_trust_init, "trust"));
     }
     if (t.trusted_key_count > 0 && t.trusted_key_files == nullptr) {
-      return capi::bad_argument("kiln_cache_import_trusted", "trusted_key_count > 0 but trusted_key_files is NULL");
+      return arg.bad("trusted_key_count > 0 but trusted_key_files is NULL");
     }
     cache::ImportOptions o;
     o.trust_unsigned = t.trust_unsigned != 0;
     for (size_t i = 0; i < t.trusted_key_count; ++i) {
       if (t.trusted_key_files[i] == nullptr) {
-        return capi::bad_argument("kiln_cache_import_trusted", fmt::format("trusted_key_files[{}] is NULL", i));
+        return arg.bad(fmt::format("trusted_key_files[{}] is NULL", i));
       }
       KILN_ASSIGN_OR_RETURN(cache::SigningKey key, cache::SigningKey::load(t.trusted_key_files[i]));
       o.trusted_keys.push_back(std::move(key));

@@ -2,7 +2,7 @@
 // key, launched, size-dispatched and precompiled (kiln/runtime/variants.h underneath).
 #include <fmt/format.h>
 
-#include "capi_internal.h"
+#include "capi_args.h"
 #include "kiln/runtime/builtin.h"
 #include "kiln/runtime/variants.h"
 
@@ -20,7 +20,6 @@ struct kiln_dispatcher {
 };
 
 using namespace kiln;
-using kiln::capi::guarded;
 
 namespace {
 
@@ -63,10 +62,8 @@ runtime::LaunchDims dims_of(const kiln_launch_dims& d) {
 
 // The C variant as kiln's: its source through kiln_source's rules, its geometry through its callback.
 Result<runtime::Variant> variant_of(const kiln_variant& given, size_t index) {
-  kiln_variant defaults;
-  kiln_variant_init(&defaults);
-  KILN_ASSIGN_OR_RETURN(kiln_variant v, capi::read_struct(&given, defaults, sizeof(kiln_variant),
-                                                          fmt::format("variants[{}]", index).c_str()));
+  KILN_ASSIGN_OR_RETURN(kiln_variant v, capi::read_struct(&given, kiln_variant_init,
+                                                             fmt::format("variants[{}]", index).c_str()));
   runtime::Variant out;
   out.name = capi::str(v.name);
   kiln_source s;
@@ -111,32 +108,25 @@ Result<runtime::Variant> variant_of(const kiln_variant& given, size_t index) {
 extern "C" {
 
 KILN_API void kiln_variant_init(kiln_variant* v) {
-  if (v == nullptr) return;
-  *v = kiln_variant{};
-  v->size = sizeof(*v);
+  if (!capi::init_struct(v)) return;
   v->dims = kiln_launch_dims{{1, 1, 1}, {1, 1, 1}, 0};
 }
 
 KILN_API void kiln_variant_op_init(kiln_variant_op* op) {
-  if (op == nullptr) return;
-  *op = kiln_variant_op{};
-  op->size = sizeof(*op);
+  if (!capi::init_struct(op)) return;
   op->tolerance = 1e-2;
 }
 
 KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_variant_op* given, kiln_op** out) {
-  return guarded("kiln_variants_register", [&]() -> Status {
-    if (out == nullptr) return capi::bad_argument("kiln_variants_register", "out is NULL");
-    *out = nullptr;
-    if (ctx == nullptr) return capi::bad_argument("kiln_variants_register", "ctx is NULL");
-    kiln_variant_op defaults;
-    kiln_variant_op_init(&defaults);
-    KILN_ASSIGN_OR_RETURN(kiln_variant_op c, capi::read_struct(given, defaults, sizeof(kiln_variant_op), "op"));
+  return capi::entry("kiln_variants_register", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.out(out));
+    KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
+    KILN_ASSIGN_OR_RETURN(kiln_variant_op c, capi::read_struct(given, kiln_variant_op_init, "op"));
     runtime::VariantOp op;
     op.name = capi::str(c.name);
     op.reference = capi::str(c.reference);
     op.tolerance = c.tolerance;
-    if (c.num_variants > 0 && c.variants == nullptr) return capi::bad_argument("kiln_variants_register", "op.variants is NULL");
+    if (c.num_variants > 0 && c.variants == nullptr) return arg.bad("op.variants is NULL");
     for (size_t i = 0; i < c.num_variants; ++i) {
       KILN_ASSIGN_OR_RETURN(runtime::Variant v, variant_of(c.variants[i], i));
       op.variants.push_back(std::move(v));
@@ -200,10 +190,9 @@ KILN_API void kiln_op_destroy(kiln_op* op) { delete op; }
 
 KILN_API kiln_status kiln_op_tune(kiln_op* op, const int64_t* sizes, size_t num_sizes, const kiln_define* attributes,
                                   size_t num_attributes, kiln_selection** out) {
-  return guarded("kiln_op_tune", [&]() -> Status {
-    if (out == nullptr) return capi::bad_argument("kiln_op_tune", "out is NULL");
-    *out = nullptr;
-    if (op == nullptr) return capi::bad_argument("kiln_op_tune", "op is NULL");
+  return capi::entry("kiln_op_tune", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.out(out));
+    KILN_RETURN_IF_ERROR(arg.given(op, "op"));
     KILN_ASSIGN_OR_RETURN(auto s, sizes_of(sizes, num_sizes));
     KILN_ASSIGN_OR_RETURN(auto attrs, attributes_of(attributes, num_attributes));
     KILN_ASSIGN_OR_RETURN(runtime::Tuner * tuner, op->ctx->get_tuner());
@@ -214,17 +203,17 @@ KILN_API kiln_status kiln_op_tune(kiln_op* op, const int64_t* sizes, size_t num_
 }
 
 KILN_API kiln_status kiln_selection_variant(const kiln_selection* selection, const char** name) {
-  return guarded("kiln_selection_variant", [&]() -> Status {
-    if (selection == nullptr || name == nullptr) return capi::bad_argument("kiln_selection_variant", "selection and name must not be NULL");
+  return capi::entry("kiln_selection_variant", [&](const capi::Args& arg) -> Status {
+    if (selection == nullptr || name == nullptr) return arg.bad("selection and name must not be NULL");
     *name = selection->selection->choice_name().c_str();
     return Status();
   });
 }
 
 KILN_API kiln_status kiln_selection_info(const kiln_selection* selection, kiln_tune_info* info) {
-  return guarded("kiln_selection_info", [&]() -> Status {
-    if (selection == nullptr) return capi::bad_argument("kiln_selection_info", "selection is NULL");
-    KILN_RETURN_IF_ERROR(capi::check_out_struct(info, "kiln_selection_info", "info"));
+  return capi::entry("kiln_selection_info", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.given(selection, "selection"));
+    KILN_RETURN_IF_ERROR(capi::check_out_struct(info, arg.fn(), "info"));
     const runtime::TuneReport& r = selection->selection->report();
     kiln_tune_info out{};
     out.from_cache = r.decision_from_cache ? 1 : 0;
@@ -243,7 +232,7 @@ KILN_API kiln_status kiln_selection_report(const kiln_selection* selection, char
   if (selection == nullptr || (buf == nullptr && cap > 0)) {
     return capi::set_status(capi::bad_argument("kiln_selection_report", "selection is NULL, or buf is NULL with a capacity"));
   }
-  kiln_status st = guarded("kiln_selection_report", [&]() -> Status {
+  kiln_status st = capi::guarded("kiln_selection_report", [&]() -> Status {
     const std::string json = selection->selection->report().json();
     if (needed != nullptr) *needed = json.size() + 1;
     if (cap < json.size() + 1) {
@@ -257,9 +246,9 @@ KILN_API kiln_status kiln_selection_report(const kiln_selection* selection, char
 
 KILN_API kiln_status kiln_selection_launch(const kiln_selection* selection, const int64_t* sizes, size_t num_sizes,
                                            void** params, void* stream) {
-  return guarded("kiln_selection_launch", [&]() -> Status {
-    if (selection == nullptr || params == nullptr) return capi::bad_argument("kiln_selection_launch", "selection and params must not be NULL");
-    if (num_sizes == 0 || sizes == nullptr) return capi::bad_argument("kiln_selection_launch", "sizes is empty");
+  return capi::entry("kiln_selection_launch", [&](const capi::Args& arg) -> Status {
+    if (selection == nullptr || params == nullptr) return arg.bad("selection and params must not be NULL");
+    KILN_RETURN_IF_ERROR(arg.sizes(sizes, num_sizes));
     return runtime::run_variant(*selection->selection, std::span<const int64_t>(sizes, num_sizes), params,
                                 static_cast<CUstream>(stream));
   });
@@ -270,17 +259,16 @@ KILN_API void kiln_selection_destroy(kiln_selection* selection) { delete selecti
 KILN_API kiln_status kiln_op_dispatcher(kiln_op* op, const int64_t* sizes, size_t num_sizes,
                                         const kiln_define* attributes, size_t num_attributes, const int64_t* buckets,
                                         size_t num_buckets, kiln_dispatcher** out) {
-  return guarded("kiln_op_dispatcher", [&]() -> Status {
-    if (out == nullptr) return capi::bad_argument("kiln_op_dispatcher", "out is NULL");
-    *out = nullptr;
-    if (op == nullptr) return capi::bad_argument("kiln_op_dispatcher", "op is NULL");
-    if (num_buckets == 0 || buckets == nullptr) return capi::bad_argument("kiln_op_dispatcher", "buckets is empty");
+  return capi::entry("kiln_op_dispatcher", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.out(out));
+    KILN_RETURN_IF_ERROR(arg.given(op, "op"));
+    if (num_buckets == 0 || buckets == nullptr) return arg.bad("buckets is empty");
     KILN_ASSIGN_OR_RETURN(auto s, sizes_of(sizes, num_sizes));
     KILN_ASSIGN_OR_RETURN(auto attrs, attributes_of(attributes, num_attributes));
     std::vector<int64_t> hints(buckets, buckets + num_buckets);
     for (size_t i = 0; i < hints.size(); ++i) {
       if (hints[i] <= 0 || (i > 0 && hints[i] <= hints[i - 1])) {
-        return capi::bad_argument("kiln_op_dispatcher", "buckets must be positive and strictly ascending");
+        return arg.bad("buckets must be positive and strictly ascending");
       }
     }
     KILN_ASSIGN_OR_RETURN(runtime::Tuner * tuner, op->ctx->get_tuner());
@@ -293,17 +281,17 @@ KILN_API kiln_status kiln_op_dispatcher(kiln_op* op, const int64_t* sizes, size_
 
 KILN_API kiln_status kiln_dispatcher_launch(const kiln_dispatcher* dispatcher, const int64_t* sizes, size_t num_sizes,
                                             void** params, void* stream) {
-  return guarded("kiln_dispatcher_launch", [&]() -> Status {
-    if (dispatcher == nullptr || params == nullptr) return capi::bad_argument("kiln_dispatcher_launch", "dispatcher and params must not be NULL");
-    if (num_sizes == 0 || sizes == nullptr) return capi::bad_argument("kiln_dispatcher_launch", "sizes is empty");
+  return capi::entry("kiln_dispatcher_launch", [&](const capi::Args& arg) -> Status {
+    if (dispatcher == nullptr || params == nullptr) return arg.bad("dispatcher and params must not be NULL");
+    KILN_RETURN_IF_ERROR(arg.sizes(sizes, num_sizes));
     return dispatcher->dispatcher->run(runtime::CustomArgs{{}, std::vector<int64_t>(sizes, sizes + num_sizes), params},
                                        static_cast<CUstream>(stream));
   });
 }
 
 KILN_API kiln_status kiln_dispatcher_variant(const kiln_dispatcher* dispatcher, int64_t size, const char** name) {
-  return guarded("kiln_dispatcher_variant", [&]() -> Status {
-    if (dispatcher == nullptr || name == nullptr) return capi::bad_argument("kiln_dispatcher_variant", "dispatcher and name must not be NULL");
+  return capi::entry("kiln_dispatcher_variant", [&](const capi::Args& arg) -> Status {
+    if (dispatcher == nullptr || name == nullptr) return arg.bad("dispatcher and name must not be NULL");
     *name = dispatcher->dispatcher->select(size).choice_name().c_str();
     return Status();
   });
@@ -313,8 +301,8 @@ KILN_API void kiln_dispatcher_destroy(kiln_dispatcher* dispatcher) { delete disp
 
 KILN_API kiln_status kiln_op_precompile(kiln_op* op, const int64_t* sizes, size_t num_sizes, const char* arch,
                                         int* compiled, int* failed) {
-  return guarded("kiln_op_precompile", [&]() -> Status {
-    if (op == nullptr) return capi::bad_argument("kiln_op_precompile", "op is NULL");
+  return capi::entry("kiln_op_precompile", [&](const capi::Args& arg) -> Status {
+    KILN_RETURN_IF_ERROR(arg.given(op, "op"));
     KILN_ASSIGN_OR_RETURN(auto s, sizes_of(sizes, num_sizes));
     KILN_ASSIGN_OR_RETURN(Target t, op->ctx->target(arch));
     KILN_ASSIGN_OR_RETURN(runtime::PrecompileReport r,

@@ -292,7 +292,7 @@ Status IsolationHost::ensure_worker() {
     return fail(ErrorCode::kWorkerCrashed, "sent a malformed hello (" + frame.status().to_string() + ")");
   }
   if (frame->type != static_cast<uint16_t>(bench_wire::Type::kHello)) return fail(ErrorCode::kWorkerCrashed, "did not start with a hello");
-  auto hello = bench_wire::decode_hello(frame->payload);
+  auto hello = bench_wire::decode<bench_wire::Hello>(frame->payload);
   if (!hello.ok()) return fail(ErrorCode::kWorkerCrashed, "sent a malformed hello (" + hello.status().to_string() + ")");
   if (!hello->status.ok()) {
     Status why = hello->status;
@@ -320,7 +320,7 @@ Status IsolationHost::ensure_session() {
   Status sent = worker_->send(bench_wire::encode(b), deadline);
   auto frame = sent.ok() ? worker_->receive(deadline) : Result<codec::Frame>(sent);
   Result<bench_wire::Begun> begun = frame.ok() && frame->type == static_cast<uint16_t>(bench_wire::Type::kBegun)
-                                        ? bench_wire::decode_begun(frame->payload)
+                                        ? bench_wire::decode<bench_wire::Begun>(frame->payload)
                                         : Result<bench_wire::Begun>(frame.ok() ? make_error(ErrorCode::kCorrupt, "not a begun frame")
                                                                                : frame.status());
   if (begun.ok() && begun->seq != b.seq) begun = make_error(ErrorCode::kCorrupt, "an answer to another request");
@@ -374,10 +374,7 @@ void IsolationHost::end() {
 Result<IsolatedRun> IsolationHost::run(bench_wire::Run request, const Binaries& binaries) {
   KILN_RETURN_IF_ERROR(ensure_session());
   const std::string name = request.name;
-  if (!has_binaries_.count(name)) {
-    request.has_binaries = true;
-    request.binaries = binaries;
-  }
+  if (!has_binaries_.count(name)) request.binaries = binaries;
   request.seq = ++seq_;
   const int pid = worker_->pid();
   emit(IsolationEvent::Kind::kChoiceSent, name);
@@ -387,7 +384,7 @@ Result<IsolatedRun> IsolationHost::run(bench_wire::Run request, const Binaries& 
   auto frame = sent.ok() ? worker_->receive(deadline) : Result<codec::Frame>(sent);
   Result<bench_wire::RunResult> result =
       frame.ok() && frame->type == static_cast<uint16_t>(bench_wire::Type::kRunResult)
-          ? bench_wire::decode_run_result(frame->payload)
+          ? bench_wire::decode<bench_wire::RunResult>(frame->payload)
           : Result<bench_wire::RunResult>(frame.ok() ? make_error(ErrorCode::kCorrupt, "not a run-result frame")
                                                      : frame.status());
   if (result.ok() && result->seq != request.seq) result = make_error(ErrorCode::kCorrupt, "an answer to another request");

@@ -13,21 +13,39 @@
 //   worker -> RunResult (samples, or a Status; `poisoned` when the context cannot be used any more)
 //   host   -> End (the worker frees the problem's buffers)
 //
-// Every decode is bounds-checked; seq numbers tie each answer to its request.
+// Every decode is bounds-checked; seq numbers tie each answer to its request. Each message's fields are
+// listed in order beside it (kiln/codec/codec.h): that list is the layout.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kiln/codec/frame.h"
+#include "kiln/codec/values.h"
 #include "kiln/jit/key.h"
 #include "kiln/runtime/choice.h"
 #include "kiln/runtime/problem.h"
 #include "kiln/runtime/tuner.h"
 #include "kiln/status.h"
+
+namespace kiln::runtime {
+
+// A problem: its op name, then its description (isolation_wire.cpp). One whose description this build cannot
+// parse is refused (codec::Reader::refuse) rather than corrupt.
+void field(codec::Writer& w, const Problem& p, std::string_view name);
+void field(codec::Reader& r, Problem& p, std::string_view name);
+
+// Every field of BenchmarkOptions crosses the wire; a new field must join this list (and the protocol's
+// version be bumped) or the worker would silently measure with its default.
+static_assert(sizeof(BenchmarkOptions) == 56, "BenchmarkOptions changed: update the bench worker's encoding");
+KILN_CODEC_FIELDS(BenchmarkOptions, budget_ms, min_reps, max_reps, fixed_reps, drop_factor, tie_fraction, tie_rounds,
+                  flush_l2, graph_below_us)
+
+}  // namespace kiln::runtime
 
 namespace kiln::runtime::detail::bench_wire {
 
@@ -37,14 +55,17 @@ enum class Type : uint16_t { kHello = 1, kBegin = 2, kBegun = 3, kRun = 4, kRunR
 /// kiln::codec's encodings.
 inline constexpr codec::Protocol kProtocol{0x3157424Bu /* "KBW1" */, 2, static_cast<uint16_t>(Type::kEnd),
                                            "kiln bench worker"};
+constexpr const codec::Protocol& protocol(Type) { return kProtocol; }
 
 struct Hello {
+  static constexpr Type kType = Type::kHello;
   int32_t pid = 0;
   int32_t device = 0;
   Status status;               // not ok: the worker has no usable context (it exits after saying so)
   double context_seconds = 0;  // ensure_context() in the worker
   std::string device_name;
 };
+KILN_CODEC_FIELDS(Hello, pid, device, status, context_seconds, device_name)
 
 /// A choice the host wants measured: its name and the keys of its kernels (empty for externs), so the worker
 /// can tell its own choice of that name is the same code.
@@ -52,6 +73,7 @@ struct ChoiceSpec {
   std::string name;
   std::vector<KernelKey> keys;
 };
+KILN_CODEC_FIELDS(ChoiceSpec, name, keys)
 
 /// The problem of a session, as plain data (tests build it without choices or a GPU).
 struct SessionSpec {
@@ -65,34 +87,43 @@ struct SessionSpec {
   Binaries reference_binaries;
   std::vector<ChoiceSpec> choices;
 };
+KILN_CODEC_FIELDS(SessionSpec, problem, seed, bench, max_template_configs, max_cublas_algos, split_k, reference,
+                  reference_binaries, choices)
 
 struct Begin {
+  static constexpr Type kType = Type::kBegin;
   uint64_t seq = 0;
   SessionSpec session;
 };
+KILN_CODEC_FIELDS(Begin, seq, session)
 
 struct Begun {
+  static constexpr Type kType = Type::kBegun;
   uint64_t seq = 0;
   Status status;                             // not ok: the session did not start (unknown op or reference, ...)
   std::map<std::string, std::string> unknown;  // choice name -> why the worker cannot rebuild it
   bool poisoned = false;                     // the reference left the worker's context unusable
   double worker_seconds = 0;
 };
+KILN_CODEC_FIELDS(Begun, seq, status, unknown, poisoned, worker_seconds)
 
 enum class RunMode : uint8_t { kCheckAndMeasure = 1, kTimeRuns = 2 };
+constexpr bool known(RunMode m) { return m == RunMode::kCheckAndMeasure || m == RunMode::kTimeRuns; }
 
 struct Run {
+  static constexpr Type kType = Type::kRun;
   uint64_t seq = 0;
   std::string name;
   RunMode mode = RunMode::kCheckAndMeasure;
-  bool has_binaries = false;
-  Binaries binaries;
+  std::optional<Binaries> binaries;  // only the first time this worker sees the choice
   double best_us = 0;  // kCheckAndMeasure: the early-drop reference (0: none yet)
   int32_t n = 0;       // kTimeRuns
   bool graph = false;  // kTimeRuns
 };
+KILN_CODEC_FIELDS(Run, seq, name, mode, binaries, best_us, n, graph)
 
 struct RunResult {
+  static constexpr Type kType = Type::kRunResult;
   uint64_t seq = 0;
   Status status;
   double error = 0;  // relative error of the check
@@ -102,26 +133,17 @@ struct RunResult {
   bool poisoned = false;
   double worker_seconds = 0;
 };
+KILN_CODEC_FIELDS(RunResult, seq, status, error, us, graph, partial, poisoned, worker_seconds)
 
 struct End {
+  static constexpr Type kType = Type::kEnd;
   uint64_t seq = 0;
 };
+KILN_CODEC_FIELDS(End, seq)
 
-/// Whole frames (header + payload), ready to write. Errors: a field or the frame over its size limit.
-Result<std::string> encode(const Hello& m);
-Result<std::string> encode(const Begin& m);
-Result<std::string> encode(const Begun& m);
-Result<std::string> encode(const Run& m);
-Result<std::string> encode(const RunResult& m);
-Result<std::string> encode(const End& m);
-
-/// Parse a payload (the bytes after the header) of the given type. kCorrupt when malformed.
-Result<Hello> decode_hello(std::string_view payload);
-Result<Begin> decode_begin(std::string_view payload);
-Result<Begun> decode_begun(std::string_view payload);
-Result<Run> decode_run(std::string_view payload);
-Result<RunResult> decode_run_result(std::string_view payload);
-Result<End> decode_end(std::string_view payload);
+// encode(m) and decode<M>(payload): kiln/codec/frame.h.
+using codec::decode;
+using codec::encode;
 
 /// The problem as the worker will decode it; kInvalidArgument when it does not survive the trip unchanged
 /// (then the worker cannot be asked to measure it).

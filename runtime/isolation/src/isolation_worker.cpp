@@ -117,6 +117,9 @@ class BenchWorker {
     ctx.max_template_configs = req.session.max_template_configs;
     ctx.max_cublas_algos = req.session.max_cublas_algos;
     ctx.split_k = req.session.split_k;
+    // The host names the choices to measure; superseded families are generated too so that any it asked for
+    // (TuneOptions::families) is found, and the others are never run.
+    ctx.families = {"all"};
     KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> all, ops_.choices(req.session.problem, ctx));
     std::map<std::string, ChoicePtr> by_name;
     for (auto& c : all) by_name[c->name()] = c;
@@ -183,8 +186,8 @@ class BenchWorker {
     }
     Choice& c = *it->second;
     if (!session_->prepared.count(req.name)) {
-      if (!req.has_binaries) return make_error(ErrorCode::kInternal, fmt::format("no binaries sent for '{}'", req.name));
-      KILN_RETURN_IF_ERROR(c.prepare(req.binaries));
+      if (!req.binaries) return make_error(ErrorCode::kInternal, fmt::format("no binaries sent for '{}'", req.name));
+      KILN_RETURN_IF_ERROR(c.prepare(*req.binaries));
       session_->prepared.insert(req.name);
     }
     const OpArgs& args = session_->buffers.args;
@@ -242,12 +245,12 @@ int bench_worker_main(int argc, char** argv, const OpRegistry& ops) {
   loop.handle = [&worker](const codec::Frame& f) -> Result<std::optional<std::string>> {
     switch (static_cast<bw::Type>(f.type)) {
       case bw::Type::kBegin: {
-        KILN_ASSIGN_OR_RETURN(bw::Begin req, bw::decode_begin(f.payload));
+        KILN_ASSIGN_OR_RETURN(bw::Begin req, bw::decode<bw::Begin>(f.payload));
         KILN_ASSIGN_OR_RETURN(std::string reply, bw::encode(worker.begin(req)));
         return std::optional<std::string>(std::move(reply));
       }
       case bw::Type::kRun: {
-        KILN_ASSIGN_OR_RETURN(bw::Run req, bw::decode_run(f.payload));
+        KILN_ASSIGN_OR_RETURN(bw::Run req, bw::decode<bw::Run>(f.payload));
         KILN_ASSIGN_OR_RETURN(std::string reply, bw::encode(worker.run(req)));
         return std::optional<std::string>(std::move(reply));
       }

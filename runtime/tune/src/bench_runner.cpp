@@ -115,25 +115,52 @@ Status BenchRunner::flush() {
   return Status();
 }
 
-Status BenchRunner::capture_reference(const std::vector<OutputRegion>& outputs) {
+namespace {
+size_t region_bytes(const OutputRegion& o) { return static_cast<size_t>(o.rows) * o.ld * templates::dtype_bytes(o.dtype); }
+
+// Device copies of `outputs` (those `keep` selects; the others get an empty buffer), queued on `stream`.
+template <class Keep>
+Result<std::vector<DeviceBuffer>> copy_regions(const std::vector<OutputRegion>& outputs, CUstream stream, Keep keep) {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  reference_.clear();
+  std::vector<DeviceBuffer> out;
   for (const auto& o : outputs) {
-    size_t bytes = static_cast<size_t>(o.rows) * o.ld * templates::dtype_bytes(o.dtype);
-    KILN_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::allocate(bytes));
-    KILN_CHECK(d->cuMemcpyDtoDAsync(b.ptr(), o.ptr, bytes, stream_.get()));
-    reference_.push_back(std::move(b));
+    DeviceBuffer b;
+    if (keep(o)) {
+      KILN_ASSIGN_OR_RETURN(b, DeviceBuffer::allocate(region_bytes(o)));
+      KILN_CHECK(d->cuMemcpyDtoDAsync(b.ptr(), o.ptr, region_bytes(o), stream));
+    }
+    out.push_back(std::move(b));
   }
+  return out;
+}
+}  // namespace
+
+Status BenchRunner::capture_initial(const std::vector<OutputRegion>& outputs) {
+  initial_.clear();
+  if (std::none_of(outputs.begin(), outputs.end(), [](const OutputRegion& o) { return o.restore; })) return Status();
+  KILN_ASSIGN_OR_RETURN(initial_, copy_regions(outputs, stream_.get(), [](const OutputRegion& o) { return o.restore; }));
+  return synchronize();
+}
+
+Status BenchRunner::capture_reference(const std::vector<OutputRegion>& outputs) {
+  KILN_ASSIGN_OR_RETURN(reference_, copy_regions(outputs, stream_.get(), [](const OutputRegion&) { return true; }));
   return synchronize();
 }
 
 Result<double> BenchRunner::check(const Choice& choice, const OpArgs& args, CUdeviceptr ws,
                                   const std::vector<OutputRegion>& outputs, double tolerance) {
   if (reference_.size() != outputs.size()) return make_error(ErrorCode::kInternal, "no reference outputs captured");
-  for (const auto& o : outputs) {
-    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-    size_t bytes = static_cast<size_t>(o.rows) * o.ld * templates::dtype_bytes(o.dtype);
-    KILN_CHECK(d->cuMemsetD8Async(o.ptr, 0xff, bytes, stream_.get()));  // NaN in every float format
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& o = outputs[i];
+    if (o.restore) {
+      if (i >= initial_.size() || initial_[i].size() == 0) {
+        return make_error(ErrorCode::kInternal, fmt::format("output '{}' is restored, but was not captured", o.name));
+      }
+      KILN_CHECK(d->cuMemcpyDtoDAsync(o.ptr, initial_[i].ptr(), region_bytes(o), stream_.get()));
+    } else {
+      KILN_CHECK(d->cuMemsetD8Async(o.ptr, 0xff, region_bytes(o), stream_.get()));  // NaN in every float format
+    }
   }
   KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
   if (Status s = synchronize(); !s.ok()) {

@@ -50,6 +50,7 @@ std::string TuneReport::json() const {
   j["decision_from_cache"] = decision_from_cache;
   j["compile_wait_seconds"] = compile_wait_seconds;
   j["benchmark_seconds"] = benchmark_seconds;
+  j["load_seconds"] = load_seconds;
   j["total_seconds"] = total_seconds;
   if (!note.empty()) j["note"] = note;
   j["choices"] = nlohmann::json::array();

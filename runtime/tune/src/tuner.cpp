@@ -88,13 +88,22 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices s
   impl->ctx.max_template_configs = options.max_template_configs;
   impl->ctx.max_cublas_algos = options.max_cublas_algos;
   impl->ctx.split_k = options.split_k;
+  impl->ctx.families = options.families;
   impl->fingerprint = cache::DeviceFingerprint::from(impl->ctx.device);
   impl->versions = cache::VersionStamp::current(services.library_versions);
   if (options.cache) {
     impl->cache = options.cache;
   } else {
     KILN_ASSIGN_OR_RETURN(cache::TuneMode mode, cache::tune_mode_from_env());
-    KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode));
+    std::optional<cache::RemoteOptions> remote_options = options.remote;
+    if (!remote_options) {
+      KILN_ASSIGN_OR_RETURN(remote_options, cache::RemoteOptions::from_env());
+    }
+    std::shared_ptr<cache::RemoteTier> remote;
+    if (remote_options && mode != cache::TuneMode::kOff) {
+      KILN_ASSIGN_OR_RETURN(remote, cache::RedisTier::open(*remote_options));
+    }
+    KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode, {}, std::move(remote)));
     impl->cache = std::move(opened);
   }
   if (options.executor) {
@@ -174,8 +183,12 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
       c = by_name(decision->choice);
     }
     if (c) {
+      const Clock::time_point fetch = Clock::now();
       auto binaries = s.compile(*c, Priority::kOnDemand);
+      report.compile_wait_seconds = seconds_since(fetch);
+      const Clock::time_point load = Clock::now();
       Status ready = binaries.ok() ? c->prepare(*binaries) : binaries.status();
+      report.load_seconds = seconds_since(load);
       if (ready.ok()) {
         report.chosen = c->name();
         report.decision_from_cache = true;
@@ -253,6 +266,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   for (const auto& c : choices) workspace_bytes = std::max(workspace_bytes, c->workspace_bytes());
   KILN_ASSIGN_OR_RETURN(DeviceBuffer workspace, DeviceBuffer::allocate(workspace_bytes));
 
+  // Outputs the choices also read keep their starting content for every checked run, the reference's included.
+  KILN_RETURN_IF_ERROR(bench->capture_initial(buffers.outputs));
   // The reference first: every other choice is checked against its output.
   {
     auto t = Clock::now();
@@ -475,10 +490,10 @@ Result<std::unique_ptr<PrecompileGate>> make_cached_gate(std::shared_ptr<cache::
   GateOptions gate;
   gate.executor = std::move(executor);
   std::weak_ptr<cache::TuningCache> weak = cache;
-  gate.lookup = [weak](const KernelKey& key) -> std::optional<Result<Binary>> {
+  gate.lookup = [weak](const KernelKey& key, std::string_view arch) -> std::optional<Result<Binary>> {
     auto c = weak.lock();
     if (!c) return std::nullopt;
-    auto hit = c->lookup_binary(key);
+    auto hit = c->lookup_binary(key, arch);
     if (!hit.ok()) return std::nullopt;
     return Result<Binary>(**hit);
   };
@@ -509,6 +524,7 @@ Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem
   KILN_ASSIGN_OR_RETURN(ChoiceContext ctx, choice_context_for_arch(arch));
   ctx.max_template_configs = options.max_template_configs;
   ctx.split_k = options.split_k;
+  ctx.families = options.families;
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, ops.choices(problem, ctx));
   PrecompileReport report;
   report.problem = problem.describe();

@@ -13,8 +13,10 @@
 // they are measured, so a tune killed half-way keeps everything it finished, and runs accumulate.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "kiln/cache/records.h"
+#include "kiln/cache/remote_tier.h"
 #include "kiln/cache/store.h"
 #include "kiln/status.h"
 
@@ -36,17 +39,33 @@ Result<TuneMode> parse_tune_mode(std::string_view name);
 /// $KILN_TUNE_MODE when set (an invalid value is an error), else `fallback`.
 Result<TuneMode> tune_mode_from_env(TuneMode fallback = TuneMode::kTune);
 
-/// The autotuner's view of the cache: a Store seen through a TuneMode. Thread-safe.
+/// Lookups the tuning cache answered from the local store, and those it did not (binaries and decisions).
+struct LookupCounters {
+  uint64_t local_hits = 0;
+  uint64_t local_misses = 0;
+  uint64_t remote_hits = 0;  // local misses a remote tier answered (then stored locally)
+};
+
+/// The autotuner's view of the cache: a Store seen through a TuneMode, with an optional remote tier behind it.
+/// Thread-safe.
+///
+/// With a remote tier, a local miss of a binary, a decision or a problem's timings asks the remote (read-
+/// through), and what passes its checks is stored locally first; everything recorded here is also queued for
+/// the remote (write-behind). In off mode the remote is never used.
 class TuningCache {
  public:
   /// Opens the store in `options` for tune/use/strict; `off` opens nothing. Errors: those of Store::open.
-  static Result<std::unique_ptr<TuningCache>> open(TuneMode mode, StoreOptions options = {});
-  /// Uses an already open store (null only with kOff).
-  TuningCache(TuneMode mode, std::shared_ptr<Store> store);
+  static Result<std::unique_ptr<TuningCache>> open(TuneMode mode, StoreOptions options = {},
+                                                   std::shared_ptr<RemoteTier> remote = nullptr);
+  /// Uses an already open store (null only with kOff) and, when given, a remote tier behind it.
+  TuningCache(TuneMode mode, std::shared_ptr<Store> store, std::shared_ptr<RemoteTier> remote = nullptr);
 
   TuneMode mode() const { return mode_; }
   /// The store; null in off mode.
   Store* store() const { return store_.get(); }
+  /// The remote tier; null when none (and always in off mode).
+  RemoteTier* remote() const { return remote_.get(); }
+  LookupCounters counters() const;
 
   /// The decision for `problem`: the cached one, else null (tune: measure; use: take the default choice).
   /// strict: a missing decision is kNotFound naming the problem. Costs well under a microsecond on a hit.
@@ -77,9 +96,15 @@ class TuningCache {
 
  private:
   Status check_may_record() const;
+  // Read-through of a problem's timings: asks the remote once per problem per process.
+  void fetch_remote_timings(std::string_view problem) const;
 
   TuneMode mode_;
   std::shared_ptr<Store> store_;
+  std::shared_ptr<RemoteTier> remote_;
+  mutable std::atomic<uint64_t> local_hits_{0}, local_misses_{0}, remote_hits_{0};
+  mutable std::mutex fetched_mu_;
+  mutable std::set<std::string, std::less<>> fetched_timings_;
   // off mode: this process's own results.
   mutable std::mutex mu_;
   std::map<std::string, std::map<std::string, TimingRecord, std::less<>>, std::less<>> own_timings_;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "kiln/jit/compiler.h"
@@ -29,8 +30,9 @@ struct GateOptions {
   std::shared_ptr<Executor> executor;
   /// Asked before compiling a key nobody is compiling now: a cached binary, or a cached failure (a compile
   /// error remembered so a broken configuration is not recompiled every run), or nullopt (compile it).
-  /// Called on the requesting thread, outside the gate's lock; must be thread-safe.
-  std::function<std::optional<Result<Binary>>(const KernelKey&)> lookup;
+  /// Called on the requesting thread, outside the gate's lock; must be thread-safe. Given the key and the
+  /// target's arch (a remote cache files binaries by arch).
+  std::function<std::optional<Result<Binary>>(const KernelKey&, std::string_view arch)> lookup;
   /// Called once per successful compile, to store the binary. Runs as a task on `callbacks`, before the
   /// future completes (so whoever sees the future ready will also find the binary in the cache).
   std::function<void(const Binary&)> on_compiled;

@@ -15,7 +15,11 @@
 //   gemm_mma_sm80 tunables:   bm, bn, bk, warps_m, warps_n, stages, group_m (block rasterisation).
 //   gemm_wgmma_sm90 tunables: bm, bn, consumers (warpgroups), stages, group_m, persistent, cluster_k (split K
 //             over a thread-block cluster, reduced in distributed shared memory: split-K in one kernel with the
-//             epilogue fused, for decode shapes), blocks_per_sm (2 for small tiles).
+//             epilogue fused, for decode shapes), blocks_per_sm (2 for small tiles), swap_ab (compute
+//             D^T = B^T . A^T: N on wgmma's 64-row side and M in the tile's bn, any multiple of 8 from 8 when A is
+//             row-major; for decode, M <= 64 or so; D is stored transposed back, the epilogue sees D's indices).
+//   On devices where gemm_wgmma_sm90 runs (sm_90a), gemm_mma_sm80 is superseded (TemplateDef::superseded_by):
+//   choice generation and the GEMM suite leave it out unless it is asked for by name.
 // Layouts: A row-major is [M, K] with K contiguous (lda >= K), col-major is M contiguous (lda >= M);
 // B row-major is [K, N] with N contiguous (ldb >= N), col-major is K contiguous (ldb >= K). D is row-major.
 // Pointers a, b, d (and workspace) must be 16-byte aligned.

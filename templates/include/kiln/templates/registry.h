@@ -21,6 +21,11 @@ Result<TemplatePtr> find_template(std::string_view name);
 /// The templates that solve `problem` ("gemm", "rmsnorm", ...), sorted by name.
 std::vector<TemplatePtr> templates_for(std::string_view problem);
 
+/// The template that supersedes `t` where kernels compile for `arch_target` (the device's best target, e.g.
+/// "sm_90a"): its TemplateDef::superseded_by, when that template is registered and can compile for the target
+/// (compute capability and arch-specific features). nullptr when `t` is worth trying there.
+TemplatePtr superseded_on(const Template& t, const Target& arch_target);
+
 /// The configurations of one template: the cartesian product of the `values` of its tunable and problem
 /// parameters, minus those named in `fixed`, which every configuration takes as given. Index order is
 /// deterministic (last-declared parameter varies fastest).

@@ -181,6 +181,10 @@ struct TemplateDef {
   std::vector<std::string> options;  // extra NVRTC options; kiln adds "-std=c++17"
   int min_cc = 80;                   // lowest compute capability it compiles for
   bool needs_arch_specific = false;  // only for "a" targets (sm_90a)
+  /// A template of the same problem that beats this one wherever it can run (measured: gemm_mma_sm80 runs 3-12x
+  /// slower than gemm_wgmma_sm90 on an H200). Choice generation leaves this one out on such devices unless it is
+  /// asked for by name (see superseded_on in kiln/templates/registry.h). "" (the default): never superseded.
+  std::string superseded_by;
   std::vector<ParamSpec> params;
   /// Notes a reader needs, e.g. "specialises on K" (sizes are run-time arguments unless a template says so).
   std::string specialization_note;

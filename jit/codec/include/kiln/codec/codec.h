@@ -14,16 +14,25 @@
 // end, a length or count over its cap) and yields zeros after it, so a decoder reads every field and checks
 // once: finish() names the record and the field that failed.
 //
-// One description serves both directions: a record's `template <class IO, class M> void fields(IO& io, M& m)`
-// calls io(m.field, "name") for each field in order; with a Writer (and a const M) that encodes it, with a
-// Reader it decodes it, so the two can never disagree. codec::field() extends this to kiln's values
-// (values.h) and to a record's own nested types.
+// One description serves both directions: a record's fields are named once, in order,
+//
+//   struct Hello { int32_t pid = 0; std::string device_name; };
+//   KILN_CODEC_FIELDS(Hello, pid, device_name)
+//
+// which defines describe(io, m) beside the record: codec::field(io, m.pid, "pid"), ... With a Writer (and a
+// const record) that encodes it, with a Reader it decodes it, so the two can never disagree, and a new field
+// is one name in one list. codec::field() knows the primitives, lists of what it knows, described records
+// (so records nest) and kiln's values (values.h); a record's own types add field() overloads in their
+// namespace. A record whose layout is more than its members in order writes describe by hand:
+// `template <class IO, class M> requires codec::RecordOf<M, Record> void describe(IO& io, M& m)`.
 #pragma once
 
 #include <bit>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -148,7 +157,8 @@ class Reader {
   std::vector<std::pair<std::string, std::string>> string_pairs(std::string_view field);
 
   // The field-description interface (see the top of this file): io(value, "name"). An enum is read as its
-  // underlying integer; the record's decoder checks its range.
+  // underlying integer and must be one `known(E)` (found beside the enum) accepts: a decoder never yields a
+  // value its enum does not name.
   void operator()(uint8_t& v, std::string_view field) { v = u8(field); }
   void operator()(bool& v, std::string_view field) { v = boolean(field); }
   void operator()(uint16_t& v, std::string_view field) { v = u16(field); }
@@ -161,9 +171,11 @@ class Reader {
   template <class E>
     requires std::is_enum_v<E>
   void operator()(E& v, std::string_view field) {
+    static_assert(requires { known(v); }, "an enum field needs a known(E) overload beside its enum");
     std::underlying_type_t<E> raw{};
     (*this)(raw, field);
     v = static_cast<E>(raw);
+    expect(known(v), field, "is out of range");
   }
   void operator()(std::string& v, std::string_view field) { v = bytes(field); }
   void operator()(std::vector<std::string>& v, std::string_view field) { v = strings(field); }
@@ -183,11 +195,17 @@ class Reader {
 
   /// Fails the read at `field` for a value out of its range (an unknown enum, a bad flag).
   void reject(std::string_view field, std::string_view why);
+  /// A well-formed field this build cannot use (a description it cannot parse): the read goes on, and
+  /// finish() returns `why` (the first one) where the bytes themselves were fine.
+  void refuse(Status why) {
+    if (unusable_.ok()) unusable_ = std::move(why);
+  }
   bool ok() const { return error_.empty(); }
   size_t remaining() const { return in_.size() - pos_; }
   size_t position() const { return pos_; }
 
-  /// Ok when every field read and nothing is left over; else kCorrupt: "<what>: <field> ...".
+  /// Ok when every field read and nothing is left over; else kCorrupt: "<what>: <field> ...", or what
+  /// refuse() was given.
   Status finish(std::string_view what) const;
 
  private:
@@ -202,22 +220,88 @@ class Reader {
   std::string_view in_;
   size_t pos_ = 0;
   std::string error_;
+  Status unusable_;
 };
+
+/// M is Record, const or not: a hand-written describe's constraint.
+template <class M, class Record>
+concept RecordOf = std::same_as<std::remove_const_t<M>, Record>;
 
 /// A field of any type `io` knows; values.h and records add overloads for their own types.
 template <class IO, class T>
+  requires std::is_invocable_v<IO&, T&, std::string_view>
 void field(IO& io, T& v, std::string_view name) {
   io(v, name);
 }
 
-/// Decodes a record described by `fields`; kCorrupt naming `what` and the failing field.
-template <class M, class Fields>
-Result<M> read_record(std::string_view payload, std::string_view what, Fields fields) {
+/// A described record (KILN_CODEC_FIELDS), as a field of another or on its own.
+template <class IO, class T>
+  requires requires(IO& io, T& v) { describe(io, v); }
+void field(IO& io, T& v, std::string_view) {
+  describe(io, v);
+}
+
+/// A list of anything else field() knows: a u32 count, then the items. The count is checked against the
+/// bytes left as it is read, so a corrupt one fails the read before it allocates more than the input holds.
+template <class T>
+  requires(!std::is_invocable_v<Writer&, const std::vector<T>&, std::string_view>)
+void field(Writer& w, const std::vector<T>& v, std::string_view name) {
+  w.count(v.size(), name);
+  for (const T& item : v) field(w, item, name);
+}
+
+template <class T>
+  requires(!std::is_invocable_v<Reader&, std::vector<T>&, std::string_view>)
+void field(Reader& r, std::vector<T>& v, std::string_view name) {
+  v.clear();
+  const uint32_t n = r.count(name, 1);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) field(r, v.emplace_back(), name);
+}
+
+/// A value that may be absent: a u8 (1: present), then the value when present.
+template <class T>
+void field(Writer& w, const std::optional<T>& v, std::string_view name) {
+  w.boolean(v.has_value());
+  if (v) field(w, *v, name);
+}
+
+template <class T>
+void field(Reader& r, std::optional<T>& v, std::string_view name) {
+  v.reset();
+  if (r.boolean(name)) field(r, v.emplace(), name);
+}
+
+/// Decodes a described record; kCorrupt naming `what` and the failing field.
+template <class M>
+Result<M> read_record(std::string_view payload, std::string_view what) {
   Reader r(payload);
   M m{};
-  fields(r, m);
+  field(r, m, what);
   KILN_RETURN_IF_ERROR(r.finish(what));
   return m;
 }
 
 }  // namespace kiln::codec
+
+// KILN_CODEC_FIELDS(Record, member, ...): see the top of this file. Expands, in Record's namespace, to a
+// describe() that codec::field finds by argument-dependent lookup; each member's name is its field's name in
+// errors.
+#define KILN_CODEC_FIELDS(Record, ...)                   \
+  template <class IO, class M>                           \
+    requires ::kiln::codec::RecordOf<M, Record>          \
+  static void describe(IO& io, M& m) {                   \
+    using ::kiln::codec::field;                          \
+    KILN_CODEC_FOR_EACH_(KILN_CODEC_FIELD_, __VA_ARGS__) \
+  }
+#define KILN_CODEC_FIELD_(member) field(io, m.member, #member);
+
+// One macro applied to each argument (C++20 __VA_OPT__; up to 64 arguments).
+#define KILN_CODEC_PARENS_ ()
+#define KILN_CODEC_EXPAND_(...) KILN_CODEC_EXPAND3_(KILN_CODEC_EXPAND3_(KILN_CODEC_EXPAND3_(KILN_CODEC_EXPAND3_(__VA_ARGS__))))
+#define KILN_CODEC_EXPAND3_(...) KILN_CODEC_EXPAND2_(KILN_CODEC_EXPAND2_(KILN_CODEC_EXPAND2_(KILN_CODEC_EXPAND2_(__VA_ARGS__))))
+#define KILN_CODEC_EXPAND2_(...) KILN_CODEC_EXPAND1_(KILN_CODEC_EXPAND1_(KILN_CODEC_EXPAND1_(KILN_CODEC_EXPAND1_(__VA_ARGS__))))
+#define KILN_CODEC_EXPAND1_(...) __VA_ARGS__
+#define KILN_CODEC_FOR_EACH_(macro, ...) __VA_OPT__(KILN_CODEC_EXPAND_(KILN_CODEC_FOR_EACH_STEP_(macro, __VA_ARGS__)))
+#define KILN_CODEC_FOR_EACH_STEP_(macro, first, ...) \
+  macro(first) __VA_OPT__(KILN_CODEC_FOR_EACH_AGAIN_ KILN_CODEC_PARENS_(macro, __VA_ARGS__))
+#define KILN_CODEC_FOR_EACH_AGAIN_() KILN_CODEC_FOR_EACH_STEP_

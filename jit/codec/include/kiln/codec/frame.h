@@ -13,6 +13,7 @@
 // length over the cap is refused before anything is allocated.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -47,12 +48,36 @@ struct Frame {
 /// Header + the writer's payload. Errors: the writer's (a field over its prefix) or a payload over the cap.
 Result<std::string> seal_frame(const Protocol& p, uint16_t type, Writer&& payload);
 
-/// A record described by `fields` (codec.h), sealed in a frame; `reserve`: the payload's expected size.
-template <class M, class Fields>
-Result<std::string> seal_record(const Protocol& p, uint16_t type, const M& m, Fields fields, size_t reserve = 0) {
-  Writer w(reserve);
-  fields(w, m);
-  return seal_frame(p, type, std::move(w));
+/// A protocol's message: a described record (codec.h) that names its frame type, the type's enum naming its
+/// protocol by a `protocol(E)` beside it:
+///   constexpr const codec::Protocol& protocol(Type) { return kProtocol; }
+///   struct Hello { static constexpr Type kType = Type::kHello; ... };
+template <class M>
+concept Message = requires {
+  { protocol(M::kType) } -> std::convertible_to<const Protocol&>;
+};
+
+/// A message sealed in its frame (header + payload), ready to write. Errors: a field or the frame over its
+/// size limit.
+template <Message M>
+Result<std::string> encode(const M& m) {
+  Writer w;
+  field(w, m, "message");
+  return seal_frame(protocol(M::kType), static_cast<uint16_t>(M::kType), std::move(w));
+}
+
+/// Reader::finish for a message of `type`: kCorrupt "malformed <protocol> message <type>: <field> ...".
+Status finish_message(const Reader& r, const Protocol& p, uint16_t type);
+
+/// A message from its payload (the frame's bytes after the header). Errors: kCorrupt naming the field, or
+/// what a field refused (Reader::refuse).
+template <Message M>
+Result<M> decode(std::string_view payload) {
+  Reader r(payload);
+  M m{};
+  field(r, m, "message");
+  KILN_RETURN_IF_ERROR(finish_message(r, protocol(M::kType), static_cast<uint16_t>(M::kType)));
+  return m;
 }
 
 /// Checks the header at the front of `bytes` (at least kFrameHeaderBytes of them). Errors: kCorrupt naming the

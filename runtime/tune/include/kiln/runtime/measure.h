@@ -58,9 +58,12 @@ class BenchRunner {
 
   CUstream stream() const { return stream_.get(); }
 
+  /// Copies of the outputs that choices also read (OutputRegion::restore), as they are before the reference
+  /// runs: check() puts them back before each run. Nothing to do (and no synchronisation) without such outputs.
+  Status capture_initial(const std::vector<OutputRegion>& outputs);
   /// Copies of the outputs the reference choice wrote, to check other choices against.
   Status capture_reference(const std::vector<OutputRegion>& outputs);
-  /// Poisons the outputs, runs `choice` once, synchronises, and compares every output with the reference.
+  /// Poisons the outputs (restores those captured by capture_initial), runs `choice` once, synchronises, and compares every output with the reference.
   /// kWrongResult naming the output and its error (or how many elements were not written); launch and
   /// fault errors as run() and the driver report them; kTimeout for a run that does not finish.
   Result<double> check(const Choice& choice, const OpArgs& args, CUdeviceptr workspace,
@@ -83,6 +86,7 @@ class BenchRunner {
   DeviceBuffer flush_buffer_;
   std::vector<Event> events_;
   std::vector<DeviceBuffer> reference_;
+  std::vector<DeviceBuffer> initial_;  // per output; empty where the output is not restored
   bool context_lost_ = false;
 };
 

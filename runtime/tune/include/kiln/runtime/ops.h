@@ -24,6 +24,9 @@ struct OutputRegion {
   DType dtype = DType::kBF16;
   int64_t rows = 0, cols = 0, ld = 0;  // row-major, ld in elements
   std::string name;                    // "d", "y", "residual_out"
+  /// The choices also read it (an in-place update such as y = a * x + y): before each checked run it gets back
+  /// the content it had before the reference ran, instead of poison, which every choice would read and fail on.
+  bool restore = false;
 };
 
 /// Inputs and outputs of one problem on the device, filled with random data (never zeros).
@@ -45,6 +48,9 @@ struct ChoiceContext {
   int max_template_configs = 24;         // per template, after pruning (a deterministic sample)
   int max_cublas_algos = 8;              // cuBLASLt heuristic results
   bool split_k = true;                   // add split-K subgraph choices where they may help
+  /// Templates tried even where another supersedes them (TemplateDef::superseded_by: gemm_mma_sm80 on sm_90a);
+  /// "all" keeps every superseded template.
+  std::vector<std::string> families;
 };
 
 struct OpDef {

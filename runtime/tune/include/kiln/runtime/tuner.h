@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/cache/remote.h"
 #include "kiln/cache/tuning.h"
 #include "kiln/pool/executor.h"
 #include "kiln/runtime/choice.h"
@@ -60,6 +61,9 @@ struct TuneOptions {
   /// The cache and its mode; null (the default): opened with the mode from $KILN_TUNE_MODE (default tune) and
   /// the default cache folder ($KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or ~/.cache/kiln).
   std::shared_ptr<cache::TuningCache> cache;
+  /// The fleet's remote tier behind the cache opened when `cache` is null (a given cache keeps its own).
+  /// Default: from $KILN_REMOTE_CACHE (none when unset); see kiln/cache/remote.h.
+  std::optional<cache::RemoteOptions> remote;
   /// Where choices compile; null (the default): kiln::make_executor() (the arena, or $KILN_EXECUTOR).
   std::shared_ptr<Executor> executor;
   int device = 0;
@@ -70,6 +74,8 @@ struct TuneOptions {
   int max_template_configs = 24;  // per template, a deterministic sample covering every parameter value
   int max_cublas_algos = 8;
   bool split_k = true;
+  /// Superseded template families to try anyway (ChoiceContext::families), e.g. {"gemm_mma_sm80"} or {"all"}.
+  std::vector<std::string> families;
   /// Seed of the random inputs. Default 1.
   uint32_t seed = 1;
   /// Called from tune()'s thread as choices compile and are measured. Optional.
@@ -101,6 +107,9 @@ struct TuneReport {
   bool decision_from_cache = false;
   double compile_wait_seconds = 0;    // time spent waiting for binaries (compiles overlap benchmarking)
   double benchmark_seconds = 0;
+  /// A cached decision: loading the chosen choice's binaries into the context (prepare(): module loads,
+  /// library handles), apart from fetching them (compile_wait_seconds: a binary-cache hit).
+  double load_seconds = 0;
   double total_seconds = 0;
   std::string note;              // e.g. why the reference was used
 

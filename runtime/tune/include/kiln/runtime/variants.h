@@ -74,7 +74,9 @@ struct VariantBuffers {
   /// The kernel parameters, as cuLaunchKernel takes them: pointers to each argument, pointing into `owner`.
   std::vector<void*> params;
   /// What a variant writes: poisoned before its checked run and compared with the reference variant's output
-  /// (relative norm within VariantOp::tolerance). May be empty when VariantOp::check does the checking.
+  /// (relative norm within VariantOp::tolerance). May be empty when VariantOp::check does the checking. An
+  /// output the variants also read (an in-place update) sets OutputRegion::restore: it starts each checked run
+  /// from its content before the reference ran, since poison read back would fail every variant.
   std::vector<OutputRegion> outputs;
   /// Owns the memory `params` point to (device buffers, argument values); released when the tune is done.
   std::shared_ptr<void> owner;

@@ -1,0 +1,195 @@
+#include "suite_candidates.h"
+
+#include <algorithm>
+#include <set>
+
+#include "kiln/templates/gemm.h"
+#include "kiln/templates/registry.h"
+
+namespace kiln::bench::suite {
+
+using templates::DeviceLimits;
+using templates::Params;
+using templates::TemplatePtr;
+using templates::Value;
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+struct Wgmma {
+  int64_t bm, bn, consumers, stages, group_m;
+  bool persistent;
+  int64_t cluster_k, blocks_per_sm;
+  bool swap_ab;
+};
+
+// The deepest pipeline up to `want` stages that fits the block's shared memory (two blocks' worth for
+// blocks_per_sm 2); the layout is gemm_sm90.cpp's: stages x (bm + bn) x 64 x 2 bytes + 1 KiB + barriers.
+int64_t fit_stages(const DeviceLimits& l, int64_t bm, int64_t bn, int64_t want, int64_t blocks = 1) {
+  const int64_t stage = (bm + bn) * 128 + 16;
+  const int64_t budget = blocks == 1 ? l.smem_per_block_optin : l.smem_per_sm / 2 - 1024;
+  return std::clamp<int64_t>((budget - 1024) / stage, 2, want);
+}
+
+// The smallest cluster split of K (1, 2, 4) that gives about one block per SM, keeping at least two 64-wide K
+// blocks per cluster block.
+int64_t cluster_for(int64_t tiles, int64_t k, int64_t sms) {
+  int64_t ck = 1;
+  while (ck < 4 && tiles * ck < sms * 3 / 4 && ceil_div(k, 64) >= 4 * ck) ck *= 2;
+  return ck;
+}
+
+std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
+  const int64_t sms = std::max(l.sm_count, 1);
+  std::vector<Wgmma> out;
+  auto tiles = [&](int64_t bm, int64_t bn, bool swap) {
+    return ceil_div(swap ? s.n : s.m, bm) * ceil_div(swap ? s.m : s.n, bn);
+  };
+  if (s.m <= 256) {
+    // Swap-AB: N on wgmma's 64-row side, M padded only to a multiple of 8 (the tile's bn).
+    const int64_t bn = std::max<int64_t>(8, round_up(s.m, 8));
+    for (int64_t bm : {128, 64}) {
+      const int64_t consumers = bm == 128 && bn > 128 ? 2 : 1;
+      const int64_t ck = cluster_for(tiles(bm, bn, true), s.k, sms);
+      out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 8), 1, false, ck, 1, true});
+      if (ck < 4 && ceil_div(s.k, 64) >= 8 * ck) out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 8), 1, false, 2 * ck, 1, true});
+      if (ck > 1) out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 8), 1, false, ck / 2, 1, true});
+    }
+    out.push_back({64, bn, 1, fit_stages(l, 64, bn, 6, 2), 1, false, 1, 2, true});
+    out.push_back({128, bn, bn > 128 ? 2 : 1, fit_stages(l, 128, bn, 5), 1, false,
+                   cluster_for(tiles(128, bn, true), s.k, sms), 1, true});
+  }
+  if (s.m <= 64) {
+    // The plain decode tiles that won before swap-AB existed (bench/results/gemm-nvidia-h200-2026-11-21.md).
+    const int64_t ck = cluster_for(tiles(64, 128, false), s.k, sms);
+    out.push_back({64, 128, 1, 8, 1, false, ck, 1, false});
+    out.push_back({64, 64, 1, 6, 1, false, 1, 2, false});
+    out.push_back({64, 64, 1, 8, 1, false, cluster_for(tiles(64, 64, false), s.k, sms), 1, false});
+    return out;
+  }
+  const bool few = tiles(128, 128, false) < sms;
+  if (s.m <= 1024) {
+    out.push_back({128, 128, 2, 6, 8, true, 1, 1, false});
+    out.push_back({64, 256, 1, fit_stages(l, 64, 256, 6), 8, true, 1, 1, false});
+    if (few) out.push_back({128, 128, 2, 6, 1, false, cluster_for(tiles(128, 128, false), s.k, sms), 1, false});
+    out.push_back({128, 256, 2, 4, 8, true, 1, 1, false});
+    out.push_back({64, 128, 1, 8, 8, true, 1, 1, false});
+    out.push_back({128, 192, 2, 5, 8, true, 1, 1, false});
+    out.push_back({128, 64, 2, 8, 8, true, 1, 1, false});
+    if (few) out.push_back({64, 128, 1, 8, 1, false, cluster_for(tiles(64, 128, false), s.k, sms), 1, false});
+  }
+  out.push_back({128, 256, 2, 4, 16, true, 1, 1, false});
+  out.push_back({128, 256, 2, 4, 8, true, 1, 1, false});
+  out.push_back({256, 128, 2, 4, 8, true, 1, 1, false});
+  out.push_back({128, 256, 2, 3, 8, false, 1, 1, false});
+  out.push_back({128, 192, 2, 5, 8, true, 1, 1, false});
+  out.push_back({256, 128, 2, 3, 16, true, 1, 1, false});
+  out.push_back({128, 128, 2, 6, 8, true, 1, 1, false});
+  out.push_back({128, 256, 2, 4, 1, true, 1, 1, false});
+  return out;
+}
+
+Params wgmma_params(const Params& base, const Wgmma& w) {
+  Params p = base;
+  p.insert_or_assign("bm", Value::integer(w.bm));
+  p.insert_or_assign("bn", Value::integer(w.bn));
+  p.insert_or_assign("consumers", Value::integer(w.consumers));
+  p.insert_or_assign("stages", Value::integer(w.stages));
+  p.insert_or_assign("group_m", Value::integer(w.group_m));
+  p.insert_or_assign("persistent", Value::boolean(w.persistent));
+  p.insert_or_assign("cluster_k", Value::integer(w.cluster_k));
+  p.insert_or_assign("blocks_per_sm", Value::integer(w.blocks_per_sm));
+  p.insert_or_assign("swap_ab", Value::boolean(w.swap_ab));
+  return p;
+}
+
+std::vector<Params> mma_order(const SuiteShape& s, const Params& base) {
+  struct T { int64_t bm, bn, bk, wm, wn, stages, group_m; };
+  std::vector<T> ts;
+  if (s.m <= 64) {
+    const int64_t bm = s.m <= 16 ? 16 : (s.m <= 32 ? 32 : 64);
+    if (bm == 64) {
+      ts = {{64, 64, 64, 2, 2, 4, 1}, {64, 128, 64, 2, 2, 4, 1}, {64, 128, 32, 2, 4, 5, 1}};
+    } else {
+      ts = {{bm, 64, 64, 1, 4, 4, 1}, {bm, 128, 64, 1, 4, 4, 1}, {bm, 64, 64, 1, 4, 6, 1}, {bm, 128, 32, 1, 4, 6, 1}};
+    }
+  } else {
+    ts = {{128, 128, 32, 2, 2, 4, 8}, {128, 128, 32, 2, 2, 3, 8}, {128, 128, 32, 4, 2, 4, 8}, {128, 128, 64, 2, 2, 3, 8},
+          {128, 64, 32, 2, 2, 4, 8},  {64, 128, 32, 2, 2, 4, 8},  {256, 128, 32, 4, 2, 3, 8}, {128, 256, 32, 2, 4, 3, 8},
+          {128, 128, 32, 2, 2, 4, 16}};
+  }
+  std::vector<Params> out;
+  for (const T& t : ts) {
+    Params p = base;
+    for (auto [k, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+             {"bm", t.bm}, {"bn", t.bn}, {"bk", t.bk}, {"warps_m", t.wm}, {"warps_n", t.wn}, {"stages", t.stages},
+             {"group_m", t.group_m}})
+      p.insert_or_assign(k, Value::integer(v));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<FamilyCandidates> candidates_for(const SuiteShape& s, const DeviceLimits& limits,
+                                             const Target& device_arch_target, const std::vector<std::string>& families,
+                                             size_t max_configs) {
+  std::vector<FamilyCandidates> out;
+  const templates::Shape shape{s.m, s.n, s.k};
+  const templates::Layout la = templates::Layout::kRowMajor;
+  auto none = templates::parse_epilogue("", s.dtype);
+  if (!none.ok()) return out;
+  Params base = templates::gemm_problem_params(s.dtype, la, s.layout_b, *none, false);
+  for (const TemplatePtr& t : templates::templates_for("gemm")) {
+    const bool asked = std::find(families.begin(), families.end(), t->name()) != families.end() ||
+                       std::find(families.begin(), families.end(), "all") != families.end();
+    if (!asked && templates::superseded_on(*t, device_arch_target) != nullptr) continue;
+    const templates::TemplateDef& d = t->def();
+    if (device_arch_target.compute_capability() < d.min_cc) continue;
+    if (d.needs_arch_specific && !device_arch_target.arch_specific()) continue;
+    FamilyCandidates fc;
+    fc.family = t->name();
+    fc.tmpl = t;
+    // A family that needs the arch-specific target compiles for it; others for the plain arch.
+    fc.arch = d.needs_arch_specific ? device_arch_target.arch
+                                    : device_arch_target.arch.substr(0, device_arch_target.arch.size() -
+                                                                            (device_arch_target.arch_specific() ? 1 : 0));
+    DeviceLimits lim = limits;
+    lim.arch = fc.arch;
+    lim.arch_specific = d.needs_arch_specific && device_arch_target.arch_specific();
+    std::vector<Params> order;
+    if (t->name() == "gemm_wgmma_sm90") {
+      for (const Wgmma& w : wgmma_order(s, limits)) order.push_back(wgmma_params(base, w));
+    } else if (t->name() == "gemm_mma_sm80") {
+      Params b = base;
+      b.insert_or_assign("align", Value::integer(templates::gemm_alignment(templates::dense_lda(la, shape),
+                                                                            templates::dense_ldb(s.layout_b, shape))));
+      order = mma_order(s, b);
+    } else {
+      continue;  // a family the suite has no heuristic for yet: say so by its absence from the results
+    }
+    std::set<std::string> names;
+    for (Params& p : order) {
+      if (fc.configs.size() >= max_configs) break;
+      if (!t->check(p, lim).ok() || !t->check_problem(p, shape).ok()) continue;
+      auto name = t->config_name(p);
+      if (!name.ok() || !names.insert(*name).second) continue;
+      fc.configs.push_back(std::move(p));
+    }
+    if (!fc.configs.empty()) out.push_back(std::move(fc));
+  }
+  return out;
+}
+
+std::string variant_of(const std::string& family, const Params& p) {
+  if (family != "gemm_wgmma_sm90") return "";
+  if (templates::get_bool(p, "swap_ab")) return "swap_ab";
+  if (templates::get_int(p, "cluster_k") > 1) return "cluster_k";
+  if (templates::get_bool(p, "persistent")) return "persistent";
+  return "tile";
+}
+
+}  // namespace kiln::bench::suite
