@@ -236,12 +236,14 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
     }
   }
   printer.finish(tracker.snapshot());
-  if (auto* store = cache->store()) (void)store->flush();
+  const Status stored = runtime::finish_cache_writes(*cache);
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   auto counters = (*gate)->counters();
-  fmt::print("{} kernels, {} distinct: {} compiled now, {} already in the cache, {} failed, {:.1f} s\n", requests,
-             plan->size(), counters.compiles, counters.cache_hits + counters.cached_failures, failed, secs);
+  fmt::print("{} kernels, {} distinct: {} compiled now{}, {} already in the cache, {} failed, {:.1f} s\n", requests,
+             plan->size(), counters.compiles, stored.ok() ? "" : " (not all stored)",
+             counters.cache_hits + counters.cached_failures, failed, secs);
   for (const auto& f : failures) fmt::print("  FAILED {}\n", f);
+  if (!stored.ok()) fmt::print(stderr, "kiln precompile: {}\n", stored.to_string());
   int remote_rc = 0;
   if (tier && cache->store()) {
     cache::SyncOptions push;
@@ -271,9 +273,9 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
     write_unmeasured_report(a, no_gpu,
                             {{"arch", target->arch}, {"kernels", requests}, {"distinct", plan->size()},
                              {"compiled", counters.compiles}, {"cached", counters.cache_hits + counters.cached_failures},
-                             {"failed", failed}});
+                             {"failed", failed}, {"stored", stored.ok()}});
   }
-  return failures.empty() ? remote_rc : 1;
+  return failures.empty() && stored.ok() ? remote_rc : 1;
 }
 
 int run_tune(const TuneArgs& a) {
@@ -352,11 +354,11 @@ int run_tune(const TuneArgs& a) {
                                      r.decision_from_cache ? " (cached decision)" : ""));
   }
   printer.finish(tracker.snapshot());
-  if (auto* store = cache->store()) (void)store->flush();
+  const Status stored = runtime::finish_cache_writes(*cache);
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   for (const auto& l : lines) fmt::print("{}\n", l);
-  fmt::print("tuned {} problems in {:.3f} s: {} from cached decisions, {} errors\n", w->problems.size(), secs,
-             cached_decisions, errors);
+  fmt::print("tuned {} problems in {:.3f} s: {} from cached decisions, {} errors{}\n", w->problems.size(), secs,
+             cached_decisions, errors, stored.ok() ? "" : "; the results were not all stored");
   if (tier) {
     // The remote is an accelerator, not a requirement: its failures are said here, and the exit status
     // stays that of the tune, which ran from the local cache.
@@ -365,11 +367,13 @@ int run_tune(const TuneArgs& a) {
   }
   if (!a.report.empty()) {
     nlohmann::json out{{"workload", w->name}, {"device", (*tuner)->context().device.name}, {"seconds", secs},
-                       {"cached_decisions", cached_decisions}, {"errors", errors}, {"problems", reports}};
+                       {"cached_decisions", cached_decisions}, {"errors", errors}, {"stored", stored.ok()},
+                       {"problems", reports}};
     std::ofstream(a.report) << out.dump(2) << "\n";
     fmt::print("wrote {}\n", a.report);
   }
-  return errors == 0 ? 0 : 1;
+  if (!stored.ok()) fmt::print(stderr, "kiln tune: {}\n", stored.to_string());
+  return errors == 0 && stored.ok() ? 0 : 1;
 }
 
 void add_tune_commands(CLI::App& app) {

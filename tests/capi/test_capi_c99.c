@@ -17,6 +17,69 @@ static int failures = 0;
     }                                                                        \
   } while (0)
 
+/* An invalid-argument error whose message has `text`. */
+static void expect_invalid(kiln_status status, const char* text, int line) {
+  if (status != KILN_ERROR_INVALID_ARGUMENT || strstr(kiln_last_error(), text) == NULL) {
+    fprintf(stderr, "%s:%d: expected an invalid argument saying \"%s\", got %s (%s)\n", __FILE__, line, text,
+            kiln_status_name(status), kiln_last_error());
+    ++failures;
+  }
+}
+#define EXPECT_INVALID(call, text) expect_invalid((call), (text), __LINE__)
+
+/* A C enum is an int to its caller, who may store anything in it: every enum-typed field and argument is checked
+ * as an integer and rejected with its name (under UBSan, loading such a value as the C++ enum type is reported). */
+static void garbage_enums(kiln_context* ctx, const char* dir) {
+  kiln_context_options o;
+  kiln_context* bad = NULL;
+  kiln_gemm_args g;
+  kiln_rmsnorm_args r;
+  kiln_softmax_args sm;
+  kiln_allreduce* ar = NULL;
+
+  kiln_context_options_init(&o);
+  o.cache_dir = dir;
+  o.tune_mode = (kiln_tune_mode)42;
+  EXPECT_INVALID(kiln_context_create(&o, &bad), "options.tune_mode 42 is not a kiln_tune_mode (0 to 4)");
+  EXPECT(bad == NULL);
+  kiln_context_options_init(&o);
+  o.cache_dir = dir;
+  o.executor = (kiln_executor_kind)-3;
+  EXPECT_INVALID(kiln_context_create(&o, &bad), "options.executor -3 is not a kiln_executor_kind");
+  kiln_context_options_init(&o);
+  o.cache_dir = dir;
+  o.log_level = (kiln_log_level)1000;
+  EXPECT_INVALID(kiln_context_create(&o, &bad), "options.log_level 1000 is not a kiln_log_level (1 to 4)");
+  EXPECT(bad == NULL);
+
+  kiln_gemm_args_init(&g);
+  g.m = g.n = g.k = 64;
+  g.a = g.b = g.d = 0x1000;
+  g.b_layout = (kiln_layout)7;
+  EXPECT_INVALID(kiln_gemm(ctx, &g, NULL), "args.b_layout 7 is not a kiln_layout (0 to 1)");
+  kiln_gemm_args_init(&g);
+  g.m = g.n = g.k = 64;
+  g.a = g.b = g.d = 0x1000;
+  g.d_dtype = (kiln_dtype)-1;
+  EXPECT_INVALID(kiln_gemm(ctx, &g, NULL), "args.d_dtype -1 is not a kiln_dtype (0 to 2)");
+  kiln_rmsnorm_args_init(&r);
+  r.rows = 4;
+  r.cols = 64;
+  r.x = r.weight = r.y = 0x1000;
+  r.dtype = (kiln_dtype)123456;
+  EXPECT_INVALID(kiln_rmsnorm(ctx, &r, NULL), "args.dtype 123456 is not a kiln_dtype");
+  kiln_softmax_args_init(&sm);
+  sm.rows = 4;
+  sm.cols = 64;
+  sm.x = sm.y = 0x1000;
+  sm.dtype = (kiln_dtype)3;
+  EXPECT_INVALID(kiln_softmax(ctx, &sm, NULL), "args.dtype 3 is not a kiln_dtype");
+  /* Checked after the communicator: without one (or without NCCL) the call fails before reading dtype. */
+  EXPECT(kiln_allreduce_create(ctx, NULL, 0, 1, (kiln_dtype)99, 0, &ar) == KILN_ERROR_INVALID_ARGUMENT && ar == NULL);
+  EXPECT(strcmp(kiln_status_name((kiln_status)-7), "unknown status") == 0);
+  EXPECT(strcmp(kiln_status_name((kiln_status)100000), "unknown status") == 0);
+}
+
 int main(void) {
   kiln_context_options options;
   kiln_context* ctx = NULL;
@@ -50,6 +113,8 @@ int main(void) {
   EXPECT(kiln_compile(ctx, &source, &kernel) == KILN_ERROR_COMPILE);
   EXPECT(kernel == NULL);
   EXPECT(strlen(kiln_last_error_detail()) > 0);
+
+  garbage_enums(ctx, dir);
 
   kiln_context_destroy(ctx);
   {

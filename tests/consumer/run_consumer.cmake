@@ -39,9 +39,13 @@ foreach(f ${installed})
     message(FATAL_ERROR "cmake --install shipped an internal header: ${f} is ${source}")
   endif()
 endforeach()
+# A kiln built with sanitizers needs their runtimes first in every program that loads it (ASan refuses to start
+# otherwise): the consumers are built with the same -fsanitize, as a user of such a build would.
 set(flags "")
+set(c_sanitize "")
 if(SANITIZE)
   set(flags "-DCMAKE_CXX_FLAGS=-fsanitize=${SANITIZE}" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE}")
+  set(c_sanitize "-fsanitize=${SANITIZE}")
 endif()
 run(${CMAKE_COMMAND} -S ${PROJECT_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${prefix}
     -DCUDAToolkit_ROOT=${CUDA_ROOT} ${flags})
@@ -71,7 +75,7 @@ if(NOT rc EQUAL 0)
 endif()
 separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
 file(MAKE_DIRECTORY ${WORK_DIR}/c)
-run(${C_COMPILER} -std=c99 -Wall -Wextra -pedantic -Werror ${CMAKE_CURRENT_LIST_DIR}/c_project/main.c ${pc_flags}
+run(${C_COMPILER} -std=c99 -Wall -Wextra -pedantic -Werror ${c_sanitize} ${CMAKE_CURRENT_LIST_DIR}/c_project/main.c ${pc_flags}
     -o ${WORK_DIR}/c/kiln_c_consumer)
 run(${WORK_DIR}/c/kiln_c_consumer)
 if(NOT last_output MATCHES "\\(C, pkg-config\\): key [0-9a-f]+")

@@ -213,6 +213,28 @@ T
     run 0 '"nvrtc"' -- version --json
     cache_still_good
     ;;
+  failed_writes)
+    # Cache writes that fail: no file may grow past 64 KiB (ulimit -f, with SIGXFSZ ignored, so a write past it
+    # fails with EFBIG as one on a full disk fails with ENOSPC; deterministic, no mount needed). precompile and
+    # tune (tune precompiles without a GPU) logged the failed writes, claimed the binaries and exited 0.
+    small_workload
+    (
+      trap '' XFSZ
+      ulimit -f 64
+      run 1 "the cache '$CACHE' could not store all of this run's results.*File too large" -- \
+        precompile --workload "$WORK/tiny.json" --configs 8
+      grep -q "compiled now (not all stored)" <<<"$OUT" || fail "precompile's summary claims its binaries stored"
+      if ! has_gpu; then
+        rm -rf "$CACHE"
+        run 1 "the cache '$CACHE' could not store all of this run's results.*File too large" -- \
+          tune --workload "$WORK/tiny.json" --configs 8 --report "$WORK/report.json"
+        grep -q '"stored": false' "$WORK/report.json" || fail "tune's report does not say its results were not stored"
+      fi
+    ) || exit 1
+    # With room again, what was stored is intact and the rest is compiled and stored now.
+    cache_still_good
+    run 0 "0 failed" -- precompile --workload "$WORK/tiny.json" --configs 8
+    ;;
   *)
     fail "no case '$CASE'"
     ;;

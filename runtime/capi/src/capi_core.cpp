@@ -55,6 +55,19 @@ spdlog::level::level_enum spdlog_level(kiln_log_level l) {
   }
 }
 
+// kiln_status_name's text for any integer a caller or callback passed as a kiln_status.
+const char* status_name(int64_t code) {
+  switch (code) {
+    case KILN_OK: return "ok";
+    case KILN_ERROR_NOT_READY: return "not ready";
+    case KILN_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case KILN_ERROR_BUFFER_TOO_SMALL: return "buffer too small";
+    default: break;
+  }
+  if (code >= 1 && code <= KILN_ERROR_WRONG_RESULT) return code_name(static_cast<ErrorCode>(code)).data();
+  return "unknown status";
+}
+
 }  // namespace
 
 kiln_status set_status(const Status& s) {
@@ -68,22 +81,24 @@ Status bad_argument(const char* fn, const std::string& what) {
   return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", fn, what));
 }
 
-Status from_callback(kiln_status s, const std::string& what) {
-  std::string message = t_callback_error.empty() ? fmt::format("{} returned {}", what, kiln_status_name(s))
-                                                 : fmt::format("{}: {}", what, t_callback_error);
+Status from_callback(int64_t status, const std::string& what) {
+  std::string message = t_callback_error.empty()
+                            ? fmt::format("{} returned {} ({})", what, status, status_name(status))
+                            : fmt::format("{}: {}", what, t_callback_error);
   t_callback_error.clear();
-  const int code = static_cast<int>(s);
-  const ErrorCode ec = code >= 1 && code <= KILN_ERROR_WRONG_RESULT ? static_cast<ErrorCode>(code) : ErrorCode::kInternal;
+  const ErrorCode ec =
+      status >= 1 && status <= KILN_ERROR_WRONG_RESULT ? static_cast<ErrorCode>(status) : ErrorCode::kInternal;
   return make_error(ec, std::move(message));
 }
 
-Result<templates::DType> dtype_of(kiln_dtype d, const char* what) {
-  switch (d) {
+Result<templates::DType> dtype_of(const kiln_dtype& d, const std::string& what) {
+  KILN_ASSIGN_OR_RETURN(kiln_dtype checked, checked_enum(d, KILN_F16, KILN_F32, "kiln_dtype", what));
+  switch (checked) {
     case KILN_F16: return templates::DType::kF16;
     case KILN_BF16: return templates::DType::kBF16;
-    case KILN_F32: return templates::DType::kF32;
+    case KILN_F32: break;
   }
-  return make_error(ErrorCode::kInvalidArgument, fmt::format("{} is {}, not a kiln_dtype", what, static_cast<int>(d)));
+  return templates::DType::kF32;
 }
 
 Result<KernelSource> kernel_source_of(const kiln_source& s) {
@@ -162,18 +177,7 @@ KILN_API int kiln_version_number(void) {
   return KILN_VERSION_MAJOR * 10000 + KILN_VERSION_MINOR * 100 + KILN_VERSION_PATCH;
 }
 
-KILN_API const char* kiln_status_name(kiln_status status) {
-  switch (status) {
-    case KILN_OK: return "ok";
-    case KILN_ERROR_NOT_READY: return "not ready";
-    case KILN_ERROR_OUT_OF_MEMORY: return "out of memory";
-    case KILN_ERROR_BUFFER_TOO_SMALL: return "buffer too small";
-    default: break;
-  }
-  const int code = static_cast<int>(status);
-  if (code >= 1 && code <= KILN_ERROR_WRONG_RESULT) return code_name(static_cast<ErrorCode>(code)).data();
-  return "unknown status";
-}
+KILN_API const char* kiln_status_name(kiln_status status) { return capi::status_name(capi::raw_enum(status)); }
 
 KILN_API const char* kiln_last_error(void) { return kiln::capi::t_error.c_str(); }
 KILN_API const char* kiln_last_error_detail(void) { return kiln::capi::t_detail.c_str(); }
@@ -219,8 +223,16 @@ KILN_API kiln_status kiln_context_create(const kiln_context_options* options, ki
     ctx->options = o;
     ctx->cache_dir = capi::str(o.cache_dir);
     ctx->options.cache_dir = nullptr;  // the copy in cache_dir is what lives on
+    auto check = [&](const auto& field, auto first, auto last, const char* type, const char* name) {
+      return capi::checked_enum(field, first, last, type, std::string("options.") + name);
+    };
+    KILN_ASSIGN_OR_RETURN(kiln_tune_mode tune_mode,
+                          check(o.tune_mode, KILN_TUNE_MODE_DEFAULT, KILN_TUNE_MODE_OFF, "kiln_tune_mode", "tune_mode"));
+    KILN_ASSIGN_OR_RETURN(kiln_executor_kind executor,
+                          check(o.executor, KILN_EXECUTOR_DEFAULT, KILN_EXECUTOR_PROCESS, "kiln_executor_kind", "executor"));
+    KILN_RETURN_IF_ERROR(check(o.log_level, KILN_LOG_DEBUG, KILN_LOG_ERROR, "kiln_log_level", "log_level").status());
     cache::TuneMode mode = cache::TuneMode::kTune;
-    switch (o.tune_mode) {
+    switch (tune_mode) {
       case KILN_TUNE_MODE_DEFAULT: {
         KILN_ASSIGN_OR_RETURN(mode, cache::tune_mode_from_env());
         break;
@@ -229,17 +241,13 @@ KILN_API kiln_status kiln_context_create(const kiln_context_options* options, ki
       case KILN_TUNE_MODE_USE: mode = cache::TuneMode::kUse; break;
       case KILN_TUNE_MODE_STRICT: mode = cache::TuneMode::kStrict; break;
       case KILN_TUNE_MODE_OFF: mode = cache::TuneMode::kOff; break;
-      default:
-        return capi::bad_argument("kiln_context_create", fmt::format("tune_mode {} is not a kiln_tune_mode", static_cast<int>(o.tune_mode)));
     }
     ExecutorOptions eo;
-    switch (o.executor) {
+    switch (executor) {
       case KILN_EXECUTOR_DEFAULT: break;
       case KILN_EXECUTOR_INLINE: eo.kind = ExecutorKind::kInline; break;
       case KILN_EXECUTOR_ARENA: eo.kind = ExecutorKind::kArena; break;
       case KILN_EXECUTOR_PROCESS: eo.kind = ExecutorKind::kProcess; break;
-      default:
-        return capi::bad_argument("kiln_context_create", fmt::format("executor {} is not a kiln_executor_kind", static_cast<int>(o.executor)));
     }
     eo.workers = o.compile_workers;
     cache::StoreOptions store;

@@ -9,6 +9,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/cache/tuning.h"
@@ -55,8 +56,9 @@ namespace kiln::capi {
 kiln_status set_status(const Status& s);
 /// kInvalidArgument error for a bad argument of `fn`.
 Status bad_argument(const char* fn, const std::string& what);
-/// The code a callback's status stands for, with the message it set (kiln_set_callback_error) or a default.
-Status from_callback(kiln_status s, const std::string& what);
+/// The code a callback's status (its raw_enum) stands for, with the message it set (kiln_set_callback_error) or
+/// a default.
+Status from_callback(int64_t status, const std::string& what);
 
 /// Runs `f` (returning a Status) so that nothing escapes: errors become a kiln_status with a message.
 template <class F>
@@ -114,8 +116,34 @@ void write_struct(T* out, T value) {
 /// A C string that may be null.
 inline std::string str(const char* s) { return s ? std::string(s) : std::string(); }
 
-/// The C dtype as kiln's; kInvalidArgument for an unknown value.
-Result<templates::DType> dtype_of(kiln_dtype d, const char* what);
+/// The integer a caller stored in an enum-typed field, argument or callback result, read as bytes. To a C caller
+/// an enum is an int that may hold anything, and loading a value outside the C++ enum's range as the enum type is
+/// undefined (UBSan's -fsanitize=enum reports it): such values are read through here, or checked_enum, only.
+/// Take them by reference: passing one by value loads it.
+template <class E>
+int64_t raw_enum(const E& e) {
+  static_assert(std::is_enum_v<E>);
+  std::make_signed_t<std::underlying_type_t<E>> v;
+  static_assert(sizeof(v) == sizeof(E));
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+
+/// `e` when it holds one of `first`..`last` (the enum's values, consecutive); else kInvalidArgument saying
+/// "<what> <value> is not a <type> (<first> to <last>)".
+template <class E>
+Result<E> checked_enum(const E& e, E first, E last, const char* type, const std::string& what) {
+  const int64_t v = raw_enum(e);
+  if (v < raw_enum(first) || v > raw_enum(last)) {
+    return make_error(ErrorCode::kInvalidArgument, what + " " + std::to_string(v) + " is not a " + type + " (" +
+                                                       std::to_string(raw_enum(first)) + " to " +
+                                                       std::to_string(raw_enum(last)) + ")");
+  }
+  return static_cast<E>(v);
+}
+
+/// The C dtype as kiln's; kInvalidArgument naming `what` for a value that is not a kiln_dtype.
+Result<templates::DType> dtype_of(const kiln_dtype& d, const std::string& what);
 
 /// Copies a kiln_source's pieces into a KernelSource (arrays with null entries are errors).
 Result<KernelSource> kernel_source_of(const kiln_source& s);

@@ -48,19 +48,17 @@ KILN_API kiln_status kiln_gemm(kiln_context* ctx, const kiln_gemm_args* given, v
     KILN_ASSIGN_OR_RETURN(kiln_gemm_args g, capi::read_struct(given, kiln_gemm_args_init, "args"));
     KILN_RETURN_IF_ERROR(arg.positive({{"m", g.m}, {"n", g.n}, {"k", g.k}}));
     if (g.a == 0 || g.b == 0 || g.d == 0) return arg.bad("a, b and d must be device pointers");
-    if ((g.a_layout != KILN_ROW_MAJOR && g.a_layout != KILN_COL_MAJOR) ||
-        (g.b_layout != KILN_ROW_MAJOR && g.b_layout != KILN_COL_MAJOR)) {
-      return arg.bad("a_layout and b_layout must be KILN_ROW_MAJOR or KILN_COL_MAJOR");
-    }
+    KILN_ASSIGN_OR_RETURN(kiln_layout a_layout, capi::checked_enum(g.a_layout, KILN_ROW_MAJOR, KILN_COL_MAJOR, "kiln_layout", "args.a_layout"));
+    KILN_ASSIGN_OR_RETURN(kiln_layout b_layout, capi::checked_enum(g.b_layout, KILN_ROW_MAJOR, KILN_COL_MAJOR, "kiln_layout", "args.b_layout"));
     runtime::GemmProblem p;
     p.m = g.m;
     p.n = g.n;
     p.k = g.k;
-    KILN_ASSIGN_OR_RETURN(p.a, capi::dtype_of(g.a_dtype, "a_dtype"));
-    KILN_ASSIGN_OR_RETURN(p.b, capi::dtype_of(g.b_dtype, "b_dtype"));
-    KILN_ASSIGN_OR_RETURN(templates::DType out, capi::dtype_of(g.d_dtype, "d_dtype"));
-    p.a_layout = g.a_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
-    p.b_layout = g.b_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
+    KILN_ASSIGN_OR_RETURN(p.a, capi::dtype_of(g.a_dtype, "args.a_dtype"));
+    KILN_ASSIGN_OR_RETURN(p.b, capi::dtype_of(g.b_dtype, "args.b_dtype"));
+    KILN_ASSIGN_OR_RETURN(templates::DType out, capi::dtype_of(g.d_dtype, "args.d_dtype"));
+    p.a_layout = a_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
+    p.b_layout = b_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
     KILN_ASSIGN_OR_RETURN(p.epilogue, templates::parse_epilogue(capi::str(g.epilogue), out));
     if (p.epilogue.has(templates::EpilogueOp::kBias) && g.bias == 0) {
       return arg.bad("the epilogue adds a bias, and bias is 0");
@@ -109,7 +107,7 @@ KILN_API kiln_status kiln_rmsnorm(kiln_context* ctx, const kiln_rmsnorm_args* gi
     runtime::NormProblem p;
     p.rows = g.rows;
     p.cols = g.cols;
-    KILN_ASSIGN_OR_RETURN(p.dtype, capi::dtype_of(g.dtype, "dtype"));
+    KILN_ASSIGN_OR_RETURN(p.dtype, capi::dtype_of(g.dtype, "args.dtype"));
     p.residual = g.residual != 0;
     p.eps = g.eps;
     KilnNormArgs a{};
@@ -143,7 +141,7 @@ KILN_API kiln_status kiln_softmax(kiln_context* ctx, const kiln_softmax_args* gi
     runtime::SoftmaxProblem p;
     p.rows = g.rows;
     p.cols = g.cols;
-    KILN_ASSIGN_OR_RETURN(p.dtype, capi::dtype_of(g.dtype, "dtype"));
+    KILN_ASSIGN_OR_RETURN(p.dtype, capi::dtype_of(g.dtype, "args.dtype"));
     p.scale = g.scale;
     KilnSoftmaxArgs a{};
     a.x = ptr<const void>(g.x);

@@ -93,7 +93,7 @@ Result<runtime::Variant> variant_of(const kiln_variant& given, size_t index) {
     std::string name = out.name;
     out.geometry = [fn, user, name](std::span<const int64_t> sizes) -> Result<runtime::LaunchDims> {
       kiln_launch_dims d{{1, 1, 1}, {1, 1, 1}, 0};
-      kiln_status st = fn(user, sizes.data(), sizes.size(), &d);
+      const int64_t st = capi::raw_enum(fn(user, sizes.data(), sizes.size(), &d));
       if (st != KILN_OK) return capi::from_callback(st, fmt::format("the geometry callback of variant '{}'", name));
       return dims_of(d);
     };
@@ -138,7 +138,7 @@ KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_varian
       std::string name = op.name;
       op.buffers = [fn, release, user, name](std::span<const int64_t> sizes, uint32_t seed) -> Result<runtime::VariantBuffers> {
         kiln_tune_buffers tb{};
-        kiln_status st = fn(user, sizes.data(), sizes.size(), seed, &tb);
+        const int64_t st = capi::raw_enum(fn(user, sizes.data(), sizes.size(), seed, &tb));
         // Released whatever happens next, once, by whoever drops the last reference.
         std::shared_ptr<void> owner(tb.owner, [release, user](void* p) {
           if (release != nullptr) release(user, p);
@@ -154,7 +154,7 @@ KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_varian
         vb.params.assign(tb.params, tb.params + tb.num_params);
         for (size_t i = 0; i < tb.num_outputs; ++i) {
           const kiln_output& o = tb.outputs[i];
-          KILN_ASSIGN_OR_RETURN(templates::DType dt, capi::dtype_of(o.dtype, "output dtype"));
+          KILN_ASSIGN_OR_RETURN(templates::DType dt, capi::dtype_of(o.dtype, fmt::format("output {} dtype", i)));
           if (o.ptr == 0 || o.rows <= 0 || o.cols <= 0 || (o.ld != 0 && o.ld < o.cols)) {
             return make_error(ErrorCode::kInvalidArgument,
                               fmt::format("op '{}': output {} needs a pointer, positive rows and cols, and ld 0 or >= cols",
@@ -172,7 +172,7 @@ KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_varian
       void* user = c.user;
       std::string name = op.name;
       op.check = [fn, user, name](std::span<const int64_t> sizes, void** params, CUstream stream) -> Status {
-        kiln_status st = fn(user, sizes.data(), sizes.size(), params, stream);
+        const int64_t st = capi::raw_enum(fn(user, sizes.data(), sizes.size(), params, stream));
         if (st != KILN_OK) return capi::from_callback(st, fmt::format("the check of op '{}'", name));
         return Status();
       };

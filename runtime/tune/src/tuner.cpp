@@ -505,6 +505,17 @@ Result<std::unique_ptr<PrecompileGate>> make_cached_gate(std::shared_ptr<cache::
   return PrecompileGate::create(std::move(gate));
 }
 
+Status finish_cache_writes(cache::TuningCache& cache) {
+  cache::Store* store = cache.store();
+  if (store == nullptr) return Status();
+  Status flushed = store->flush();  // a failed flush is a failed write too, remembered as one
+  Status first = store->first_write_error();
+  if (first.ok()) first = flushed;
+  if (first.ok()) return Status();
+  return make_error(first.code(), fmt::format("the cache '{}' could not store all of this run's results; its "
+                                              "first failed write: {}", store->dir(), first.to_string()));
+}
+
 // ---- precompile without a GPU
 
 Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem& problem, const Target& arch,

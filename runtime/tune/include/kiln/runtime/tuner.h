@@ -230,6 +230,12 @@ class Tuner {
 Result<std::unique_ptr<PrecompileGate>> make_cached_gate(std::shared_ptr<cache::TuningCache> cache,
                                                          std::shared_ptr<Executor> executor);
 
+/// Flushes what this process wrote to `cache` and says whether all of it was stored: OK (also with no store,
+/// in tune mode off), else the first failed write's error, naming the cache folder. Writes that fail (a full
+/// disk, a read-only folder) are logged and the work goes on, usable in memory; a tool checks this before it
+/// reports success, so that a run whose results were lost never exits 0.
+Status finish_cache_writes(cache::TuningCache& cache);
+
 /// Compiles every choice of `problem` for `arch` into `cache` without a GPU (a build machine warming a fleet's
 /// cache): template configurations and subgraphs; externs need no compile. Returns how many kernels were
 /// compiled (or found cached) and the failures.
