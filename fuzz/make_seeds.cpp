@@ -37,18 +37,11 @@ std::string must(R r) {
 }
 
 Binary sample_binary(const std::string& name) {
-  Binary b;
-  b.key = {0x0123456789abcdefull, 0xfedcba9876543210ull};
-  b.name = name;
-  b.entry = "gemm<128, 128>";
-  b.arch = "sm_90a";
-  b.cubin = std::string("\x7f" "ELF\x02\x01\x01\x33", 8);
-  b.ptx = ".version 8.0\n.target sm_90a\n";
-  b.lowered_names = {{"gemm<128, 128>", "_Z4gemmILi128ELi128EEvv"}};
-  b.log = "warning: none";
-  b.compile_seconds = 0.25;
-  b.nvrtc_major = 13;
-  return b;
+  return Binary{.key = {0x0123456789abcdefull, 0xfedcba9876543210ull}, .name = name, .entry = "gemm<128, 128>",
+                .arch = "sm_90a", .cubin = std::string("\x7f" "ELF\x02\x01\x01\x33", 8),
+                .ptx = ".version 8.0\n.target sm_90a\n",
+                .lowered_names = {{"gemm<128, 128>", "_Z4gemmILi128ELi128EEvv"}}, .log = "warning: none",
+                .compile_seconds = 0.25, .nvrtc_major = 13};
 }
 
 Status sample_error() {
