@@ -89,18 +89,10 @@ TEST(Wire, RequestRoundTrip) {
 }
 
 TEST(Wire, ReplyRoundTripsBinariesAndErrors) {
-  Binary b;
-  b.key = KernelKey{0xaa, 0xbb};
-  b.name = "n";
-  b.entry = "e<1>";
-  b.arch = "sm_80";
-  b.cubin = std::string("\x7f" "ELF\0\1\2", 7);
-  b.ptx = "ptx";
-  b.lowered_names = {{"e<1>", "_Z1eILi1EEvv"}};
-  b.log = "warning";
-  b.compile_seconds = 0.25;
-  b.nvrtc_major = 13;
-  b.nvrtc_minor = 1;
+  const Binary b{.key = KernelKey{0xaa, 0xbb}, .name = "n", .entry = "e<1>", .arch = "sm_80",
+                 .cubin = std::string("\x7f" "ELF\0\1\2", 7), .ptx = "ptx",
+                 .lowered_names = {{"e<1>", "_Z1eILi1EEvv"}}, .log = "warning", .compile_seconds = 0.25,
+                 .nvrtc_major = 13, .nvrtc_minor = 1};
   std::string bytes = frame(wire::Reply{7, b});
   KILN_ASSERT_OK_AND_ASSIGN(wire::Reply ok, wire::decode<wire::Reply>(std::string_view(bytes).substr(kHeader)));
   EXPECT_EQ(ok.job_id, 7u);
