@@ -288,6 +288,8 @@ KILN_API void kiln_source_init(kiln_source* s) {
   s->size = sizeof(*s);
 }
 
+}  // extern "C": C++ helpers below have C++ linkage
+
 namespace {
 
 Status start_compile(const char* fn, kiln_context* ctx, const kiln_source* source, Future<Binary>* out) {
@@ -309,6 +311,8 @@ kiln_kernel* new_kernel(const Binary& b, int device) {
 }
 
 }  // namespace
+
+extern "C" {
 
 KILN_API kiln_status kiln_compile(kiln_context* ctx, const kiln_source* source, kiln_kernel** out) {
   return guarded("kiln_compile", [&]() -> Status {

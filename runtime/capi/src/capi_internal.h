@@ -83,12 +83,13 @@ kiln_status guarded(const char* fn, F&& f) noexcept {
 template <class T>
 Result<T> read_struct(const T* given, T defaults, size_t first_version_size, const char* what) {
   if (given == nullptr) return make_error(ErrorCode::kInvalidArgument, std::string(what) + " is NULL");
-  if (given->size < first_version_size || given->size > (size_t{1} << 20)) {
+  const size_t size = given->size;  // (a local: `given->size <` reads as a template to g++)
+  if (size < first_version_size || size > (size_t{1} << 20)) {
     return make_error(ErrorCode::kInvalidArgument,
-                      std::string(what) + ".size is " + std::to_string(given->size) +
+                      std::string(what) + ".size is " + std::to_string(size) +
                           ": set it to sizeof(the struct) (its *_init function does)");
   }
-  const size_t n = given->size < sizeof(T) ? given->size : sizeof(T);
+  const size_t n = size < sizeof(T) ? size : sizeof(T);
   std::memcpy(static_cast<void*>(&defaults), given, n);
   defaults.size = sizeof(T);
   return defaults;

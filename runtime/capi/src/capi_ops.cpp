@@ -268,6 +268,8 @@ KILN_API kiln_status kiln_cache_stats_get(kiln_context* ctx, kiln_cache_stats* s
   });
 }
 
+}  // extern "C": C++ helpers below have C++ linkage
+
 namespace {
 
 cache::Store* store_of(kiln_context* ctx) { return ctx->cache->store(); }
@@ -285,6 +287,8 @@ Status export_to(const capi::Args& arg, kiln_context* ctx, const char* path, int
 }
 
 }  // namespace
+
+extern "C" {
 
 KILN_API kiln_status kiln_cache_export(kiln_context* ctx, const char* path, int binaries) {
   return capi::entry("kiln_cache_export",
