@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "kiln/templates/registry.h"
 #include "kiln/cache/remote.h"
 #include "kiln/cache/tuning.h"
 #include "kiln/pool/gate.h"
@@ -41,6 +42,16 @@ struct TuneArgs {
   RemoteArgs remote;
   std::string shard;  // precompile: "i/N"
 };
+
+// --family names a template family kiln has, or 'all'.
+CLI::Validator known_family() {
+  return CLI::Validator(
+      [](std::string& name) -> std::string {
+        if (name == "all" || templates::find_template(name).ok()) return "";
+        return "unknown template family '" + name + "' (see `kiln templates list`, or give 'all')";
+      },
+      "FAMILY");
+}
 
 // "i/N": this machine's part of a precompile split N ways (0 <= i < N).
 Result<std::pair<uint64_t, uint64_t>> parse_shard(const std::string& s) {
@@ -390,7 +401,8 @@ void add_tune_commands(CLI::App& app) {
   tune->add_option("--arch", args->arch, "Without a GPU: the arch to precompile for (default sm_90a)");
   tune->add_flag("--quiet", args->quiet, "One line per problem");
   tune->add_option("--family", args->families,
-                  "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable");
+                  "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable")
+      ->check(known_family());
   add_remote_options(tune, args->remote);
   on_run(tune, args, run_tune);
 
@@ -405,7 +417,8 @@ void add_tune_commands(CLI::App& app) {
   pre->add_option("--configs", pargs->configs, "Template configurations per template (default 24)")
       ->check(CLI::Range(1, kMaxConfigs));
   pre->add_option("--family", pargs->families,
-                  "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable");
+                  "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable")
+      ->check(known_family());
   on_run(pre, pargs, [](const TuneArgs& a) {
     auto w = runtime::load_workload(a.workload);
     if (!w.ok()) {
