@@ -57,7 +57,7 @@ print(json.dumps({"torch_and_cuda_ms": (t1 - t0) * 1e3, "import_kiln_ms": (t2 - 
                   "warmup_open_ms": report.open_seconds * 1e3, "warmup_fetch_ms": report.fetch_seconds * 1e3,
                   "warmup_load_ms": report.load_seconds * 1e3, "warmup_report_ms": report.seconds * 1e3,
                   "warmup_threads": report.threads, "first_op_host_ms": (t4b - t4) * 1e3,
-                  "second_op_ms": (t6 - t5) * 1e3}))
+                  "second_op_ms": (t6 - t5) * 1e3, "slowest": report.slowest}))
 '''
 
 
@@ -90,6 +90,9 @@ def main():
     print("per run: ready/problems, compiled, tuned, first op a hit:",
           [(r["ready"], r["problems"], r["compiled"], r["tuned"], r["first_op_hit"]) for r in runs])
     print("warm-up threads:", sorted({r["warmup_threads"] for r in runs}), "background:", args.background)
+    print("slowest problems of the last run (fetch ms, load ms, chosen):")
+    for s in runs[-1]["slowest"]:
+        print(f"  {s['fetch_seconds'] * 1e3:7.2f} {s['load_seconds'] * 1e3:7.2f}  {s['chosen']}  {s['problem']}")
     write_json(args.json, {"bench": "python_startup", **environment(), "workload": args.workload, "rows": rows,
                            "runs": runs, "goal_ms": 100, "background": args.background, "threads": args.threads})
 

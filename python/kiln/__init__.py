@@ -75,6 +75,12 @@ class WarmupReport:
     fetch_seconds: float = 0.0
     load_seconds: float = 0.0
     threads: int = 0
+    #: Background warm-up only: problems an op call needed before the warm-up reached them, loaded by that
+    #: call (``ready + taken_by_calls == problems`` when nothing failed).
+    taken_by_calls: int = 0
+    #: The slowest problems to make ready (at most 8, slowest first): dicts of problem, chosen,
+    #: fetch_seconds and load_seconds.
+    slowest: list = _dataclasses.field(default_factory=list)
 
     def __str__(self):
         text = (f"{self.ready}/{self.problems} problems ready in {self.seconds * 1e3:.1f} ms: "

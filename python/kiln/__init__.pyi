@@ -30,6 +30,8 @@ class WarmupReport:
     fetch_seconds: float = 0.0
     load_seconds: float = 0.0
     threads: int = 0
+    taken_by_calls: int = 0
+    slowest: list[dict[str, Any]] = ...
 
 class WarmupTask:
     tuner: Tuner

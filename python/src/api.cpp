@@ -50,7 +50,15 @@ nb::dict report_dict(const WarmupReport& r) {
   d["tuned"] = r.tuned, d["compiled"] = r.compiled, d["skipped"] = r.skipped, d["failed"] = r.failed;
   d["seconds"] = r.seconds, d["errors"] = r.errors;
   d["open_seconds"] = r.open_seconds, d["fetch_seconds"] = r.fetch_seconds, d["load_seconds"] = r.load_seconds;
-  d["threads"] = r.threads;
+  d["threads"] = r.threads, d["taken_by_calls"] = r.taken_by_calls;
+  nb::list slowest;
+  for (const auto& x : r.slowest) {
+    nb::dict e;
+    e["problem"] = x.problem, e["chosen"] = x.chosen, e["fetch_seconds"] = x.fetch_seconds;
+    e["load_seconds"] = x.load_seconds;
+    slowest.append(e);
+  }
+  d["slowest"] = slowest;
   return d;
 }
 

@@ -4,10 +4,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <unordered_set>
 
 #include "kiln/cache/problem_key.h"
 #include "kiln/jit/device.h"
@@ -120,13 +120,26 @@ int warmup_threads(int asked, size_t problems) {
   return std::max(1, std::min(n, static_cast<int>(std::max<size_t>(1, problems))));
 }
 
+// Keeps the kMaxSlow slowest problems, slowest first.
+void note_slow(std::vector<WarmupReport::Slow>& slowest, WarmupReport::Slow s) {
+  constexpr size_t kMaxSlow = 8;
+  auto cost = [](const WarmupReport::Slow& x) { return x.fetch_seconds + x.load_seconds; };
+  auto at = std::find_if(slowest.begin(), slowest.end(), [&](const auto& x) { return cost(x) < cost(s); });
+  if (at == slowest.end() && slowest.size() >= kMaxSlow) return;
+  slowest.insert(at, std::move(s));
+  if (slowest.size() > kMaxSlow) slowest.pop_back();
+}
+
 }  // namespace
 
 struct PyTuner::Background {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  std::unordered_set<OpKey, OpKeyHash> keys;  // the problems it loads
+  // The problems it loads: pending until a warm-up thread or an op call takes one, done once it is ready (or
+  // failed). Only the taker loads a problem.
+  enum class State { kPending, kLoading, kTakenByCall, kDone };
+  std::unordered_map<OpKey, State, OpKeyHash> keys;
   Result<WarmupReport> report = make_error(ErrorCode::kInternal, "the warm-up has not finished");
   std::thread thread;
 };
@@ -278,24 +291,63 @@ Status PyTuner::keep(const OpKey& key, std::shared_ptr<runtime::Selection> sel) 
   return Status();
 }
 
-void PyTuner::wait_for_background(const OpKey& key) {
+bool PyTuner::claim_or_wait(const OpKey& key, bool may_claim) {
+  std::shared_ptr<Background> bg;
+  {
+    std::lock_guard lock(mu_);
+    bg = background_;
+  }
+  if (!bg) return false;
+  std::unique_lock lock(bg->mu);
+  auto it = bg->keys.find(key);
+  if (it == bg->keys.end() || bg->done) return false;
+  if (it->second == Background::State::kPending && may_claim) {
+    it->second = Background::State::kTakenByCall;
+    return true;
+  }
+  bg->cv.wait(lock, [&] { return it->second == Background::State::kDone || bg->done; });
+  return false;
+}
+
+void PyTuner::background_done(const OpKey& key) {
   std::shared_ptr<Background> bg;
   {
     std::lock_guard lock(mu_);
     bg = background_;
   }
   if (!bg) return;
-  std::unique_lock lock(bg->mu);
-  if (bg->keys.count(key)) bg->cv.wait(lock, [&] { return bg->done; });
+  std::lock_guard lock(bg->mu);
+  if (auto it = bg->keys.find(key); it != bg->keys.end()) it->second = Background::State::kDone;
+  bg->cv.notify_all();
 }
 
 Result<const runtime::Selection*> PyTuner::resolve(const OpKey& key, const runtime::Problem& problem, CUstream stream) {
-  // A problem a background warm-up is loading is taken from it, never loaded twice (nor inside a capture).
-  wait_for_background(key);
+  KILN_ASSIGN_OR_RETURN(bool in_capture, capturing(stream));
+  // A background warm-up's problem is never loaded twice: one it has not reached yet is loaded now by this call
+  // (the warm-up skips it; the first op of a serving process waits for its own problem only), one it is loading
+  // is waited for. Inside a capture nothing loads, so such a call only waits.
+  if (claim_or_wait(key, !in_capture)) {
+    struct Done {
+      PyTuner* self;
+      const OpKey& key;
+      ~Done() { self->background_done(key); }
+    } done{this, key};
+    // The warm-up holds tune_mu_ for its whole run; the C++ tuner is thread-safe and no other call loads this
+    // key while it is taken, so this load needs no lock.
+    KILN_ASSIGN_OR_RETURN(runtime::Tuner * t, tuner(key.device));
+    KILN_ASSIGN_OR_RETURN(auto sel, t->tune(problem));
+    {
+      std::lock_guard lock(mu_);
+      ++stats_.misses;
+      if (measured(sel->report())) ++stats_.tuned;
+    }
+    const runtime::Selection* raw = sel.get();
+    KILN_RETURN_IF_ERROR(keep(key, std::move(sel)));
+    return raw;
+  }
   if (auto* s = find(key)) return s;
   std::lock_guard tune_lock(tune_mu_);
   if (auto* s = find(key)) return s;
-  KILN_ASSIGN_OR_RETURN(bool in_capture, capturing(stream));
   if (in_capture) {
     std::lock_guard lock(mu_);
     auto fam = families_.find(key.family());
@@ -330,10 +382,11 @@ Result<WarmupReport> PyTuner::warmup(const std::vector<runtime::Problem>& proble
     return make_error(ErrorCode::kFailedPrecondition, "a background warm-up of this tuner is running: wait for it first");
   }
   std::lock_guard tune_lock(tune_mu_);
-  return run_warmup(problems, device, threads);
+  return run_warmup(problems, device, threads, nullptr);
 }
 
-Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& problems, int device, int threads) {
+Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& problems, int device, int threads,
+                                         Background* bg) {
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const auto start = Clock::now();
@@ -367,20 +420,38 @@ Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& pr
         if (r.errors.size() < 20) r.errors.push_back(key.status().message());
         continue;
       }
-      auto sel = t->tune(p);
-      std::lock_guard lock(report_mu);
-      if (!sel.ok()) {
-        ++r.failed;
-        if (r.errors.size() < 20) r.errors.push_back(strf("{}: {}", p.describe(), sel.status().to_string()));
-        continue;
+      if (bg) {
+        std::lock_guard lock(bg->mu);
+        auto& state = bg->keys[*key];
+        if (state != Background::State::kPending) {  // an op call took it over
+          std::lock_guard report_lock(report_mu);
+          ++r.taken_by_calls;
+          continue;
+        }
+        state = Background::State::kLoading;
       }
-      const runtime::TuneReport& tr = (*sel)->report();
-      ++r.ready;
-      if (tr.decision_from_cache) ++r.from_cached_decision;
-      if (measured(tr)) ++r.tuned;
-      r.fetch_seconds += tr.decision_from_cache ? tr.compile_wait_seconds : 0;
-      r.load_seconds += tr.load_seconds;
-      if (Status st = keep(*key, std::move(*sel)); !st.ok() && fatal.ok()) fatal = st;
+      auto sel = t->tune(p);
+      {
+        std::lock_guard lock(report_mu);
+        if (!sel.ok()) {
+          ++r.failed;
+          if (r.errors.size() < 20) r.errors.push_back(strf("{}: {}", p.describe(), sel.status().to_string()));
+        } else {
+          const runtime::TuneReport& tr = (*sel)->report();
+          ++r.ready;
+          if (tr.decision_from_cache) ++r.from_cached_decision;
+          if (measured(tr)) ++r.tuned;
+          r.fetch_seconds += tr.decision_from_cache ? tr.compile_wait_seconds : 0;
+          r.load_seconds += tr.load_seconds;
+          note_slow(r.slowest, {tr.problem, tr.chosen, tr.compile_wait_seconds, tr.load_seconds});
+          if (Status st = keep(*key, std::move(*sel)); !st.ok() && fatal.ok()) fatal = st;
+        }
+      }
+      if (bg) {  // kept (or failed) before its waiters wake
+        std::lock_guard lock(bg->mu);
+        bg->keys[*key] = Background::State::kDone;
+        bg->cv.notify_all();
+      }
     }
   };
   {
@@ -399,7 +470,7 @@ Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& pr
 Status PyTuner::start_warmup(std::vector<runtime::Problem> problems, int device, int threads) {
   auto bg = std::make_shared<Background>();
   for (const auto& p : problems) {
-    if (auto key = key_of(p, device); key.ok()) bg->keys.insert(*key);
+    if (auto key = key_of(p, device); key.ok()) bg->keys.emplace(*key, Background::State::kPending);
   }
   {
     std::lock_guard lock(mu_);
@@ -412,7 +483,7 @@ Status PyTuner::start_warmup(std::vector<runtime::Problem> problems, int device,
   bg->thread = std::thread([this, bg, problems = std::move(problems), device, threads] {
     Result<WarmupReport> r = [&] {
       std::lock_guard tune_lock(tune_mu_);
-      return run_warmup(problems, device, threads);
+      return run_warmup(problems, device, threads, bg.get());
     }();
     std::lock_guard lock(bg->mu);
     bg->report = std::move(r);

@@ -71,7 +71,17 @@ struct WarmupReport {
   // summed over problems, fetching cached binaries and loading them into the context; the threads used.
   double open_seconds = 0, fetch_seconds = 0, load_seconds = 0;
   int threads = 0;
+  /// Background warm-up: problems an op call needed before the warm-up reached them, so the call loaded them
+  /// itself (ready + taken_by_calls = problems when nothing failed).
+  int taken_by_calls = 0;
   std::vector<std::string> errors;
+  /// The problems that took longest to make ready (at most 8, slowest first): what to look at when start-up
+  /// is slow. fetch: reading the cached binaries; load: Choice::prepare (module loads, library handles).
+  struct Slow {
+    std::string problem, chosen;
+    double fetch_seconds = 0, load_seconds = 0;
+  };
+  std::vector<Slow> slowest;
 };
 
 class PyTuner {
@@ -90,10 +100,12 @@ class PyTuner {
   /// Tunes (or loads) every problem on `threads` threads (0: a count for the machine) and keeps their
   /// selections: after it, those calls are hits.
   Result<WarmupReport> warmup(const std::vector<runtime::Problem>& problems, int device, int threads = 0);
-  /// The same warm-up on background threads; returns at once. Until it is done, a call of one of its
-  /// problems waits for it (rather than loading the problem a second time), inside a graph capture too: the
-  /// loading threads never capture, and they run in relaxed capture mode, so a capture on another thread
-  /// neither sees nor forbids their module loads. kFailedPrecondition while another warm-up runs.
+  /// The same warm-up on background threads; returns at once. A call of one of its problems never loads it
+  /// twice and never waits for the rest: a problem the warm-up has not reached yet is taken over by the call
+  /// (loaded now, skipped by the warm-up), one it is loading is waited for. Inside a graph capture a call only
+  /// waits (nothing loads inside a capture): the loading threads never capture, and they run in relaxed
+  /// capture mode, so a capture on another thread neither sees nor forbids their module loads.
+  /// kFailedPrecondition while another warm-up runs.
   Status start_warmup(std::vector<runtime::Problem> problems, int device, int threads = 0);
   /// Waits for the background warm-up and returns its report (kNotFound when none was started).
   Result<WarmupReport> wait_warmup();
@@ -126,8 +138,12 @@ class PyTuner {
   struct Background;  // a background warm-up (tuner.cpp)
   std::shared_ptr<Background> background_;
   Status keep(const OpKey& key, std::shared_ptr<runtime::Selection> sel);
-  Result<WarmupReport> run_warmup(const std::vector<runtime::Problem>& problems, int device, int threads);
-  void wait_for_background(const OpKey& key);
+  Result<WarmupReport> run_warmup(const std::vector<runtime::Problem>& problems, int device, int threads,
+                                  Background* bg);
+  /// True when the call takes `key` over from a background warm-up that has not reached it (the caller then
+  /// loads it and calls background_done); otherwise waits while the warm-up is loading it.
+  bool claim_or_wait(const OpKey& key, bool may_claim);
+  void background_done(const OpKey& key);
 };
 
 /// The key of a built-in problem (gemm, rmsnorm, softmax) on `device`; kUnimplemented for other ops.

@@ -85,7 +85,7 @@ def test_background_warmup_serves_the_first_call_and_a_capture_without_loading_t
     fresh = kiln.Tuner(cache_dir=cache_dir, mode="strict", configs=4)
     task = kiln.warmup(tuner=fresh, wait=False, threads=2)  # every decision for this GPU
     assert kiln.current_tuner() is fresh
-    kiln.softmax(xs[0])  # waits for the warm-up if it is still loading, never loads again
+    kiln.softmax(xs[0])  # loads it now if the warm-up has not reached it, else waits for it; never twice
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = torch.ops.kiln.softmax(xs[1])  # its own tuned kernel, not the nearest size or torch's
@@ -93,6 +93,9 @@ def test_background_warmup_serves_the_first_call_and_a_capture_without_loading_t
     torch.cuda.synchronize()
     torch.testing.assert_close(y.float(), torch.softmax(xs[1].float(), -1), atol=2e-2, rtol=2e-2)
     report = task.wait()
-    assert task.done() and report.ready == 2 and report.tuned == 0 and report.compiled == 0, report
+    assert task.done() and report.ready + report.taken_by_calls == 2, report
+    assert report.tuned == 0 and report.compiled == 0 and report.taken_by_calls <= 1, report
     s = fresh.stats()
-    assert s["misses"] == 0 and s["capture_nearest"] == 0 and s["capture_errors"] == 0, s
+    # A problem the call took over is its one miss; nothing is loaded twice, and the capture got its own kernel.
+    assert s["misses"] == report.taken_by_calls and s["capture_nearest"] == 0 and s["capture_errors"] == 0, s
+    assert 1 <= len(report.slowest) <= 2 and all(x["chosen"] and x["load_seconds"] >= 0 for x in report.slowest)
