@@ -403,7 +403,22 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     }
     emit(result.ok() ? PoolEvent::Kind::kJobDone : PoolEvent::Kind::kJobFailed, w.pid, job->id, job->name(),
          result.ok() ? std::string() : result.status().to_string());
+    // The worker's next job goes out before this one's completion is handled (its callbacks, the other
+    // descriptors of this poll round): the worker compiles while the host does its bookkeeping.
+    dispatch_to(w);
     finish(*job, std::move(result));
+  }
+
+  // Hands an idle worker the best queued job, if any (and the pool is neither shutting down nor given up).
+  void dispatch_to(Worker& w) {
+    if (w.state != WorkerState::kIdle || w.dead || !w.sock || w.kill_reason != KillReason::kNone || shutdown_begun) return;
+    std::unique_ptr<Job> job;
+    {
+      std::lock_guard lock(mu);
+      if (!broken.empty()) return;
+      job = queue.pop();
+    }
+    if (job) send(w, std::move(job));
   }
 
   void kill_worker(Worker& w, KillReason why) {
