@@ -5,7 +5,8 @@
 #     build/bin/kiln-compile-worker build/bin/test_cache_preload build/bin/test_jit_lazy
 # then `tar xJf .device-speed-tar/pack.txz && bash bench/pool/device_run.sh` there, carrying .device-speed-tar
 # (with KILN_COMMIT set to the commit). The default measures what issue 16 asks: the process pool in
-# submission order and longest-first (process-lpt), 1 and 16 workers, PCH off and on, with the CPU-bound and
+# submission order and longest-first (process-lpt), and running CPU-bound jobs instead of compiles
+# (process-spin: the pool's own scaling), 1 and 16 workers, PCH off and on, with the CPU-bound and
 # memory-bound references and the per-batch breakdown (utilisation, tail, dispatch gap, per-job compile time,
 # CPU time, page faults, involuntary switches). The JSON, the full log and the CPU description go to $OUT; the
 # tables to stdout. POOL_BENCH_ARGS replaces the executor/worker choice, e.g.
@@ -15,6 +16,6 @@ source "$(dirname "$0")/../support/device_env.sh" ${1:-.device-speed}
 cat "$OUT/cpu.txt"
 KILN_MACHINE=nvidia-h200 timeout ${POOL_BENCH_TIMEOUT:-400} $D/kiln-bench pool --rounds ${POOL_BENCH_ROUNDS:-2} \
   --deadline ${POOL_BENCH_DEADLINE:-330} --json "$OUT/pool.json" \
-  ${POOL_BENCH_ARGS:---executor process,process-lpt --workers 1,16 --pch both --per-worker 4} > "$OUT/pool.txt" 2>&1
+  ${POOL_BENCH_ARGS:---executor process,process-lpt,process-spin --workers 1,16 --pch both --per-worker 4} > "$OUT/pool.txt" 2>&1
 echo "kiln-bench pool rc=$?"
 grep -v "^  round" "$OUT/pool.txt" | tail -60

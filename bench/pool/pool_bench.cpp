@@ -318,6 +318,8 @@ BatchResult run_threads(int workers, int n, const Target& target, const CompileS
   return r;
 }
 
+double cpu_unit_iterations();
+
 BatchResult run_executor(const std::string& kind, int workers, int n, const Target& target,
                          const CompileSettings& settings, bool in_source) {
   BatchResult r{n, workers};
@@ -326,8 +328,11 @@ BatchResult run_executor(const std::string& kind, int workers, int n, const Targ
   std::shared_ptr<Executor> exec;
   ProcessPool* pool = nullptr;
   // "process-lpt": the process pool with cost hints (the configurations' compile times measured earlier in
-  // this run), so that its queue starts the longest compiles first.
+  // this run), so that its queue starts the longest compiles first. "process-spin": the process pool running
+  // fixed CPU-bound jobs instead of compiles (each ~10 units of the CPU reference, about a compile's length
+  // without PCH): the pool's own scaling, apart from NVRTC's.
   const bool hints = kind == "process-lpt";
+  const bool spin = kind == "process-spin";
   if (kind == "inline") {
     exec = make_inline_executor(logged_compile(log));
   } else if (kind == "arena") {
@@ -335,6 +340,7 @@ BatchResult run_executor(const std::string& kind, int workers, int n, const Targ
   } else {
     ProcessPoolOptions o;
     o.workers = workers;
+    o.enable_test_faults = spin;  // the worker's spin:N job
     o.observer = [&log, &trace](const PoolEvent& e) {
       if (e.kind == PoolEvent::Kind::kJobSent) log.start();
       trace.record(e);
@@ -365,6 +371,12 @@ BatchResult run_executor(const std::string& kind, int workers, int n, const Targ
   std::vector<KernelSource> warm, timed;
   for (int i = 0; i < workers; ++i) warm.push_back(make_kernel(i, in_source));
   for (int i = 0; i < n; ++i) timed.push_back(make_kernel(i, in_source));
+  if (spin) {
+    const long steps = std::max(1L, std::lround(cpu_unit_iterations() * 10 / 1e6));
+    for (auto* batch : {&warm, &timed}) {
+      for (auto& k : *batch) k.options = {fmt::format("-DKILN_WORKER_TEST=spin:{}", batch == &warm ? 1 : steps)};
+    }
+  }
   for (auto& f : submit_all(warm)) f.wait();
   std::map<int, ProcCounters> before, after;
   if (pool) {
@@ -650,8 +662,8 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
 
 void add_options(CLI::App& app, Options& o) {
   app.add_option("--executor", o.executors,
-                 "Executors: inline, arena, process, process-lpt (longest expected compile first), threads "
-                 "(reference)")
+                 "Executors: inline, arena, process, process-lpt (longest expected compile first), process-spin "
+                 "(the process pool running CPU-bound jobs, no NVRTC), threads (reference)")
       ->delimiter(',');
   app.add_option("--workers", o.workers, "Worker counts, e.g. 1,2,4,8,16")->delimiter(',');
   app.add_option("--kernels", o.kernels, "Kernels per batch (default: --per-worker x workers, at least 8)");
@@ -739,6 +751,7 @@ int run(const Options& o) {
         for (const auto& e : execs) {
           if (e == "inline" && w != 1) continue;
           if (e == "process-lpt" && w == 1) continue;  // one worker has no order to choose
+          if (e == "process-spin" && pch != pch_modes.front()) continue;  // compiles nothing: PCH is moot
           if (out_of_time()) break;
           BatchResult b = e == "threads" ? run_threads(w, n, *target, settings, in_source)
                                          : run_executor(e, w, n, *target, settings, in_source);
