@@ -472,7 +472,11 @@ int main(int argc, char** argv) {
       //   module:  cuModuleLoadData + cuModuleGetFunction (what eager preload does per kernel)
       //   library: cuLibraryLoadData + cuLibraryGetKernel + cuKernelGetFunction (the context-independent API,
       //            the function put into this context)
-      auto raw_pass = [&](int t, bool library) {
+      //   library, no function: cuLibraryLoadData + cuLibraryGetKernel only (what the context-independent part
+      //            costs; under lazy loading the context's share then comes at cuKernelGetFunction/launch)
+      enum class Raw { kModule, kLibrary, kLibraryNoFunction };
+      auto raw_pass = [&](int t, Raw mode) {
+        const bool library = mode != Raw::kModule;
         std::vector<CUmodule> mods(n);
         std::vector<CUlibrary> libs(n);
         std::atomic<size_t> next{0};
@@ -489,7 +493,7 @@ int main(int argc, char** argv) {
                   CUkernel k;
                   if (d->cuLibraryLoadData(&libs[j], images[j].data(), nullptr, nullptr, 0, nullptr, nullptr, 0) != CUDA_SUCCESS ||
                       d->cuLibraryGetKernel(&k, libs[j], "preload_kernel") != CUDA_SUCCESS ||
-                      d->cuKernelGetFunction(&f, k) != CUDA_SUCCESS) {
+                      (mode == Raw::kLibrary && d->cuKernelGetFunction(&f, k) != CUDA_SUCCESS)) {
                     errors++;
                   }
                 } else if (d->cuModuleLoadData(&mods[j], images[j].data()) != CUDA_SUCCESS ||
@@ -507,17 +511,22 @@ int main(int argc, char** argv) {
         return ms;
       };
       double raw_best = 1e30, raw_one = 0;
-      for (bool library : {false, true}) {
-        const char* name = library ? "raw_library_load_ms" : "raw_load_ms";
+      bench::Table rt({"raw reference", "median by thread count"});
+      for (Raw mode : {Raw::kModule, Raw::kLibrary, Raw::kLibraryNoFunction}) {
+        const char* name = mode == Raw::kModule ? "raw_load_ms" : mode == Raw::kLibrary ? "raw_library_load_ms" : "raw_library_no_function_ms";
+        std::string cells;
         for (int t : thread_counts) {
           std::vector<double> ms;
-          for (int rep = 0; rep < r; ++rep) ms.push_back(raw_pass(t, library));
+          for (int rep = 0; rep < r; ++rep) ms.push_back(raw_pass(t, mode));
           auto s = bench::stats(ms);
           entry[name][std::to_string(t)] = bench::to_json(s);
-          if (!library && t == 1) raw_one = s.median;
-          if (!library) raw_best = std::min(raw_best, s.median);
+          cells += fmt::format("{}{:.1f} ms ({}t)", cells.empty() ? "" : ", ", s.median, t);
+          if (mode == Raw::kModule && t == 1) raw_one = s.median;
+          if (mode == Raw::kModule) raw_best = std::min(raw_best, s.median);
         }
+        rt.add({name, cells});
       }
+      fmt::print("\nraw driver loads of the same {} images from memory (medians of {})\n{}", n, r, rt.str());
       // kiln's variants, each with its breakdown (medians over the reps): read = RocksDB MultiGet, verify =
       // decode + checksum + checks, driver = module load + kernel lookup (summed over threads).
       struct Variant {
