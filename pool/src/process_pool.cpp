@@ -16,8 +16,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 
