@@ -32,6 +32,9 @@ int run_warmup(const WarmupArgs& a) {
   po.device = a.device;
   po.threads = a.threads;
   po.load_modules = !a.no_load;
+  // The command exits when done, so it loads eagerly: its report says how long making every kernel ready takes
+  // (a serving process preloads lazily, the library's default; docs/cache.md).
+  po.lazy = false;
   if (!a.problems_file.empty()) {
     std::ifstream in(a.problems_file);
     if (!in) {

@@ -3,12 +3,17 @@
 //   store      put/get latency through kiln's Store against raw RocksDB Put/Get of the same bytes in the
 //              same run; decision lookup (the in-memory layer) against a raw RocksDB Get and an unlocked
 //              std::unordered_map; staging (a reader's write) against the writer's direct write.
-//   preload    N = 100, 1,000, 10,000 distinct real cubins stored under their own decisions: kiln's preload
-//              (read + verify + cuModuleLoadData + cuModuleGetFunction) with 1..8 threads against raw
-//              cuModuleLoadData + cuModuleGetFunction of the same cubins already in memory (1..8 threads).
-//              Without a GPU only the read+verify part runs.
-//   first      the first and second launch of preloaded kernels (what lazy module loading leaves to the
-//              first launch), under whatever CUDA_MODULE_LOADING the process runs with.
+//   preload    N = 100, 1,000, 10,000 distinct real cubins stored under their own decisions. References, the
+//              same cubins already in memory, 1..8 threads: raw cuModuleLoadData + cuModuleGetFunction, and
+//              raw cuLibraryLoadData + cuLibraryGetKernel + cuKernelGetFunction. kiln's variants, each with
+//              its breakdown (read = RocksDB MultiGet, verify = decode + checksum + checks, driver = load +
+//              lookup): eager with the module API on 1..8 threads (serial and parallel), eager with the
+//              library API, the default thread count, lazy (the default: verified in memory, each module
+//              loaded at its kernel's first use; also the time to then use every kernel once), lazy with the
+//              library API, and verify-only. Without a GPU only the read+verify part runs.
+//   first      the first and second launch (lookup + launch + sync) of kernels preloaded eagerly and lazily
+//              (kiln's lazy mode loads the module at the first lookup), under whatever CUDA_MODULE_LOADING
+//              the process runs with.
 //
 // Distinct cubins: 16 kernels of different code size are compiled with NVRTC once; each stored variant is
 // one of them with the 32-byte initialiser of a __device__ array patched to the variant's own bytes (the
@@ -395,7 +400,8 @@ int main(int argc, char** argv) {
     fmt::print("check: patched variants launch and return their own tag bytes\n");
   }
 
-  bench::Table pt({"kernels", "MiB", "raw load 1t", "raw load best", "kiln preload 1t", "kiln preload best", "per kernel", "read+verify only"});
+  bench::Table pt({"kernels", "MiB", "raw load 1t", "raw load best", "kiln eager 1t", "kiln eager best", "per kernel",
+                   "kiln lazy (default)", "read+verify only (raw threads)"});
   json pre = json::array();
   for (int n : sizes) {
     std::string dir = fresh_dir("preload");
@@ -460,82 +466,161 @@ int main(int argc, char** argv) {
       entry["read_verify_ms"][std::to_string(t)] = bench::to_json(s);
       read_best = std::min(read_best, s.median);
     }
-    std::string raw1 = "-", rawbest = "-", k1 = "-", kbest = "-", per = "-";
+    std::string raw1 = "-", rawbest = "-", k1 = "-", kbest = "-", per = "-", lazy_cell = "-";
     if (gpu) {
-      // Raw reference: the same images from memory, cuModuleLoadData + cuModuleGetFunction.
-      double raw_best = 1e30, raw_one = 0;
-      for (int t : thread_counts) {
-        std::vector<double> ms;
-        for (int rep = 0; rep < r; ++rep) {
-          std::vector<CUmodule> mods(n);
-          std::atomic<size_t> next{0};
-          std::atomic<int> errors{0};
-          auto t0 = Clock::now();
-          {
-            std::vector<std::jthread> th;
-            for (int i = 0; i < t; ++i) {
-              th.emplace_back([&] {
-                d->cuCtxSetCurrent(ctx);
-                for (size_t j = next++; j < size_t(n); j = next++) {
-                  CUfunction f;
-                  if (d->cuModuleLoadData(&mods[j], images[j].data()) != CUDA_SUCCESS ||
-                      d->cuModuleGetFunction(&f, mods[j], "preload_kernel") != CUDA_SUCCESS) {
+      // Raw references: the same images from memory, on 1..8 threads with the context current on each.
+      //   module:  cuModuleLoadData + cuModuleGetFunction (what eager preload does per kernel)
+      //   library: cuLibraryLoadData + cuLibraryGetKernel + cuKernelGetFunction (the context-independent API,
+      //            the function put into this context)
+      //   library, no function: cuLibraryLoadData + cuLibraryGetKernel only (what the context-independent part
+      //            costs; under lazy loading the context's share then comes at cuKernelGetFunction/launch)
+      enum class Raw { kModule, kLibrary, kLibraryNoFunction };
+      auto raw_pass = [&](int t, Raw mode) {
+        const bool library = mode != Raw::kModule;
+        std::vector<CUmodule> mods(n);
+        std::vector<CUlibrary> libs(n);
+        std::atomic<size_t> next{0};
+        std::atomic<int> errors{0};
+        auto t0 = Clock::now();
+        {
+          std::vector<std::jthread> th;
+          for (int i = 0; i < t; ++i) {
+            th.emplace_back([&] {
+              d->cuCtxSetCurrent(ctx);
+              for (size_t j = next++; j < size_t(n); j = next++) {
+                CUfunction f;
+                if (library) {
+                  CUkernel k;
+                  if (d->cuLibraryLoadData(&libs[j], images[j].data(), nullptr, nullptr, 0, nullptr, nullptr, 0) != CUDA_SUCCESS ||
+                      d->cuLibraryGetKernel(&k, libs[j], "preload_kernel") != CUDA_SUCCESS ||
+                      (mode == Raw::kLibrary && d->cuKernelGetFunction(&f, k) != CUDA_SUCCESS)) {
                     errors++;
                   }
+                } else if (d->cuModuleLoadData(&mods[j], images[j].data()) != CUDA_SUCCESS ||
+                           d->cuModuleGetFunction(&f, mods[j], "preload_kernel") != CUDA_SUCCESS) {
+                  errors++;
                 }
-              });
-            }
+              }
+            });
           }
-          ms.push_back(us_since(t0) / 1e3);
-          for (auto m : mods) (void)d->cuModuleUnload(m);
-          if (errors) bench::fail(make_error(ErrorCode::kCudaError, "cuModuleLoadData failed"), "raw load");
         }
-        auto s = bench::stats(ms);
-        entry["raw_load_ms"][std::to_string(t)] = bench::to_json(s);
-        if (t == 1) raw_one = s.median;
-        raw_best = std::min(raw_best, s.median);
+        double ms = us_since(t0) / 1e3;
+        for (auto m : mods) if (m) (void)d->cuModuleUnload(m);
+        for (auto l : libs) if (l) (void)d->cuLibraryUnload(l);
+        if (errors) bench::fail(make_error(ErrorCode::kCudaError, library ? "cuLibraryLoadData failed" : "cuModuleLoadData failed"), "raw load");
+        return ms;
+      };
+      double raw_best = 1e30, raw_one = 0;
+      bench::Table rt({"raw reference", "median by thread count"});
+      for (Raw mode : {Raw::kModule, Raw::kLibrary, Raw::kLibraryNoFunction}) {
+        const char* name = mode == Raw::kModule ? "raw_load_ms" : mode == Raw::kLibrary ? "raw_library_load_ms" : "raw_library_no_function_ms";
+        std::string cells;
+        for (int t : thread_counts) {
+          std::vector<double> ms;
+          for (int rep = 0; rep < r; ++rep) ms.push_back(raw_pass(t, mode));
+          auto s = bench::stats(ms);
+          entry[name][std::to_string(t)] = bench::to_json(s);
+          cells += fmt::format("{}{:.1f} ms ({}t)", cells.empty() ? "" : ", ", s.median, t);
+          if (mode == Raw::kModule && t == 1) raw_one = s.median;
+          if (mode == Raw::kModule) raw_best = std::min(raw_best, s.median);
+        }
+        rt.add({name, cells});
       }
-      double k_best = 1e30, k_one = 0;
-      int k_best_t = 0;
+      fmt::print("\nraw driver loads of the same {} images from memory (medians of {})\n{}", n, r, rt.str());
+      // kiln's variants, each with its breakdown (medians over the reps): read = RocksDB MultiGet, verify =
+      // decode + checksum + checks, driver = module load + kernel lookup (summed over threads).
+      struct Variant {
+        std::string name;
+        PreloadOptions options;
+      };
+      std::vector<Variant> variants;
       for (int t : thread_counts) {
-        std::vector<double> ms;
+        PreloadOptions po;
+        po.lazy = false;
+        po.threads = t;
+        variants.push_back({fmt::format("eager_module_{}t", t), po});
+      }
+      for (int t : {1, 2}) {
+        PreloadOptions po;
+        po.lazy = false;
+        po.threads = t;
+        po.api = ModuleApi::kLibrary;
+        variants.push_back({fmt::format("eager_library_{}t", t), po});
+      }
+      {
+        PreloadOptions po;
+        po.lazy = false;
+        variants.push_back({"eager_default_threads", po});
+      }
+      variants.push_back({"lazy_default", PreloadOptions{}});  // the default: verified now, loaded at first use
+      {
+        PreloadOptions po;
+        po.api = ModuleApi::kLibrary;
+        variants.push_back({"lazy_library", po});
+      }
+      {
+        PreloadOptions po;
+        po.load_modules = false;
+        variants.push_back({"verify_only", po});
+      }
+      double k_best = 1e30, k_one = 0, lazy_ms = 0, lazy_first_use_ms = 0;
+      std::string k_best_name;
+      bench::Table vt({"variant", "threads", "preload", "read", "verify", "driver", "first use of all (lazy)"});
+      for (auto& v : variants) {
+        v.options.touch = false;
+        std::vector<double> ms, rd, vf, dr, first_use;
+        int threads = 0;
         for (int rep = 0; rep < r; ++rep) {
-          PreloadOptions po;
-          po.threads = t;
-          po.touch = false;
           auto t0 = Clock::now();
-          auto loaded = bench::must(preload(*store, po), "preload");
+          auto loaded = bench::must(preload(*store, v.options), "preload " + v.name);
           ms.push_back(us_since(t0) / 1e3);
-          if (loaded.size() != size_t(n)) {
-            bench::fail(make_error(ErrorCode::kInternal, fmt::format("{} of {} loaded: {}", loaded.size(), n,
-                                                                       loaded.report().errors.empty() ? "" : loaded.report().errors[0])), "preload");
+          const PreloadReport& rep_r = loaded.report();
+          threads = rep_r.threads;
+          rd.push_back(rep_r.read_seconds * 1e3);
+          vf.push_back(rep_r.verify_seconds * 1e3);
+          dr.push_back(rep_r.driver_seconds * 1e3);
+          size_t expect = v.options.load_modules ? size_t(n) : 0;
+          if (loaded.size() != expect || (!v.options.load_modules && rep_r.verified != size_t(n))) {
+            bench::fail(make_error(ErrorCode::kInternal, fmt::format("{}: {} of {} preloaded: {}", v.name, loaded.size(), n,
+                                                                       rep_r.errors.empty() ? "" : rep_r.errors[0])), "preload");
+          }
+          if (v.options.load_modules && v.options.lazy) {
+            // What lazy loading leaves to first use: resolving every kernel once (each loads its module).
+            auto t1 = Clock::now();
+            for (const auto& dec : store->decisions(environment_prefix(dev, ver))) {
+              if (loaded.find(dec->problem) == nullptr) bench::fail(make_error(ErrorCode::kInternal, "lazy load failed"), v.name);
+            }
+            first_use.push_back(us_since(t1) / 1e3);
           }
         }
         auto s = bench::stats(ms);
-        entry["kiln_preload_ms"][std::to_string(t)] = bench::to_json(s);
-        if (t == 1) k_one = s.median;
-        if (s.median < k_best) k_best = s.median, k_best_t = t;
+        json vj = {{"preload_ms", bench::to_json(s)}, {"threads", threads},
+                   {"read_ms", bench::to_json(bench::stats(rd))}, {"verify_ms", bench::to_json(bench::stats(vf))},
+                   {"driver_ms", bench::to_json(bench::stats(dr))}};
+        if (!first_use.empty()) vj["first_use_of_all_ms"] = bench::to_json(bench::stats(first_use));
+        entry["kiln"][v.name] = vj;
+        vt.add({v.name, std::to_string(threads), fmt::format("{:.1f} ms", s.median), fmt::format("{:.1f}", bench::stats(rd).median),
+                fmt::format("{:.1f}", bench::stats(vf).median), fmt::format("{:.1f}", bench::stats(dr).median),
+                first_use.empty() ? "-" : fmt::format("{:.1f} ms", bench::stats(first_use).median)});
+        if (v.name == "eager_module_1t") k_one = s.median;
+        if (!v.options.lazy && v.options.load_modules && s.median < k_best) k_best = s.median, k_best_name = v.name;
+        if (v.name == "lazy_default") {
+          lazy_ms = s.median;
+          lazy_first_use_ms = bench::stats(first_use).median;
+        }
       }
+      fmt::print("\npreload variants, {} kernels (medians of {}; read/verify/driver in ms summed over threads)\n{}", n, r, vt.str());
       raw1 = fmt::format("{:.1f} ms", raw_one);
       rawbest = fmt::format("{:.1f} ms", raw_best);
       k1 = fmt::format("{:.1f} ms", k_one);
-      kbest = fmt::format("{:.1f} ms ({}t)", k_best, k_best_t);
+      kbest = fmt::format("{:.1f} ms ({})", k_best, k_best_name);
       per = fmt::format("{:.1f} us", k_best * 1e3 / n);
-      // With the default thread count.
-      {
-        std::vector<double> ms;
-        for (int rep = 0; rep < r; ++rep) {
-          PreloadOptions po;
-          po.touch = false;
-          auto t0 = Clock::now();
-          auto loaded = bench::must(preload(*store, po), "preload");
-          ms.push_back(us_since(t0) / 1e3);
-        }
-        entry["kiln_preload_default_ms"] = bench::to_json(bench::stats(ms));
-        entry["default_threads"] = default_preload_threads(n);
-      }
+      lazy_cell = fmt::format("{:.1f} ms (+{:.1f} ms at first use)", lazy_ms, lazy_first_use_ms);
+      entry["kiln_preload_default_ms"] = entry["kiln"]["lazy_default"]["preload_ms"];
+      entry["default_threads"] = default_preload_threads(n);
+      entry["default_eager_threads"] = default_preload_threads(n, true);
     }
-    pt.add({std::to_string(n), fmt::format("{:.1f}", bytes / 1048576.0), raw1, rawbest, k1, kbest, per,
+    pt.add({std::to_string(n), fmt::format("{:.1f}", bytes / 1048576.0), raw1, rawbest, k1, kbest, per, lazy_cell,
             fmt::format("{:.1f} ms", read_best)});
     pre.push_back(entry);
     store.reset();
@@ -565,28 +650,35 @@ int main(int argc, char** argv) {
       bench::check(store->put_binary(b), "put");
       bench::check(store->put_decision(dec), "put");
     }
-    auto loaded = bench::must(preload(*store, {}), "preload");
     auto dout = bench::must(DeviceBuffer::allocate(32 * sizeof(unsigned)), "alloc");
     auto din = bench::must(DeviceBuffer::allocate(1024 * sizeof(float)), "alloc");
     bench::check(din.fill_bytes(0), "fill");
-    std::vector<double> first, second;
-    for (const auto& dec : store->decisions(environment_prefix(dev, ver))) {
-      const Kernel* k = loaded.find(dec->problem);
-      if (!k) continue;
-      LaunchConfig lc;
-      lc.grid = {1, 1, 1};
-      lc.block = {32, 1, 1};
-      for (auto* sink : {&first, &second}) {
-        auto t0 = Clock::now();
-        bench::check((*k)(lc, dout.ptr(), din.ptr(), 1024), "launch");
-        bench::check(Status(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync")), "sync");
-        sink->push_back(us_since(t0));
+    // The first launch includes the lookup, which under lazy preloading (the default) loads the module.
+    for (bool lazy : {false, true}) {
+      PreloadOptions po;
+      po.lazy = lazy;
+      po.touch = false;
+      auto loaded = bench::must(preload(*store, po), "preload");
+      std::vector<double> first, second;
+      for (const auto& dec : store->decisions(environment_prefix(dev, ver))) {
+        LaunchConfig lc;
+        lc.grid = {1, 1, 1};
+        lc.block = {32, 1, 1};
+        for (auto* sink : {&first, &second}) {
+          auto t0 = Clock::now();
+          const Kernel* k = loaded.find(dec->problem);
+          if (!k) bench::fail(make_error(ErrorCode::kInternal, "not preloaded"), "first launch");
+          bench::check((*k)(lc, dout.ptr(), din.ptr(), 1024), "launch");
+          bench::check(Status(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kCudaError, "sync")), "sync");
+          sink->push_back(us_since(t0));
+        }
       }
+      auto f = bench::stats(first), s = bench::stats(second);
+      const char* mode = lazy ? "lazy" : "eager";
+      fmt::print("first launch after {} preload: {:.1f} us median (p90 {:.1f}); second launch {:.1f} us; {} kernels\n", mode,
+                 f.median, f.p90, s.median, first.size());
+      out["first_launch_us"][mode] = {{"first", bench::to_json(f)}, {"second", bench::to_json(s)}};
     }
-    auto f = bench::stats(first), s = bench::stats(second);
-    fmt::print("\nfirst launch after preload: {:.1f} us median (p90 {:.1f}); second launch {:.1f} us; {} kernels\n",
-               f.median, f.p90, s.median, first.size());
-    out["first_launch_us"] = {{"first", bench::to_json(f)}, {"second", bench::to_json(s)}};
     store.reset();
     fs::remove_all(dir);
   }

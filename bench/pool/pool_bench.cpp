@@ -9,8 +9,14 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <fstream>
+#include <iterator>
 #include <mutex>
+#include <sstream>
 #include <thread>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "kiln/embedded.h"
@@ -87,7 +93,151 @@ struct BatchResult {
   std::string first_error;
   double ready_seconds = -1;  // process pool: start() to ready
   std::vector<double> startup_seconds;
+  nlohmann::json breakdown;  // process pool: where the batch's time went (see Trace::summary)
 };
+
+std::vector<double> scaled(std::vector<double> v, double k) {
+  for (double& x : v) x *= k;
+  return v;
+}
+
+// ---- where a process-pool batch's time goes, from the pool's events and the workers' /proc counters
+
+struct ProcCounters {
+  double user_s = 0, system_s = 0;
+  long long minor_faults = 0, major_faults = 0, involuntary_switches = 0;
+};
+
+// A worker's CPU time, page faults and involuntary context switches (it was runnable but descheduled) so far.
+ProcCounters read_proc(int pid) {
+  ProcCounters c;
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (std::getline(stat, line)) {
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    std::istringstream in(line.substr(line.rfind(')') + 2));
+    std::vector<std::string> f{std::istream_iterator<std::string>(in), {}};
+    // f[0] is field 3 (state): minflt is field 10, majflt 12, utime 14, stime 15.
+    if (f.size() > 13) {
+      const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+      c.minor_faults = std::stoll(f[7]);
+      c.major_faults = std::stoll(f[9]);
+      c.user_s = std::stod(f[11]) / tick;
+      c.system_s = std::stod(f[12]) / tick;
+    }
+  }
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  while (std::getline(status, line)) {
+    if (line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) c.involuntary_switches = std::stoll(line.substr(27));
+  }
+  return c;
+}
+
+// The pool's job events of one batch, timestamped on its I/O thread.
+struct Trace {
+  struct Event {
+    bool sent;  // else done/failed
+    int pid;
+    JobId job;
+    std::string kernel;
+    double t;
+  };
+  std::mutex mu;
+  std::vector<Event> events;
+  bool armed = false;
+
+  void record(const PoolEvent& e) {
+    const bool sent = e.kind == PoolEvent::Kind::kJobSent;
+    if (!sent && e.kind != PoolEvent::Kind::kJobDone && e.kind != PoolEvent::Kind::kJobFailed) return;
+    double t = now_s();
+    std::lock_guard lock(mu);
+    if (armed) events.push_back({sent, e.pid, e.job, e.kernel, t});
+  }
+
+  // busy: per worker, the sum of its jobs' sent-to-reply times (the compile plus the socket round trip);
+  // utilisation: all workers' busy time / (workers x batch time); tail: the batch's last reply minus the
+  // first moment a worker finished its last job (then idle for good); dispatch gap: a worker's reply to the
+  // next request the host sent it while jobs were queued (the host's own latency); job seconds: sent to
+  // reply, whose growth against 1 worker is what running side by side costs each compile.
+  nlohmann::json summary(double t0, int workers, const std::map<int, ProcCounters>& before,
+                         const std::map<int, ProcCounters>& after) {
+    std::lock_guard lock(mu);
+    std::map<int, std::vector<const Event*>> by_worker;
+    for (const auto& e : events) by_worker[e.pid].push_back(&e);
+    double last_done = t0, first_sent = 1e300;
+    std::vector<double> busy, last_end, gaps, jobs, first_dispatch;
+    for (auto& [pid, evs] : by_worker) {
+      double b = 0, sent_at = -1, done_at = -1, end = t0;
+      for (const Event* e : evs) {
+        if (e->sent) {
+          if (done_at >= 0) gaps.push_back(e->t - done_at);
+          if (sent_at < 0 && done_at < 0) first_dispatch.push_back(e->t - t0);
+          first_sent = std::min(first_sent, e->t);
+          sent_at = e->t;
+        } else if (sent_at >= 0) {
+          b += e->t - sent_at;
+          jobs.push_back(e->t - sent_at);
+          done_at = e->t;
+          end = std::max(end, e->t);
+          sent_at = -1;
+        }
+      }
+      busy.push_back(b);
+      last_end.push_back(end);
+      last_done = std::max(last_done, end);
+    }
+    const double span = last_done - t0;
+    double busy_sum = 0;
+    for (double b : busy) busy_sum += b;
+    nlohmann::json j;
+    j["batch_seconds"] = span;
+    j["workers_used"] = by_worker.size();
+    j["busy_seconds_per_worker"] = busy;
+    j["utilisation"] = span > 0 ? busy_sum / (workers * span) : 0;
+    j["tail_seconds"] = last_end.empty() ? 0 : last_done - *std::min_element(last_end.begin(), last_end.end());
+    j["dispatch_gap_us"] = bench::to_json(bench::stats(scaled(gaps, 1e6)));
+    j["first_dispatch_ms"] = bench::to_json(bench::stats(scaled(first_dispatch, 1e3)));
+    j["job_seconds"] = bench::to_json(bench::stats(jobs));
+    double user = 0, sys = 0;
+    long long minflt = 0, majflt = 0, inv = 0;
+    for (const auto& [pid, a] : after) {
+      auto b = before.find(pid);
+      if (b == before.end()) continue;
+      user += a.user_s - b->second.user_s;
+      sys += a.system_s - b->second.system_s;
+      minflt += a.minor_faults - b->second.minor_faults;
+      majflt += a.major_faults - b->second.major_faults;
+      inv += a.involuntary_switches - b->second.involuntary_switches;
+    }
+    const double n = std::max<size_t>(1, jobs.size());
+    j["worker_user_seconds_per_job"] = user / n;
+    j["worker_system_seconds_per_job"] = sys / n;
+    j["worker_minor_faults_per_job"] = minflt / n;
+    j["worker_major_faults"] = majflt;
+    j["worker_involuntary_switches_per_job"] = inv / n;
+    return j;
+  }
+};
+
+// Expected compile seconds per tile configuration, learned from earlier batches of this run (the longest-first
+// order's cost hints).
+struct CostModel {
+  std::mutex mu;
+  std::map<std::string, std::pair<double, int>> seconds;  // configuration -> (sum, count)
+  static std::string config_of(const std::string& kernel) { return kernel.substr(0, kernel.rfind("_v")); }
+  void add(const std::string& kernel, double s) {
+    std::lock_guard lock(mu);
+    auto& [sum, n] = seconds[config_of(kernel)];
+    sum += s;
+    ++n;
+  }
+  double hint(const std::string& kernel) {
+    std::lock_guard lock(mu);
+    auto it = seconds.find(config_of(kernel));
+    return it == seconds.end() ? 0 : it->second.first / it->second.second;
+  }
+};
+CostModel g_costs;
 
 // Records when each timed job started; the latest start is when the queue ran dry.
 struct StartLog {
@@ -168,12 +318,21 @@ BatchResult run_threads(int workers, int n, const Target& target, const CompileS
   return r;
 }
 
+double cpu_unit_iterations();
+
 BatchResult run_executor(const std::string& kind, int workers, int n, const Target& target,
                          const CompileSettings& settings, bool in_source) {
   BatchResult r{n, workers};
   StartLog log;
+  Trace trace;
   std::shared_ptr<Executor> exec;
   ProcessPool* pool = nullptr;
+  // "process-lpt": the process pool with cost hints (the configurations' compile times measured earlier in
+  // this run), so that its queue starts the longest compiles first. "process-spin": the process pool running
+  // fixed CPU-bound jobs instead of compiles (each ~10 units of the CPU reference, about a compile's length
+  // without PCH): the pool's own scaling, apart from NVRTC's.
+  const bool hints = kind == "process-lpt";
+  const bool spin = kind == "process-spin";
   if (kind == "inline") {
     exec = make_inline_executor(logged_compile(log));
   } else if (kind == "arena") {
@@ -181,8 +340,10 @@ BatchResult run_executor(const std::string& kind, int workers, int n, const Targ
   } else {
     ProcessPoolOptions o;
     o.workers = workers;
-    o.observer = [&log](const PoolEvent& e) {
+    o.enable_test_faults = spin;  // the worker's spin:N job
+    o.observer = [&log, &trace](const PoolEvent& e) {
       if (e.kind == PoolEvent::Kind::kJobSent) log.start();
+      trace.record(e);
     };
     double t = now_s();
     auto p = ProcessPool::start(o);
@@ -202,17 +363,84 @@ BatchResult run_executor(const std::string& kind, int workers, int n, const Targ
   }
   auto submit_all = [&](const std::vector<KernelSource>& srcs) {
     std::vector<Future<Binary>> fs;
-    for (const auto& s : srcs) fs.push_back(exec->submit({s, target, settings, Priority::kNormal}).future);
+    for (const auto& s : srcs) {
+      fs.push_back(exec->submit({s, target, settings, Priority::kNormal, hints ? g_costs.hint(s.name) : 0.0}).future);
+    }
     return fs;
   };
   std::vector<KernelSource> warm, timed;
   for (int i = 0; i < workers; ++i) warm.push_back(make_kernel(i, in_source));
   for (int i = 0; i < n; ++i) timed.push_back(make_kernel(i, in_source));
+  if (spin) {
+    const long steps = std::max(1L, std::lround(cpu_unit_iterations() * 10 / 1e6));
+    for (auto* batch : {&warm, &timed}) {
+      for (auto& k : *batch) k.options = {fmt::format("-DKILN_WORKER_TEST=spin:{}", batch == &warm ? 1 : steps)};
+    }
+  }
   for (auto& f : submit_all(warm)) f.wait();
+  std::map<int, ProcCounters> before, after;
+  if (pool) {
+    for (int pid : pool->worker_pids()) before[pid] = read_proc(pid);
+    std::lock_guard lock(trace.mu);
+    trace.armed = true;
+  }
   log.arm();
   auto fs = submit_all(timed);
   finish_batch(r, fs, log.t0, log);
-  if (pool) r.startup_seconds = pool->stats().startup_seconds;
+  if (pool) {
+    for (int pid : pool->worker_pids()) after[pid] = read_proc(pid);
+    r.startup_seconds = pool->stats().startup_seconds;
+    r.breakdown = trace.summary(log.t0, workers, before, after);
+    std::lock_guard lock(trace.mu);
+    // What each configuration costs, for later batches' hints (sent to reply, per job).
+    std::map<JobId, double> sent;
+    for (const auto& e : trace.events) {
+      if (e.sent) {
+        sent[e.job] = e.t;
+      } else if (auto it = sent.find(e.job); it != sent.end()) {
+        g_costs.add(e.kernel, e.t - it->second);
+      }
+    }
+  }
+  return r;
+}
+
+// A reference for memory-heavy work (a compiler's pattern: fresh memory, touched, freed): each unit maps
+// 64 MiB, writes every page and line, reads it back and unmaps it. It shows how this machine scales page
+// faults and memory bandwidth, which a pure-ALU loop does not.
+BatchResult run_memory(int workers, int units) {
+  BatchResult r{units, workers};
+  constexpr size_t kBytes = 64u << 20;
+  std::atomic<int> next{0};
+  std::atomic<uint64_t> sink{0};
+  StartLog log;
+  std::barrier sync(workers + 1);
+  std::vector<std::thread> ts;
+  for (int w = 0; w < workers; ++w) {
+    ts.emplace_back([&] {
+      sync.arrive_and_wait();
+      for (int i; (i = next++) < units;) {
+        log.start();
+        uint64_t acc = 0;
+        for (int pass = 0; pass < 2; ++pass) {
+          void* p = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+          if (p == MAP_FAILED) continue;
+          auto* q = static_cast<uint64_t*>(p);
+          for (size_t k = 0; k < kBytes / 8; k += 8) q[k] = k ^ static_cast<uint64_t>(i);
+          for (size_t k = 0; k < kBytes / 8; k += 8) acc += q[k];
+          ::munmap(p, kBytes);
+        }
+        sink += acc;
+      }
+    });
+  }
+  log.arm();
+  double t0 = log.t0;
+  sync.arrive_and_wait();
+  for (auto& t : ts) t.join();
+  r.seconds = now_s() - t0;
+  double window = log.last_start - t0;
+  if (units > workers && window > 0) r.steady_kps = (units - workers) / window;
   return r;
 }
 
@@ -360,6 +588,7 @@ struct Row {
   int failures = 0;
   std::string first_error;
   double ready_seconds = -1;
+  std::vector<nlohmann::json> breakdown;  // process pool: one per round
   double median_seconds() const { return bench::stats(seconds).median; }
   double kps() const { return kernels / median_seconds(); }
   double steady_kps() const { return bench::stats(steady).median; }
@@ -386,6 +615,10 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
   for (const auto& r : rows) {
     if (r.workers == 1) one[{r.executor, r.pch}] = &r;
   }
+  // The longest-first pool is measured against the plain pool's 1-worker rate (one worker has no order).
+  for (bool pch : {false, true}) {
+    if (!one.count({"process-lpt", pch}) && one.count({"process", pch})) one[{"process-lpt", pch}] = one[{"process", pch}];
+  }
   nlohmann::json arr = nlohmann::json::array();
   for (const auto& r : rows) {
     nlohmann::json x = {{"executor", r.executor},
@@ -400,6 +633,7 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
                         {"rounds", r.seconds.size()},
                         {"seconds_all", r.seconds}};
     if (r.ready_seconds >= 0) x["pool_ready_seconds"] = r.ready_seconds;
+    if (!r.breakdown.empty()) x["breakdown"] = r.breakdown;
     if (!r.first_error.empty()) x["first_error"] = r.first_error;
     if (auto it = one.find({r.executor, r.pch}); it != one.end()) {
       x["efficiency"] = r.kps() / (r.workers * it->second->kps());
@@ -427,7 +661,9 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
 }  // namespace
 
 void add_options(CLI::App& app, Options& o) {
-  app.add_option("--executor", o.executors, "Executors: inline, arena, process, threads (reference)")
+  app.add_option("--executor", o.executors,
+                 "Executors: inline, arena, process, process-lpt (longest expected compile first), process-spin "
+                 "(the process pool running CPU-bound jobs, no NVRTC), threads (reference)")
       ->delimiter(',');
   app.add_option("--workers", o.workers, "Worker counts, e.g. 1,2,4,8,16")->delimiter(',');
   app.add_option("--kernels", o.kernels, "Kernels per batch (default: --per-worker x workers, at least 8)");
@@ -503,12 +739,19 @@ int run(const Options& o) {
           r.kernels = b.kernels;
           r.seconds.push_back(b.seconds);
           r.steady.push_back(b.steady_kps);
+          BatchResult m = run_memory(w, std::max(8, o.per_worker * w));
+          Row& rm = row_for("memory-reference", w, false);
+          rm.kernels = m.kernels;
+          rm.seconds.push_back(m.seconds);
+          rm.steady.push_back(m.steady_kps);
         }
         std::vector<std::string> execs = o.executors;
         // Executors alternate at each worker count; later rounds rotate their order.
         std::rotate(execs.begin(), execs.begin() + static_cast<std::ptrdiff_t>(round % execs.size()), execs.end());
         for (const auto& e : execs) {
           if (e == "inline" && w != 1) continue;
+          if (e == "process-lpt" && w == 1) continue;  // one worker has no order to choose
+          if (e == "process-spin" && pch != pch_modes.front()) continue;  // compiles nothing: PCH is moot
           if (out_of_time()) break;
           BatchResult b = e == "threads" ? run_threads(w, n, *target, settings, in_source)
                                          : run_executor(e, w, n, *target, settings, in_source);
@@ -523,6 +766,7 @@ int run(const Options& o) {
             ready.push_back(b.ready_seconds);
           }
           startups.insert(startups.end(), b.startup_seconds.begin(), b.startup_seconds.end());
+          if (!b.breakdown.is_null()) r.breakdown.push_back(b.breakdown);
           fmt::print("  round {} pch {:3} {:8} x{:<2} {:3} kernels {:7.2f} s  {:6.2f} kernels/s  steady {:6.2f}{}\n",
                      round, pch_name(pch), e, w, n, b.seconds, n / b.seconds, b.steady_kps,
                      b.failures ? fmt::format("  {} FAILED: {}", b.failures, b.first_error) : "");
@@ -542,6 +786,12 @@ int run(const Options& o) {
       one_steady[{r.executor, r.pch}] = r.steady_kps();
     }
   }
+  for (bool pch : {false, true}) {
+    if (!one.count({"process-lpt", pch}) && one.count({"process", pch})) {
+      one[{"process-lpt", pch}] = one[{"process", pch}];
+      one_steady[{"process-lpt", pch}] = one_steady[{"process", pch}];
+    }
+  }
   bench::Table t({"executor", "pch", "workers", "kernels", "seconds", "kernels/s", "efficiency", "steady k/s",
                   "steady eff", "failures"});
   for (const auto& r : rows) {
@@ -556,6 +806,25 @@ int run(const Options& o) {
   }
   fmt::print("\nkernels per second ({} cores; efficiency = rate / (workers x 1-worker rate))\n{}", available_cores(),
              t.str());
+  {
+    // The process pool's batches, taken apart (the last round's; every round is in the JSON).
+    bench::Table bt({"executor", "pch", "workers", "batch s", "utilisation", "tail s", "dispatch gap us (med/max)",
+                     "job s (median)", "user s/job", "sys s/job", "minor faults/job", "invol. switches/job"});
+    for (const auto& r : rows) {
+      if (r.breakdown.empty()) continue;
+      const nlohmann::json& b = r.breakdown.back();
+      bt.add({r.executor, pch_name(r.pch), std::to_string(r.workers), fmt::format("{:.2f}", b.value("batch_seconds", 0.0)),
+              fmt::format("{:.0f}%", 100 * b.value("utilisation", 0.0)), fmt::format("{:.2f}", b.value("tail_seconds", 0.0)),
+              fmt::format("{:.0f} / {:.0f}", b["dispatch_gap_us"].value("median", 0.0), b["dispatch_gap_us"].value("max", 0.0)),
+              fmt::format("{:.3f}", b["job_seconds"].value("median", 0.0)),
+              fmt::format("{:.3f}", b.value("worker_user_seconds_per_job", 0.0)),
+              fmt::format("{:.3f}", b.value("worker_system_seconds_per_job", 0.0)),
+              fmt::format("{:.0f}", b.value("worker_minor_faults_per_job", 0.0)),
+              fmt::format("{:.1f}", b.value("worker_involuntary_switches_per_job", 0.0))});
+    }
+    fmt::print("\nprocess pool batches: utilisation = busy / (workers x batch); tail = last reply - first worker "
+               "idle for good; job s grows with workers when compiles slow each other down\n{}", bt.str());
+  }
   if (!overhead.empty()) {
     bench::Table ot({"executor", "workers", "submit->start median us", "p90", "completion median us", "p90"});
     for (const auto& x : overhead) {

@@ -23,8 +23,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 const Kernel* Preloaded::find(std::string_view problem) const {
+  auto k = kernel(problem);
+  return k.ok() ? *k : nullptr;
+}
+
+Result<const Kernel*> Preloaded::kernel(std::string_view problem) const {
   auto it = kernels_.find(problem);
-  return it == kernels_.end() ? nullptr : &it->second.kernel;
+  if (it == kernels_.end()) return make_error(ErrorCode::kNotFound, fmt::format("'{}' was not preloaded", problem));
+  return it->second.kernel.get();
 }
 
 std::shared_ptr<const Decision> Preloaded::decision(std::string_view problem) const {
@@ -32,10 +38,41 @@ std::shared_ptr<const Decision> Preloaded::decision(std::string_view problem) co
   return it == kernels_.end() ? nullptr : it->second.decision;
 }
 
-int default_preload_threads(size_t kernels, bool load_modules) {
+size_t Preloaded::loaded() const {
+  size_t n = 0;
+  for (const auto& [problem, e] : kernels_) n += e.kernel.loaded();
+  return n;
+}
+
+Status Preloaded::load_all(int threads) const {
+  std::vector<const Entry*> todo;
+  for (const auto& [problem, e] : kernels_) {
+    if (!e.kernel.loaded()) todo.push_back(&e);
+  }
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first;
+  auto worker = [&] {
+    for (size_t i = next++; i < todo.size(); i = next++) {
+      auto k = todo[i]->kernel.get();
+      if (!k.ok()) {
+        std::lock_guard lock(mu);
+        if (first.ok()) first = k.status().with_context(fmt::format("loading the kernel of '{}'", todo[i]->decision->problem));
+      }
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 1; t < std::min<int>(threads, static_cast<int>(todo.size())); ++t) pool.emplace_back(worker);
+    worker();
+  }
+  return first;
+}
+
+int default_preload_threads(size_t kernels, bool eager_load) {
   unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   // Reading and verifying scale with threads (H200 machine, 1,000 cubins: 19.8 ms on 1 thread, 3.5 ms on 8).
-  if (!load_modules) return kernels < 64 ? 1 : static_cast<int>(std::min<unsigned>(8, hw));
+  if (!eager_load) return kernels < 64 ? 1 : static_cast<int>(std::min<unsigned>(8, hw));
   // cuModuleLoadData serialises inside the driver (raw loads took as long on 8 threads as on 1), so a second
   // thread only overlaps reading with loading; more contend (1,000 kernels: 164 ms on 1 thread, 143 on 2,
   // 158 on 4, 188 on 8). bench/results/cache-nvidia-h200-*.md.
@@ -43,11 +80,13 @@ int default_preload_threads(size_t kernels, bool load_modules) {
 }
 
 Result<Preloaded> preload(Store& store, const PreloadOptions& options) {
-  auto t0 = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
   KILN_ASSIGN_OR_RETURN(CUcontext ctx, ensure_context(options.device));
   KILN_ASSIGN_OR_RETURN(DeviceInfo info, device_info(options.device));
   const int cc = info.cc_major * 10 + info.cc_minor;
+  const bool eager = options.load_modules && !options.lazy;
 
   std::vector<std::shared_ptr<const Decision>> selected;
   if (options.problems.empty()) {
@@ -71,63 +110,89 @@ Result<Preloaded> preload(Store& store, const PreloadOptions& options) {
       r.without_kernel++;
     }
   }
-  r.threads = options.threads > 0 ? options.threads : default_preload_threads(work.size(), options.load_modules);
+  r.threads = options.threads > 0 ? options.threads : default_preload_threads(work.size(), eager);
   r.threads = std::max(1, std::min<int>(r.threads, static_cast<int>(std::max<size_t>(1, work.size()))));
 
   struct Slot {
-    std::optional<Kernel> kernel;
+    std::optional<Kernel> kernel;            // eager
+    std::shared_ptr<const Binary> binary;    // lazy: verified, loaded at first use
     Status error;
     bool missing = false;
-    bool verified = false;  // read and verified, not loaded (load_modules false)
+    bool verified = false;  // read and verified, kept in the store (load_modules false)
   };
   std::vector<Slot> slots(work.size());
+  // Work goes out in batches: each is one MultiGet, then decoded, verified and (eager) loaded by its thread.
+  // Small enough that threads share the tail evenly, large enough that a MultiGet amortises its setup.
+  const size_t batch = std::clamp<size_t>(work.size() / (size_t(r.threads) * 4), 1, 64);
   std::atomic<size_t> next{0};
-  auto t1 = std::chrono::steady_clock::now();
-  auto worker = [&](bool own_thread) {
+  struct PhaseTimes {
+    double read = 0, verify = 0, driver = 0;
+  };
+  std::vector<PhaseTimes> times(r.threads);
+  auto t1 = Clock::now();
+  auto worker = [&](int index) {
+    PhaseTimes& pt = times[index];
     // Module loads go into the caller's context, whichever thread does them.
-    if (own_thread && d->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return;
-    for (size_t i = next++; i < work.size(); i = next++) {
-      const Decision& dec = *work[i];
-      auto bin = store.get_binary(*dec.kernel, {}, /*remember=*/false);
-      if (!bin.ok()) {
-        slots[i].missing = true;
-        slots[i].error = bin.status();
-        continue;
+    if (index > 0 && eager && d->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return;
+    std::vector<KernelKey> keys;
+    for (size_t begin = next.fetch_add(batch); begin < work.size(); begin = next.fetch_add(batch)) {
+      size_t end = std::min(work.size(), begin + batch);
+      keys.clear();
+      for (size_t i = begin; i < end; ++i) keys.push_back(*work[i]->kernel);
+      Store::BinaryReadTimes rt;
+      // Verify-only keeps the binaries in the store's memory, where the runtime's first use finds them.
+      auto bins = store.get_binaries(keys, {}, /*remember=*/!options.load_modules, &rt);
+      pt.read += rt.read_seconds;
+      pt.verify += rt.decode_seconds;
+      for (size_t i = begin; i < end; ++i) {
+        Slot& slot = slots[i];
+        auto& bin = bins[i - begin];
+        const Decision& dec = *work[i];
+        if (!bin.ok()) {
+          slot.missing = true;
+          slot.error = bin.status();
+          continue;
+        }
+        // A binary for another arch is missing for this device, whether modules are loaded now or at first use.
+        auto tv = Clock::now();
+        auto target = Target::parse((*bin)->arch);
+        pt.verify += seconds_since(tv);
+        if (!target.ok() || target->compute_capability() != cc) {
+          slot.missing = true;
+          slot.error = make_error(ErrorCode::kNotFound, fmt::format("binary {} is for {}, the device is {}",
+                                                                    dec.kernel->hex(), (*bin)->arch, info.arch()));
+          continue;
+        }
+        if (!options.load_modules) {
+          slot.verified = true;
+          continue;
+        }
+        if (!eager) {
+          slot.binary = std::move(bin).value();
+          continue;
+        }
+        auto tl = Clock::now();
+        auto kernel = load_kernel(**bin, options.api);
+        pt.driver += seconds_since(tl);
+        if (!kernel.ok()) {
+          slot.error = kernel.status();
+          continue;
+        }
+        slot.kernel.emplace(std::move(kernel).value());
       }
-      // A binary for another arch is missing for this device, whether modules are loaded now or at first use
-      // (the verify-only path used to count it as verified).
-      auto target = Target::parse((*bin)->arch);
-      if (!target.ok() || target->compute_capability() != cc) {
-        slots[i].missing = true;
-        slots[i].error = make_error(ErrorCode::kNotFound, fmt::format("binary {} is for {}, the device is {}",
-                                                                      dec.kernel->hex(), (*bin)->arch, info.arch()));
-        continue;
-      }
-      if (!options.load_modules) {
-        // Keep the verified binary where the runtime's first use will find it without reading the database.
-        (void)store.get_binary(*dec.kernel, {}, /*remember=*/true);
-        slots[i].verified = true;
-        continue;
-      }
-      auto module = Module::load(**bin);
-      if (!module.ok()) {
-        slots[i].error = module.status();
-        continue;
-      }
-      auto kernel = module->kernel((*bin)->entry);
-      if (!kernel.ok()) {
-        slots[i].error = kernel.status();
-        continue;
-      }
-      slots[i].kernel.emplace(std::move(kernel).value());
     }
   };
   {
     std::vector<std::jthread> threads;
-    for (int t = 1; t < r.threads; ++t) threads.emplace_back(worker, true);
-    worker(false);
+    for (int t = 1; t < r.threads; ++t) threads.emplace_back(worker, t);
+    worker(0);
   }
   r.load_seconds = seconds_since(t1);
+  for (const PhaseTimes& pt : times) {
+    r.read_seconds += pt.read;
+    r.verify_seconds += pt.verify;
+    r.driver_seconds += pt.driver;
+  }
 
   std::vector<KernelKey> used;
   for (size_t i = 0; i < work.size(); ++i) {
@@ -140,7 +205,13 @@ Result<Preloaded> preload(Store& store, const PreloadOptions& options) {
     if (s.kernel) {
       r.loaded++;
       used.push_back(*work[i]->kernel);
-      out.kernels_.emplace(work[i]->problem, Preloaded::Entry{work[i], std::move(*s.kernel)});
+      out.kernels_.emplace(work[i]->problem, Preloaded::Entry{work[i], LazyKernel(std::move(*s.kernel))});
+      continue;
+    }
+    if (s.binary) {
+      r.deferred++;
+      used.push_back(*work[i]->kernel);
+      out.kernels_.emplace(work[i]->problem, Preloaded::Entry{work[i], LazyKernel(std::move(s.binary), ctx, options.api)});
       continue;
     }
     (s.missing ? r.missing : r.failed)++;

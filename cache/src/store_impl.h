@@ -158,6 +158,9 @@ struct Store::Impl {
   // ---- the memory layer (store_read.cpp)
 
   void report_invalid(int cf, std::string_view key, const Status& why);
+  // Decodes and checks a stored binary value read under `k` (= binary_key(key)); a bad one is a reported miss.
+  Result<std::shared_ptr<const Binary>> decode_stored_binary(const KernelKey& key, const std::string& k,
+                                                             std::string_view value, bool remember);
   void report_stale(int cf, const Toolchain& made_with);
   void merge_decision(Decision d);
   void merge_timing(TimingRecord t);

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
 #include <unordered_set>
 
@@ -161,16 +162,47 @@ std::vector<TimingRecord> Store::all_timings() const {
   return out;
 }
 
+namespace {
+
+Result<std::shared_ptr<const Binary>> check_arch(const KernelKey& key, std::shared_ptr<const Binary> b,
+                                                 std::string_view arch) {
+  if (!arch.empty() && b->arch != arch) {
+    return make_error(ErrorCode::kNotFound, fmt::format("binary {} was built for {}, not {}", key.hex(), b->arch, arch));
+  }
+  return b;
+}
+
+}  // namespace
+
+// Decodes and checks one stored binary value (the envelope's checksum, the key it names, the NVRTC that built
+// it); remembers it when asked. A value that fails is reported once and is a miss.
+Result<std::shared_ptr<const Binary>> Store::Impl::decode_stored_binary(const KernelKey& key, const std::string& k,
+                                                                        std::string_view value, bool remember) {
+  auto stored = decode_binary(value);
+  Status bad;
+  if (!stored.ok()) {
+    bad = stored.status();
+  } else if (stored->binary.key != key) {
+    bad = make_error(ErrorCode::kCorrupt, fmt::format("holds binary {}", stored->binary.key.hex()));
+  } else if (toolchain.nvrtc_major != 0 && (stored->binary.nvrtc_major != toolchain.nvrtc_major ||
+                                            stored->binary.nvrtc_minor != toolchain.nvrtc_minor)) {
+    bad = make_error(ErrorCode::kFailedPrecondition,
+                     fmt::format("built by NVRTC {}.{}, this is {}.{}", stored->binary.nvrtc_major,
+                                 stored->binary.nvrtc_minor, toolchain.nvrtc_major, toolchain.nvrtc_minor));
+  }
+  if (!bad.ok()) {
+    report_invalid(kBinaries, key.hex(), bad);
+    return make_error(ErrorCode::kNotFound, fmt::format("binary {} is a miss: {}", key.hex(), bad.to_string()));
+  }
+  auto b = std::make_shared<const Binary>(std::move(stored->binary));
+  if (remember) binaries.update(k, [&](const auto&) { return b; });
+  return b;
+}
+
 Result<std::shared_ptr<const Binary>> Store::get_binary(const KernelKey& key, std::string_view arch, bool remember) {
   Impl& m = *impl_;
   std::string k = binary_key(key);
-  auto check_arch = [&](std::shared_ptr<const Binary> b) -> Result<std::shared_ptr<const Binary>> {
-    if (!arch.empty() && b->arch != arch) {
-      return make_error(ErrorCode::kNotFound, fmt::format("binary {} was built for {}, not {}", key.hex(), b->arch, arch));
-    }
-    return b;
-  };
-  if (auto hit = m.binaries.find(k)) return check_arch(std::move(hit));
+  if (auto hit = m.binaries.find(k)) return check_arch(key, std::move(hit), arch);
   rocksdb::PinnableSlice value;
   rocksdb::Status s;
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -185,25 +217,64 @@ Result<std::shared_ptr<const Binary>> Store::get_binary(const KernelKey& key, st
   }
   if (s.IsNotFound()) return make_error(ErrorCode::kNotFound, fmt::format("no binary {} in the cache", key.hex()));
   KILN_CHECK(s);
-  auto stored = decode_binary(value.ToStringView());
-  Status bad;
-  if (!stored.ok()) {
-    bad = stored.status();
-  } else if (stored->binary.key != key) {
-    bad = make_error(ErrorCode::kCorrupt, fmt::format("holds binary {}", stored->binary.key.hex()));
-  } else if (m.toolchain.nvrtc_major != 0 && (stored->binary.nvrtc_major != m.toolchain.nvrtc_major ||
-                                              stored->binary.nvrtc_minor != m.toolchain.nvrtc_minor)) {
-    bad = make_error(ErrorCode::kFailedPrecondition,
-                     fmt::format("built by NVRTC {}.{}, this is {}.{}", stored->binary.nvrtc_major,
-                                 stored->binary.nvrtc_minor, m.toolchain.nvrtc_major, m.toolchain.nvrtc_minor));
+  KILN_ASSIGN_OR_RETURN(auto b, m.decode_stored_binary(key, k, value.ToStringView(), remember));
+  return check_arch(key, std::move(b), arch);
+}
+
+std::vector<Result<std::shared_ptr<const Binary>>> Store::get_binaries(const std::vector<KernelKey>& keys,
+                                                                       std::string_view arch, bool remember,
+                                                                       BinaryReadTimes* times) {
+  Impl& m = *impl_;
+  using Clock = std::chrono::steady_clock;
+  std::vector<Result<std::shared_ptr<const Binary>>> out(keys.size(), make_error(ErrorCode::kInternal, "not read"));
+  std::vector<std::string> names(keys.size());
+  std::vector<size_t> to_read;  // indices not served from memory
+  for (size_t i = 0; i < keys.size(); ++i) {
+    names[i] = binary_key(keys[i]);
+    if (auto hit = m.binaries.find(names[i])) {
+      out[i] = check_arch(keys[i], std::move(hit), arch);
+    } else {
+      to_read.push_back(i);
+    }
   }
-  if (!bad.ok()) {
-    m.report_invalid(kBinaries, key.hex(), bad);
-    return make_error(ErrorCode::kNotFound, fmt::format("binary {} is a miss: {}", key.hex(), bad.to_string()));
+  if (to_read.empty()) return out;
+  // One MultiGet for the batch: RocksDB sorts the keys, looks up each block once and reads blocks that several
+  // keys share once, instead of one Get (with its own lookups and locking) per binary.
+  auto t0 = Clock::now();
+  std::vector<rocksdb::Slice> slices;
+  slices.reserve(to_read.size());
+  for (size_t i : to_read) slices.emplace_back(names[i]);
+  std::vector<rocksdb::PinnableSlice> values(to_read.size());
+  std::vector<rocksdb::Status> statuses(to_read.size());
+  {
+    std::shared_lock role(m.role_mu);
+    m.db->db->MultiGet(rocksdb::ReadOptions(), m.db->cf(kBinaries), slices.size(), slices.data(), values.data(),
+                       statuses.data());
   }
-  auto b = std::make_shared<const Binary>(std::move(stored->binary));
-  if (remember) m.binaries.update(k, [&](const auto&) { return b; });
-  return check_arch(std::move(b));
+  auto t1 = Clock::now();
+  for (size_t j = 0; j < to_read.size(); ++j) {
+    size_t i = to_read[j];
+    const rocksdb::Status& s = statuses[j];
+    if (s.IsNotFound()) {
+      // A reader may be behind the writer: get_binary catches up once before calling it a miss.
+      out[i] = m.writer ? Result<std::shared_ptr<const Binary>>(make_error(
+                              ErrorCode::kNotFound, fmt::format("no binary {} in the cache", keys[i].hex())))
+                        : get_binary(keys[i], arch, remember);
+      continue;
+    }
+    if (!s.ok()) {
+      out[i] = to_status(s, "MultiGet", __FILE__, __LINE__);
+      continue;
+    }
+    auto b = m.decode_stored_binary(keys[i], names[i], values[j].ToStringView(), remember);
+    values[j].Reset();  // unpin the block as soon as it is decoded
+    out[i] = b.ok() ? check_arch(keys[i], std::move(b).value(), arch) : std::move(b);
+  }
+  if (times) {
+    times->read_seconds += std::chrono::duration<double>(t1 - t0).count();
+    times->decode_seconds += std::chrono::duration<double>(Clock::now() - t1).count();
+  }
+  return out;
 }
 
 bool Store::has_binary(const KernelKey& key) { return get_binary(key, {}, false).ok(); }

@@ -9,10 +9,14 @@ namespace detail {
 
 struct LoadedModule {
   CUmodule module = nullptr;
+  CUlibrary library = nullptr;  // set instead of module for Module::load_library
   CUcontext context = nullptr;
   ~LoadedModule() {
-    if (module == nullptr) return;
-    if (auto d = driver(); d.ok()) (void)(*d)->cuModuleUnload(module);
+    if (module == nullptr && library == nullptr) return;
+    if (auto d = driver(); d.ok()) {
+      if (module != nullptr) (void)(*d)->cuModuleUnload(module);
+      if (library != nullptr) (void)(*d)->cuLibraryUnload(library);
+    }
   }
 };
 
@@ -20,7 +24,7 @@ struct LoadedModule {
 
 namespace {
 
-Result<std::shared_ptr<detail::LoadedModule>> load_into_current(std::string_view image) {
+Result<std::shared_ptr<detail::LoadedModule>> load_into_current(std::string_view image, bool library) {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
   CUcontext ctx = nullptr;
   KILN_CHECK(d->cuCtxGetCurrent(&ctx));
@@ -37,20 +41,32 @@ Result<std::shared_ptr<detail::LoadedModule>> load_into_current(std::string_view
   }
   auto m = std::make_shared<detail::LoadedModule>();
   m->context = ctx;
-  KILN_CHECK(d->cuModuleLoadData(&m->module, image.data()));
+  if (library) {
+    KILN_CHECK(d->cuLibraryLoadData(&m->library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  } else {
+    KILN_CHECK(d->cuModuleLoadData(&m->module, image.data()));
+  }
   return m;
 }
 
 }  // namespace
 
 Result<Module> Module::load(const Binary& binary) {
-  auto m = load_into_current(binary.cubin);
+  auto m = load_into_current(binary.cubin, false);
   if (!m.ok()) return std::move(m).status().with_context(fmt::format("loading '{}' ({})", binary.name, binary.key.hex()));
   return Module(std::move(m).value(), binary.lowered_names);
 }
 
+Result<Module> Module::load_library(const Binary& binary) {
+  auto m = load_into_current(binary.cubin, true);
+  if (!m.ok()) {
+    return std::move(m).status().with_context(fmt::format("loading '{}' ({}) as a library", binary.name, binary.key.hex()));
+  }
+  return Module(std::move(m).value(), binary.lowered_names);
+}
+
 Result<Module> Module::load_image(std::string_view cubin) {
-  KILN_ASSIGN_OR_RETURN(auto m, load_into_current(cubin));
+  KILN_ASSIGN_OR_RETURN(auto m, load_into_current(cubin, false));
   return Module(std::move(m), {});
 }
 
@@ -64,7 +80,15 @@ Result<Kernel> Module::kernel(const std::string& entry) const {
     if (expr == entry) symbol = lowered;
   }
   CUfunction f = nullptr;
-  CUresult rc = d->cuModuleGetFunction(&f, module_->module, symbol.c_str());
+  CUresult rc;
+  if (module_->library != nullptr) {
+    // The library's kernel, put into the current context (where launches of this Kernel go).
+    CUkernel k = nullptr;
+    rc = d->cuLibraryGetKernel(&k, module_->library, symbol.c_str());
+    if (rc == CUDA_SUCCESS) rc = d->cuKernelGetFunction(&f, k);
+  } else {
+    rc = d->cuModuleGetFunction(&f, module_->module, symbol.c_str());
+  }
   if (rc == CUDA_ERROR_NOT_FOUND) {
     return make_error(ErrorCode::kNotFound,
                       fmt::format("kernel '{}' is not in the module (looked up as '{}'); is it extern \"C\" or a "

@@ -1,13 +1,16 @@
-// The queue every executor keeps its waiting jobs in: highest priority first, submission order within a
-// priority; removal by id (cancellation) and re-prioritising by id (an on-demand request joining a queued
+// The queue every executor keeps its waiting jobs in: highest priority first; within a priority the longest
+// expected compile (CompileJob::cost_hint) first, a longest-processing-time-first schedule that keeps a batch's
+// tail short; then submission order. Removal by id (cancellation) and re-prioritising by id (an on-demand request joining a queued
 // background compile). Not thread-safe: its owner locks.
 #pragma once
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stop_token>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -45,7 +48,7 @@ inline void complete(std::mutex& mu, ExecutorCounters& counters, Job& job, Resul
 class JobQueue {
  public:
   void push(std::unique_ptr<Job> job) {
-    Key k{-static_cast<int>(job->job.priority), seq_++};
+    Key k = key(job->job.priority, job->job.cost_hint);
     ids_[job->id] = k;
     jobs_.emplace(k, std::move(job));
   }
@@ -72,12 +75,12 @@ class JobQueue {
   /// not queued or already at least that high.
   bool raise(JobId id, Priority priority) {
     auto found = ids_.find(id);
-    if (found == ids_.end() || -found->second.first >= static_cast<int>(priority)) return false;
+    if (found == ids_.end() || -std::get<0>(found->second) >= static_cast<int>(priority)) return false;
     auto it = jobs_.find(found->second);
     std::unique_ptr<Job> job = std::move(it->second);
     jobs_.erase(it);
     job->job.priority = priority;
-    Key k{-static_cast<int>(priority), seq_++};
+    Key k = key(priority, job->job.cost_hint);
     found->second = k;
     jobs_.emplace(k, std::move(job));
     return true;
@@ -93,7 +96,13 @@ class JobQueue {
   bool empty() const { return jobs_.empty(); }
 
  private:
-  using Key = std::pair<int, uint64_t>;  // (-priority, sequence): std::map's order is the run order
+  // (-priority, -cost hint, sequence): std::map's order is the run order. A hint that is not a positive
+  // finite number counts as 0 (unknown: after every hinted job of the priority, in submission order).
+  using Key = std::tuple<int, double, uint64_t>;
+  Key key(Priority priority, double cost_hint) {
+    double cost = std::isfinite(cost_hint) && cost_hint > 0 ? cost_hint : 0.0;
+    return Key{-static_cast<int>(priority), -cost, seq_++};
+  }
   std::map<Key, std::unique_ptr<Job>> jobs_;
   std::unordered_map<JobId, Key> ids_;
   uint64_t seq_ = 0;

@@ -7,7 +7,8 @@
 //
 // Test faults (only when the pool sets KILN_WORKER_TEST_FAULTS=1): a request whose options contain
 // -DKILN_WORKER_TEST=<what> makes this worker segfault (segv), abort, exit with status 3 (exit3) or hang
-// after reading it, or answer at once without compiling (echo, for measuring the pool's own overhead);
+// after reading it, or answer at once without compiling (echo, for measuring the pool's own overhead), or
+// after N million steps of integer work without compiling (spin:N, for the pool's scaling apart from NVRTC);
 // KILN_WORKER_TEST_HELLO_GATE=<fifo> holds the hello until a byte arrives there.
 #include <fcntl.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -51,7 +53,7 @@ kiln::Result<std::optional<std::string>> serve(const kiln::codec::Frame& frame, 
   wire::Reply reply;
   reply.job_id = req.job_id;
   const std::string fault = faults ? test_fault(req.source) : std::string();
-  if (!fault.empty() && fault != "echo") {
+  if (!fault.empty() && fault != "echo" && fault.rfind("spin:", 0) != 0) {
     std::fprintf(stderr, "kiln-compile-worker: injected fault '%s' while compiling '%s'\n", fault.c_str(),
                  req.source.name.c_str());
     std::fflush(stderr);
@@ -62,7 +64,24 @@ kiln::Result<std::optional<std::string>> serve(const kiln::codec::Frame& frame, 
       while (true) ::pause();
     }
   }
-  if (fault == "echo") {
+  if (fault.rfind("spin:", 0) == 0) {
+    // A CPU-bound job of a fixed amount of work (millions of xorshift steps), for measuring the pool's own
+    // scaling apart from NVRTC's (bench/pool's process-spin).
+    const uint64_t steps = std::strtoull(fault.c_str() + 5, nullptr, 10) * 1'000'000ull;
+    uint64_t x = 88172645463325252ull + static_cast<uint64_t>(req.job_id);
+    for (uint64_t i = 0; i < steps; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      x *= 0x9e3779b97f4a7c15ull;
+    }
+    kiln::Binary b;
+    b.name = req.source.name;
+    b.entry = req.source.entry;
+    b.arch = req.target.arch;
+    b.log = "spin " + std::to_string(x & 0xff);
+    reply.result = std::move(b);
+  } else if (fault == "echo") {
     kiln::Binary b;
     b.name = req.source.name;
     b.entry = req.source.entry;

@@ -1,5 +1,6 @@
 // Preloading: real kernels compiled for this GPU, stored, preloaded and launched; what is missing, foreign
 // or library-only is counted, not fatal. Without a GPU, preload fails with a clear error.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "cache_test_util.h"
@@ -85,17 +86,34 @@ TEST(Preload, LoadsLaunchesAndCountsWhatIsMissing) {
     KILN_ASSERT_OK(store->put_decision(elsewhere));
   }
   KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(store_options(dir)));
-  for (int threads : {1, 3}) {
+  struct Mode {
+    int threads;
+    bool lazy;
+    ModuleApi api;
+  };
+  for (Mode mode : {Mode{1, false, ModuleApi::kModule}, Mode{3, false, ModuleApi::kModule},
+                    Mode{3, false, ModuleApi::kLibrary}, Mode{1, true, ModuleApi::kModule},
+                    Mode{3, true, ModuleApi::kLibrary}}) {
+    SCOPED_TRACE(fmt::format("threads {} lazy {} library {}", mode.threads, mode.lazy, mode.api == ModuleApi::kLibrary));
     PreloadOptions po;
-    po.threads = threads;
+    po.threads = mode.threads;
+    po.lazy = mode.lazy;
+    po.api = mode.api;
     KILN_ASSERT_OK_AND_ASSIGN(Preloaded p, preload(*store, po));
     const PreloadReport& r = p.report();
     EXPECT_EQ(r.decisions, 9u);  // not the other device's
-    EXPECT_EQ(r.loaded, 6u);
+    EXPECT_EQ(r.loaded, mode.lazy ? 0u : 6u);
+    EXPECT_EQ(r.deferred, mode.lazy ? 6u : 0u);
     EXPECT_EQ(r.missing, 2u);
     EXPECT_EQ(r.without_kernel, 1u);
     EXPECT_EQ(r.failed, 0u);
     EXPECT_EQ(p.size(), 6u);
+    EXPECT_EQ(p.loaded(), mode.lazy ? 0u : 6u);
+    // The breakdown: every phase that ran took time, and the driver's share only when it loaded eagerly.
+    EXPECT_GT(r.read_seconds, 0);
+    EXPECT_GT(r.verify_seconds, 0);
+    EXPECT_EQ(r.driver_seconds > 0, !mode.lazy);
+    EXPECT_LE(r.load_seconds, r.total_seconds);
     // Every loaded kernel runs and computes what its source says.
     KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buf, DeviceBuffer::allocate(256 * sizeof(int)));
     for (const auto& prob : loaded_problems) {
@@ -110,6 +128,16 @@ TEST(Preload, LoadsLaunchesAndCountsWhatIsMissing) {
       KILN_ASSERT_OK(buf.copy_to_host(host.data(), 256 * sizeof(int)));
       for (int i = 0; i < 256; ++i) ASSERT_EQ(host[i], 1000 + i);
     }
+    EXPECT_EQ(p.loaded(), 6u);  // a lazy kernel is loaded by its first use
+    KILN_EXPECT_OK(p.load_all(2));
+  }
+  // Lazy: load_all() loads what is still deferred, from several threads at once.
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(Preloaded p, preload(*store, {}));
+    EXPECT_EQ(p.loaded(), 0u);
+    KILN_ASSERT_OK(p.load_all(4));
+    EXPECT_EQ(p.loaded(), 6u);
+    EXPECT_EQ(p.kernel("not preloaded").status().code(), ErrorCode::kNotFound);
   }
   // Read and verify only: nothing loaded, every binary verified and remembered.
   {
@@ -119,6 +147,7 @@ TEST(Preload, LoadsLaunchesAndCountsWhatIsMissing) {
     EXPECT_EQ(p.size(), 0u);
     EXPECT_EQ(p.report().verified, 6u);
     EXPECT_EQ(p.report().missing, 2u);
+    EXPECT_EQ(p.report().driver_seconds, 0);
   }
   // A workload: exactly the listed problems.
   PreloadOptions po;

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <atomic>
@@ -364,6 +365,61 @@ TEST(Store, DefaultDirFollowsTheEnvironment) {
   ::setenv("HOME", "/home/someone", 1);
   EXPECT_EQ(default_cache_dir(), "/home/someone/.cache/kiln");
   if (home) ::setenv("HOME", saved_home.c_str(), 1);
+}
+
+}  // namespace
+}  // namespace kiln::cache
+
+namespace kiln::cache {
+namespace {
+
+// The batched read preloading uses: one MultiGet, each entry what get_binary() would say, in the keys' order.
+TEST(Store, GetBinariesIsGetBinaryForMany) {
+  TempDir dir;
+  std::vector<Binary> bins;
+  for (uint64_t i = 0; i < 40; ++i) bins.push_back(testing::fake_binary(500 + i, 3000 + 100 * i, i == 7 ? "sm_80" : "sm_90"));
+  // Built by another NVRTC: a stored value that fails get_binary's checks, so a miss that says why.
+  Binary bad = testing::fake_binary(999);
+  bad.nvrtc_major = 11;
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(testing::store_options(dir)));
+    for (const auto& b : bins) KILN_ASSERT_OK(store->put_binary(b));
+    KILN_ASSERT_OK(store->put_binary(bad));
+  }
+  KILN_ASSERT_OK_AND_ASSIGN(auto store, Store::open(testing::store_options(dir)));
+  std::vector<KernelKey> keys;
+  for (const auto& b : bins) keys.push_back(b.key);
+  keys.push_back(KernelKey{1, 2});  // never stored
+  keys.push_back(bad.key);
+  std::reverse(keys.begin(), keys.end());  // any order; results follow it
+  Store::BinaryReadTimes times;
+  auto got = store->get_binaries(keys, "sm_90", /*remember=*/false, &times);
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto one = store->get_binary(keys[i], "sm_90", false);
+    ASSERT_EQ(got[i].ok(), one.ok()) << i << ": " << got[i].status().to_string();
+    if (one.ok()) {
+      EXPECT_EQ((*got[i])->key, keys[i]);
+      EXPECT_EQ((*got[i])->cubin, (*one)->cubin);
+    } else {
+      EXPECT_EQ(got[i].status().code(), ErrorCode::kNotFound);
+      EXPECT_EQ(got[i].status().code(), one.status().code());
+    }
+  }
+  EXPECT_FALSE(got[0].ok());                // built by NVRTC 11
+  EXPECT_NE(got[0].status().message().find("NVRTC 11"), std::string::npos) << got[0].status().to_string();
+  EXPECT_FALSE(got[1].ok());                // the one never stored
+  EXPECT_FALSE(got[keys.size() - 8].ok());  // bins[7], built for sm_80
+  EXPECT_GT(times.read_seconds, 0);
+  EXPECT_GT(times.decode_seconds, 0);
+  // remember = true keeps them in memory: a second batch reads nothing from RocksDB.
+  std::vector<KernelKey> good = {bins[0].key, bins[1].key};
+  for (const auto& r : store->get_binaries(good, {}, /*remember=*/true)) KILN_ASSERT_OK(r.status());
+  Store::BinaryReadTimes again;
+  auto cached = store->get_binaries(good, {}, true, &again);
+  KILN_ASSERT_OK(cached[0].status());
+  EXPECT_EQ(again.read_seconds, 0);  // served from memory: no MultiGet at all
+  EXPECT_TRUE(store->get_binaries({}).empty());
 }
 
 }  // namespace

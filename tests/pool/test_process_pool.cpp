@@ -14,9 +14,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+
+#include <fmt/format.h>
 
 #include "fakes.h"
 #include "kiln/pool/gate.h"
@@ -202,6 +205,61 @@ TEST(ProcessPool, CancellingARunningJobKillsItsWorker) {
   EXPECT_TRUE(process_gone(pid));  // reaped before the future was failed
   KILN_EXPECT_OK(pool->submit(echo("after")).future.get());
   EXPECT_EQ(pool->stats().crashes, 0u);
+}
+
+// Queued jobs of one priority go out longest expected compile first (CompileJob::cost_hint), unhinted last.
+TEST(ProcessPool, LongestExpectedCompileGoesFirst) {
+  EventLog log;
+  auto pool = ready_pool(log, 1);
+  ASSERT_TRUE(pool);
+  std::vector<Submission> held = hang_every_worker(*pool, log, 1, "hold");
+  ASSERT_EQ(held.size(), 1u);
+  std::vector<Submission> subs;
+  for (double hint : {0.1, 0.0, 5.0, 1.0}) {
+    CompileJob j = echo(fmt::format("hint_{}", hint));
+    j.cost_hint = hint;
+    subs.push_back(pool->submit(std::move(j)));
+  }
+  held[0].future.cancel();
+  for (auto& s : subs) KILN_ASSERT_OK(s.future.get().status());
+  std::vector<std::string> order;
+  for (const auto& e : log.events()) {
+    if (e.kind == Kind::kJobSent && e.kernel.rfind("hint_", 0) == 0) order.push_back(e.kernel);
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"hint_5", "hint_1", "hint_0.1", "hint_0"}));
+}
+
+// A worker's next job is sent before the job it finished is completed: the future's notify() callbacks run
+// on the pool's I/O thread when it completes the job, and by then the next request has gone out.
+TEST(ProcessPool, TheNextJobIsSentBeforeTheFinishedOneCompletes) {
+  EventLog log;
+  auto pool = ready_pool(log, 1);
+  ASSERT_TRUE(pool);
+  std::vector<Submission> held = hang_every_worker(*pool, log, 1, "hold");
+  ASSERT_EQ(held.size(), 1u);
+  Submission first = pool->submit(echo("first"));
+  Submission second = pool->submit(echo("second"));
+  std::atomic<int> second_sent_at_completion{-1};
+  first.future.notify([&] {
+    int sent = 0;
+    for (const auto& e : log.events()) sent += e.kind == Kind::kJobSent && e.job == second.id;
+    second_sent_at_completion = sent;
+  });
+  held[0].future.cancel();
+  KILN_ASSERT_OK(first.future.get().status());
+  KILN_ASSERT_OK(second.future.get().status());
+  EXPECT_EQ(second_sent_at_completion.load(), 1);
+}
+
+// The worker's CPU-bound test job (bench/pool's process-spin) answers after its work, compiling nothing.
+TEST(ProcessPool, SpinJobAnswersWithoutCompiling) {
+  EventLog log;
+  auto pool = ready_pool(log, 1);
+  ASSERT_TRUE(pool);
+  KILN_ASSERT_OK_AND_ASSIGN(Binary b, pool->submit(fault("spinner", "spin:2")).future.get());
+  EXPECT_EQ(b.name, "spinner");
+  EXPECT_TRUE(b.cubin.empty());
+  EXPECT_EQ(b.log.rfind("spin ", 0), 0u) << b.log;
 }
 
 // Two workers, both hung on a job ("hold0", "hold1"): whatever a test submits stays queued until it cancels them.

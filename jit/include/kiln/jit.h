@@ -6,6 +6,7 @@
 #include "kiln/jit/driver.h"
 #include "kiln/jit/kernel_source.h"
 #include "kiln/jit/key.h"
+#include "kiln/jit/lazy_kernel.h"
 #include "kiln/jit/module.h"
 #include "kiln/jit/target.h"
 #include "kiln/status.h"

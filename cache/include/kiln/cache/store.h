@@ -150,6 +150,17 @@ class Store {
   /// once). Thread-safe. With `remember` false the binary is not kept in memory (preloading uses this).
   Result<std::shared_ptr<const Binary>> get_binary(const KernelKey& key, std::string_view arch = {},
                                                    bool remember = true);
+  /// Where get_binaries() spent its time: RocksDB's batched read, and decoding + checking the values.
+  struct BinaryReadTimes {
+    double read_seconds = 0;
+    double decode_seconds = 0;
+  };
+  /// get_binary() for many keys in one batched RocksDB read (MultiGet), in the order of `keys`; each entry
+  /// is what get_binary(key, arch, remember) returns. Times are added to `times` when given. Thread-safe;
+  /// preloading calls it from several threads, each with its own share of the keys.
+  std::vector<Result<std::shared_ptr<const Binary>>> get_binaries(const std::vector<KernelKey>& keys,
+                                                                  std::string_view arch = {}, bool remember = true,
+                                                                  BinaryReadTimes* times = nullptr);
   /// Whether a valid binary is stored under `key` (reads it).
   bool has_binary(const KernelKey& key);
   /// Records that these binaries were used now (for least-recently-used pruning); at most one write per

@@ -29,7 +29,8 @@
   X(cuGraphExecDestroy) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)    \
   X(cuEventQuery) X(cuEventElapsedTime) X(cuTensorMapEncodeTiled) X(cuPointerGetAttribute)           \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuDeviceCanAccessPeer)         \
-  X(cuCtxEnablePeerAccess) X(cuLaunchHostFunc) X(cuCtxCreate) X(cuCtxDestroy)
+  X(cuCtxEnablePeerAccess) X(cuLaunchHostFunc) X(cuCtxCreate) X(cuCtxDestroy) X(cuLibraryLoadData) X(cuLibraryUnload) \
+  X(cuLibraryGetKernel) X(cuKernelGetFunction)
 
 namespace kiln {
 

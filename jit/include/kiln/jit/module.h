@@ -89,6 +89,9 @@ class Module {
   static Result<Module> load(const Binary& binary);
   /// Loads a cubin or fatbin image with no lowered-name table.
   static Result<Module> load_image(std::string_view cubin);
+  /// Loads `binary`'s cubin with cuLibraryLoadData: context-independent (CUDA 12+); kernel() then puts the
+  /// kernel into the current context. get() is null for such a module.
+  static Result<Module> load_library(const Binary& binary);
 
   Module(Module&&) noexcept = default;
   Module& operator=(Module&&) noexcept = default;

@@ -22,8 +22,8 @@
 
 namespace kiln {
 
-/// Higher runs first among queued jobs; equal priorities run in submission order. A running job is never
-/// preempted.
+/// Higher runs first among queued jobs; within a priority, a larger CompileJob::cost_hint first, then
+/// submission order. A running job is never preempted.
 enum class Priority : int {
   kBackground = 0,  // warm-up batches, precompiling a whole tuning space
   kNormal = 1,
@@ -40,6 +40,11 @@ struct CompileJob {
   /// want_ptx, use_pch and pch_dir are honoured; `stop` is ignored (cancel through the future instead).
   CompileSettings settings;
   Priority priority = Priority::kNormal;
+  /// The expected compile time in seconds, or any measure proportional to it; 0 (the default) = unknown.
+  /// Among queued jobs of one priority, the longer expected run first (jobs without a hint last, in
+  /// submission order), so that a batch's long compiles do not start last and leave the other workers idle
+  /// at its end. Only the order changes.
+  double cost_hint = 0;
 };
 
 struct Submission {
