@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -150,21 +151,74 @@ KilnGemmArgs packed_args(const GemmProblem& p) {
 
 std::string cublas_version() { return std::to_string(cublasLtGetVersion()); }
 
-Result<const LtContext*> lt_context() {
+namespace {
+
+struct LtContexts {
+  std::mutex mu;  // held while a handle is made
+  std::map<CUcontext, LtContext> per_context;  // process lifetime: handles are reused
+};
+LtContexts& lt_contexts() {
+  static auto* all = new LtContexts();  // never destroyed: handles outlive static destruction
+  return *all;
+}
+
+Result<CUcontext> lt_current_context() {
   KILN_ASSIGN_OR_RETURN(CUcontext ctx, current_context());
   if (ctx == nullptr) {
     return make_error(ErrorCode::kFailedPrecondition, "cuBLASLt needs a current CUDA context (kiln::ensure_context)");
   }
-  static std::mutex mu;
-  static auto* per_context = new std::map<CUcontext, LtContext>();  // process lifetime: handles are reused
-  std::lock_guard lock(mu);
-  auto it = per_context->find(ctx);
-  if (it != per_context->end()) return &it->second;
+  return ctx;
+}
+
+// The thread start_lt_context() runs. A static whose destructor joins it, so that a process exiting while
+// cuBLASLt starts up waits for it (kiln's statics are destroyed before the cuBLASLt library it loaded).
+struct LtStarter {
+  std::mutex mu;
+  std::thread thread;
+  ~LtStarter() {
+    std::lock_guard lock(mu);
+    if (thread.joinable()) thread.join();
+  }
+};
+
+}  // namespace
+
+Result<const LtContext*> lt_context() {
+  KILN_ASSIGN_OR_RETURN(CUcontext ctx, lt_current_context());
+  LtContexts& all = lt_contexts();
+  std::lock_guard lock(all.mu);
+  auto it = all.per_context.find(ctx);
+  if (it != all.per_context.end()) return &it->second;
   LtContext lt;
   KILN_CHECK(cublasLtCreate(&lt.handle));
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
   if (d->cuMemAlloc(&lt.workspace, kWorkspaceBytes) == CUDA_SUCCESS) lt.workspace_bytes = kWorkspaceBytes;
-  return &per_context->emplace(ctx, lt).first->second;
+  return &all.per_context.emplace(ctx, lt).first->second;
+}
+
+bool lt_context_ready() {
+  auto ctx = lt_current_context();
+  if (!ctx.ok()) return false;
+  LtContexts& all = lt_contexts();
+  std::unique_lock lock(all.mu, std::try_to_lock);
+  return lock.owns_lock() && all.per_context.count(*ctx) != 0;
+}
+
+void start_lt_context() {
+  auto ctx = lt_current_context();
+  if (!ctx.ok() || lt_context_ready()) return;
+  static LtStarter starter;
+  std::lock_guard lock(starter.mu);
+  if (starter.thread.joinable()) starter.thread.join();  // an earlier start (another context): done or nearly
+  starter.thread = std::thread([c = *ctx] {
+    auto d = driver();
+    if (!d.ok() || (*d)->cuCtxSetCurrent(c) != CUDA_SUCCESS) return;
+    // Relaxed: a graph capture on another thread neither sees nor forbids the handle's allocations.
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    (*d)->cuThreadExchangeStreamCaptureMode(&mode);
+    // A failure is not kept: lt_context() tries again (and reports it) at the first run that needs it.
+    (void)lt_context();
+  });
 }
 
 LtEpilogue lt_epilogue(const GemmProblem& p) {

@@ -30,6 +30,12 @@ struct LtContext {
   size_t workspace_bytes = 0;
 };
 Result<const LtContext*> lt_context();
+/// Whether the current context's handle exists now. Never blocks: false while one is being made.
+bool lt_context_ready();
+/// Starts making the current context's handle on a background thread and returns at once (nothing when it
+/// exists or is being made). cuBLASLt's first handle costs ~70 ms (measured on an H200: the library's own
+/// start-up), which a warm start must not wait for; lt_context() waits for it.
+void start_lt_context();
 
 /// One cuBLASLt algorithm for a problem.
 struct LtAlgo {

@@ -1,6 +1,9 @@
 // Extern choices: cuBLAS's default GEMM, cuBLASLt's algorithms, and unfused extern GEMM + epilogue pairs.
 #include <fmt/format.h>
 
+#include <atomic>
+#include <mutex>
+
 #include "cublas_gemm.h"
 #include "kiln/runtime/extern_choices.h"
 #include "kiln/templates/registry.h"
@@ -19,7 +22,14 @@ class CublasDefaultChoice final : public Choice {
   explicit CublasDefaultChoice(const GemmProblem& p, DType out) : p_(p), out_(out) {}
   const std::string& name() const override { return name_; }
   ChoiceKind kind() const override { return ChoiceKind::kExtern; }
-  Status prepare(const Binaries&) override { return cublas_ready(); }
+  Status prepare(const Binaries&) override {
+    // cuBLAS's handle needs cuBLASLt's: while that is being made, run() waits for both instead of prepare().
+    if (!detail::lt_context_ready()) {
+      detail::start_lt_context();
+      return Status();
+    }
+    return cublas_ready();
+  }
   Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
     const auto* a = std::get_if<KilnGemmArgs>(&args);
     if (a == nullptr) return make_error(ErrorCode::kInvalidArgument, "cublas_default runs GEMMs only");
@@ -41,16 +51,24 @@ class CublasLtChoice final : public Choice {
       : p_(p), fuse_(fuse), plain_out_(plain_out), name_(std::move(algo)) {}
   const std::string& name() const override { return name_; }
   ChoiceKind kind() const override { return ChoiceKind::kExtern; }
+  // A warm start must not wait for cuBLASLt's first handle in the context (~70 ms): while there is none,
+  // prepare() starts making it on a background thread and the choice finishes preparing at its first run
+  // (host work only: descriptors and the named algorithm), which waits for the handle if it is not ready yet.
   Status prepare(const Binaries&) override {
-    KILN_ASSIGN_OR_RETURN(gemm_, LtGemm::create(p_, fuse_, plain_out_));
-    KILN_ASSIGN_OR_RETURN(LtAlgo a, gemm_->algorithm(name_));
-    algo_ = std::move(a);
-    return Status();
+    prepared_ = true;
+    if (!detail::lt_context_ready()) {
+      detail::start_lt_context();
+      return Status();
+    }
+    return build();
   }
   Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
     const auto* a = std::get_if<KilnGemmArgs>(&args);
     if (a == nullptr) return make_error(ErrorCode::kInvalidArgument, fmt::format("{} runs GEMMs only", name_));
-    if (!gemm_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name_));
+    if (!built_.load(std::memory_order_acquire)) {
+      if (!prepared_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name_));
+      KILN_RETURN_IF_ERROR(build());
+    }
     return gemm_->run(&algo_, *a, stream);
   }
   std::map<std::string, std::string> parameters() const override {
@@ -58,12 +76,25 @@ class CublasLtChoice final : public Choice {
   }
 
  private:
+  Status build() const {
+    std::lock_guard lock(build_mu_);
+    if (built_.load(std::memory_order_relaxed)) return Status();
+    KILN_ASSIGN_OR_RETURN(gemm_, LtGemm::create(p_, fuse_, plain_out_));
+    KILN_ASSIGN_OR_RETURN(LtAlgo a, gemm_->algorithm(name_));
+    algo_ = std::move(a);
+    built_.store(true, std::memory_order_release);
+    return Status();
+  }
+
   GemmProblem p_;
   bool fuse_;
   DType plain_out_;
   std::string name_;
-  std::unique_ptr<LtGemm> gemm_;
-  LtAlgo algo_;
+  bool prepared_ = false;
+  mutable std::mutex build_mu_;
+  mutable std::atomic<bool> built_{false};
+  mutable std::unique_ptr<LtGemm> gemm_;
+  mutable LtAlgo algo_;
 };
 
 class UnfusedChoice final : public Choice {

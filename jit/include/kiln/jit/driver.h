@@ -30,7 +30,8 @@
   X(cuEventQuery) X(cuEventElapsedTime) X(cuTensorMapEncodeTiled) X(cuPointerGetAttribute)           \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuDeviceCanAccessPeer)         \
   X(cuCtxEnablePeerAccess) X(cuLaunchHostFunc) X(cuCtxCreate) X(cuCtxDestroy) X(cuLibraryLoadData) X(cuLibraryUnload) \
-  X(cuLibraryGetKernel) X(cuKernelGetFunction)
+  X(cuLibraryGetKernel) X(cuKernelGetFunction)                      \
+  X(cuThreadExchangeStreamCaptureMode)
 
 namespace kiln {
 
