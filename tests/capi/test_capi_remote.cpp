@@ -3,7 +3,8 @@
 // KILN_ALLOW_NO_REDIS=1): context options and their environment defaults, push/pull between two cache folders
 // through one Redis (decisions-only and arch selections), read-through on a compile, a tampered value refused
 // and counted, a killed Redis leaving kiln local-only with honest counters and errors, and no key or password in
-// any message or log line. Compiles need NVRTC only: no GPU.
+// any message or log line. Compiles need NVRTC only: no GPU. On a GPU: a variant op's decision tuned through one
+// context is read through by a strict context on another folder (skipped without a device).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -38,6 +39,97 @@ std::vector<std::string> log_lines;
 void capture_log(void*, kiln_log_level, const char* message) {
   std::lock_guard lock(log_mu);
   log_lines.push_back(message);
+}
+
+// A variant op for the GPU test: y[i] = 2 * x[i], VEC elements a thread.
+const char* kTwice = "extern \"C\" __global__ void twice(const float* x, float* y, int n) {\n"
+                     "  int i = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;\n"
+                     "  for (int j = 0; j < VEC; ++j) if (i + j < n) y[i + j] = 2.0f * x[i + j];\n}\n";
+
+struct TwiceBufs {
+  kiln_context* ctx = nullptr;
+  uint64_t x = 0, y = 0;
+  int n = 0;
+  void* params[3];
+  kiln_output out;
+};
+
+kiln_status twice_geometry(void* user, const int64_t* sizes, size_t, kiln_launch_dims* out) {
+  const int vec = static_cast<int>(reinterpret_cast<intptr_t>(user));
+  out->block = {128, 1, 1};
+  out->grid = {static_cast<unsigned>((sizes[0] + 128 * vec - 1) / (128 * vec)), 1, 1};
+  return KILN_OK;
+}
+
+kiln_status twice_buffers(void* user, const int64_t* sizes, size_t, uint32_t, kiln_tune_buffers* out) {
+  auto* b = new TwiceBufs;
+  out->owner = b;
+  b->ctx = static_cast<kiln_context*>(user);
+  b->n = static_cast<int>(sizes[0]);
+  std::vector<float> x(b->n);
+  for (int i = 0; i < b->n; ++i) x[i] = static_cast<float>(i % 7);
+  if (kiln_device_alloc(b->ctx, x.size() * sizeof(float), &b->x) != KILN_OK ||
+      kiln_device_alloc(b->ctx, x.size() * sizeof(float), &b->y) != KILN_OK ||
+      kiln_copy_to_device(b->ctx, b->x, x.data(), x.size() * sizeof(float)) != KILN_OK) {
+    return KILN_ERROR_CUDA;
+  }
+  b->params[0] = &b->x;
+  b->params[1] = &b->y;
+  b->params[2] = &b->n;
+  b->out = kiln_output{b->y, KILN_F32, 1, b->n, 0, "y"};
+  out->params = b->params;
+  out->num_params = 3;
+  out->outputs = &b->out;
+  out->num_outputs = 1;
+  return KILN_OK;
+}
+
+void twice_release(void*, void* owner) {
+  auto* b = static_cast<TwiceBufs*>(owner);
+  if (b == nullptr) return;
+  if (b->x) kiln_device_free(b->ctx, b->x);
+  if (b->y) kiln_device_free(b->ctx, b->y);
+  delete b;
+}
+
+// Registers the op on `ctx` and tunes it for n; the selection's info.
+kiln_tune_info tune_twice(kiln_context* ctx, int64_t n, std::string* chosen) {
+  static const char* names[] = {"vec1", "vec2", "vec4"};
+  static kiln_define defines[] = {{"VEC", "1"}, {"VEC", "2"}, {"VEC", "4"}};
+  kiln_variant variants[3];
+  for (int i = 0; i < 3; ++i) {
+    kiln_variant_init(&variants[i]);
+    variants[i].name = names[i];
+    variants[i].source = kTwice;
+    variants[i].kernel = "twice";
+    variants[i].defines = &defines[i];
+    variants[i].num_defines = 1;
+    variants[i].geometry = twice_geometry;
+    variants[i].geometry_user = reinterpret_cast<void*>(static_cast<intptr_t>(1 << i));
+  }
+  kiln_variant_op op;
+  kiln_variant_op_init(&op);
+  op.name = "capi_test.remote_twice";
+  op.variants = variants;
+  op.num_variants = 3;
+  op.buffers = twice_buffers;
+  op.release = twice_release;
+  op.user = ctx;
+  kiln_tune_info info{};
+  info.size = sizeof(info);
+  kiln_op* handle = nullptr;
+  kiln_selection* sel = nullptr;
+  EXPECT_EQ(kiln_variants_register(ctx, &op, &handle), KILN_OK) << kiln_last_error();
+  EXPECT_EQ(kiln_op_tune(handle, &n, 1, nullptr, 0, &sel), KILN_OK) << kiln_last_error();
+  if (sel != nullptr) {
+    EXPECT_EQ(kiln_selection_info(sel, &info), KILN_OK);
+    const char* name = nullptr;
+    EXPECT_EQ(kiln_selection_variant(sel, &name), KILN_OK);
+    if (name) *chosen = name;
+  }
+  kiln_selection_destroy(sel);
+  kiln_op_destroy(handle);
+  return info;
 }
 
 class CApiRemote : public ::testing::Test {
@@ -385,6 +477,37 @@ TEST_F(CApiRemote, KeyMaterialAndPasswordsNeverAppearInMessages) {
   EXPECT_GE(rs.errors, 1u);
   expect_no_secrets(rs.last_error);
   expect_no_secrets(rs.remote);
+}
+
+TEST_F(CApiRemote, GpuADecisionTunedInOneFolderIsReadThroughInAnother) {
+  int devices = 0;
+  if (kiln_device_count(&devices) != KILN_OK || devices == 0) GTEST_SKIP() << "needs a GPU: " << kiln_last_error();
+  RedisServer redis;
+  KILN_REQUIRE_REDIS(redis);
+  const std::string url = redis.url();
+  std::string first, second;
+  {
+    kiln_context* tuner = context("tuner", url.c_str(), key_file_.c_str());
+    kiln_tune_info info = tune_twice(tuner, 1 << 20, &first);
+    EXPECT_EQ(info.from_cache, 0);
+    EXPECT_EQ(info.failures, 0);
+    kiln_context_destroy(tuner);  // drains the write-behind queue: decision, timings, binaries
+    contexts_.clear();
+  }
+  EXPECT_EQ(redis.keys("kiln:f*:dec:*").size(), 1u);
+  // Another machine's empty folder, strict mode: the decision and its kernel come from the remote, verified;
+  // nothing is measured or compiled.
+  kiln_context_options o = options("gpu", url.c_str(), key_file_.c_str());
+  o.tune_mode = KILN_TUNE_MODE_STRICT;
+  kiln_context* gpu = nullptr;
+  ASSERT_EQ(kiln_context_create(&o, &gpu), KILN_OK) << kiln_last_error();
+  contexts_.push_back(gpu);
+  kiln_tune_info info = tune_twice(gpu, 1 << 20, &second);
+  EXPECT_EQ(info.from_cache, 1);
+  EXPECT_EQ(second, first);
+  kiln_remote_stats rs = remote_stats(gpu);
+  EXPECT_GE(rs.hits, 2u);  // the decision and the chosen variant's binary
+  EXPECT_EQ(rs.refused, 0u);
 }
 
 }  // namespace
