@@ -4,7 +4,8 @@ and counted (in the pull's counts, the Tuner's stats and kiln.cache.stats), a ki
 explicit calls, reported by stats, nothing local lost), bad arguments, and no key in any message.
 
 redis-server: $KILN_REDIS_SERVER, else on PATH (the project's setup installs it). Without one these tests fail,
-unless KILN_ALLOW_NO_REDIS=1 says to skip them. No GPU needed.
+unless KILN_ALLOW_NO_REDIS=1 says to skip them. No GPU needed, but for the last test (skipped without one): a
+decision tuned through one Tuner's folder and pushed is read through by a strict Tuner on another folder.
 """
 import os
 import shutil
@@ -15,6 +16,7 @@ import time
 import pytest
 
 import kiln
+from conftest import needs_gpu
 
 SMALL = [{"op": "softmax", "rows": 1, "cols": 256}]
 KEY = "python-fleet-key-material-0123456789-never-printed"
@@ -239,3 +241,22 @@ def test_bad_arguments_and_keys_are_said_without_the_key(redis, tmp_path):
     with pytest.raises(kiln.UnavailableError) as e:
         kiln.cache.pull(url, str(tmp_path / "e"), key_file="")
     _no_secrets(str(e.value))
+
+
+@needs_gpu
+def test_gpu_a_decision_pushed_from_one_folder_is_read_through_in_another(redis, tmp_path):
+    key = _key(tmp_path, "fleet.key", KEY)
+    first = kiln.Tuner(cache_dir=str(tmp_path / "a"), remote=redis.url, key_file=key)
+    try:
+        r = kiln.warmup(workload=SMALL, tuner=first)
+        assert r.ready == 1 and r.failed == 0, str(r)
+        pushed = kiln.cache.push(redis.url, str(tmp_path / "a"), key_file=key)
+        assert pushed["decisions"] == 1 and pushed["binaries"] >= 1 and pushed["withheld"] == 0
+        # Another machine's empty folder, strict: the decision and its kernels come from the remote, verified.
+        second = kiln.Tuner(cache_dir=str(tmp_path / "b"), mode="strict", remote=redis.url, key_file=key)
+        r = kiln.warmup(workload=SMALL, tuner=second)
+        assert (r.ready, r.from_cached_decision, r.tuned, r.compiled) == (1, 1, 0, 0), str(r)
+        remote = second.stats()["remote"]
+        assert remote["hits"] >= 2 and remote["refused"] == 0
+    finally:
+        kiln._C._set_default_tuner(None)
