@@ -545,8 +545,8 @@ typedef struct kiln_remote_stats {
   uint64_t withheld;        /* binaries not published: no fleet key */
   uint64_t breaker_opened;  /* times the breaker opened */
   kiln_breaker_state breaker;
-  char remote[256];         /* the remote's URL, password shown as ***; "" without one */
-  char last_error[512];     /* the last failure's message ("" when none; never a password or key) */
+  char remote[256];         /* the remote's URL, password shown as ***; "" without one (NUL-terminated, cut to fit) */
+  char last_error[512];     /* the last failure's message ("" when none; never a password or key; cut to fit) */
 } kiln_remote_stats;
 
 /* The context's remote counters (never contacts the remote: cheap, and honest while it is down). KILN_OK with
