@@ -21,6 +21,10 @@
 namespace nb = nanobind;
 
 namespace kiln::py {
+
+nb::dict remote_counters(const cache::RedisTier& tier);  // remote.cpp
+void bind_remote(nb::module_& m);
+
 namespace {
 
 std::mutex current_mu;
@@ -190,20 +194,33 @@ std::shared_ptr<PyTuner> current_tuner() {
 
 void bind_api(nb::module_& m) {
   nb::class_<PyTuner>(m, "Tuner",
-                      "Tuner(cache_dir=None, mode=None, executor=None, configs=24)\n\n"
+                      "Tuner(cache_dir=None, mode=None, executor=None, configs=24, remote=None, key_file=None,\n"
+                      "      allow_unsigned=False)\n\n"
                       "Where kiln's ops get their kernels: a cache folder seen through a tune mode.\n"
                       "mode: 'tune' measures what the cache lacks; 'use' never measures (cached decision, else the\n"
                       "op's default choice); 'strict' never measures and a missing decision raises\n"
                       "kiln.NotFoundError; 'off' keeps results in memory. Default: $KILN_TUNE_MODE, else 'tune'.\n"
                       "cache_dir: default $KILN_CACHE_DIR, else ~/.cache/kiln. executor: 'inline', 'arena' or\n"
-                      "'process' (kiln's default otherwise). configs: template configurations per template.\n\n"
+                      "'process' (kiln's default otherwise). configs: template configurations per template.\n"
+                      "remote: the fleet's remote cache behind the local one, 'redis://[user:password@]host:port/db'\n"
+                      "or 'unix:///path?db=N' (default $KILN_REMOTE_CACHE; '' none): a local miss asks it, what this\n"
+                      "tuner records is published to it, and a slow or dead remote costs bounded misses only.\n"
+                      "key_file: the fleet key that signs and verifies (default $KILN_CACHE_KEY_FILE; '' none: then only\n"
+                      "decisions and timings travel, unless allow_unsigned=True on a trusted network).\n\n"
                       "`with tuner:` makes it the one the ops use (process-wide, innermost wins).")
       .def(nb::new_([](std::optional<std::string> cache_dir, std::optional<std::string> mode,
-                       std::optional<std::string> executor, int configs) {
-             return make({cache_dir.value_or(""), mode.value_or(""), executor.value_or(""), configs});
+                       std::optional<std::string> executor, int configs, std::optional<std::string> remote,
+                       std::optional<std::string> key_file, bool allow_unsigned) {
+             TunerOptions o{cache_dir.value_or(""), mode.value_or(""), executor.value_or(""), configs};
+             o.remote = std::move(remote);
+             o.key_file = std::move(key_file);
+             o.allow_unsigned = allow_unsigned;
+             return make(std::move(o));
            }),
            nb::arg("cache_dir").none() = nb::none(), nb::arg("mode").none() = nb::none(),
-           nb::arg("executor").none() = nb::none(), nb::arg("configs") = 24)
+           nb::arg("executor").none() = nb::none(), nb::arg("configs") = 24, nb::kw_only(),
+           nb::arg("remote").none() = nb::none(), nb::arg("key_file").none() = nb::none(),
+           nb::arg("allow_unsigned") = false)
       .def_prop_ro("mode", [](const PyTuner& t) { return std::string(cache::tune_mode_name(t.mode())); })
       .def_prop_ro("cache_dir", &PyTuner::cache_dir)
       .def("stats", [](const PyTuner& t) {
@@ -211,9 +228,12 @@ void bind_api(nb::module_& m) {
         nb::dict d;
         d["hits"] = s.hits, d["misses"] = s.misses, d["tuned"] = s.tuned, d["compiled"] = t.compiles();
         d["capture_nearest"] = s.capture_nearest, d["capture_errors"] = s.capture_errors;
+        d["remote"] = t.remote() ? nb::object(remote_counters(*t.remote())) : nb::none();
         return d;
       }, "Counters: hits (calls whose kernel was ready), misses (calls that resolved one), tuned (misses that\n"
-         "measured), compiled (kernels compiled), capture_nearest / capture_errors (misses inside graph capture).")
+         "measured), compiled (kernels compiled), capture_nearest / capture_errors (misses inside graph capture);\n"
+         "remote: None, or this process's use of the remote cache (hits, misses, refused, errors, skipped,\n"
+         "published, queue_drops, write_errors, withheld, breaker 'closed'/'open'/'half-open', last_error).")
       .def("reports", [](const PyTuner& t) {
         std::vector<std::string> out;
         for (const auto& r : t.reports()) out.push_back(r.json());
@@ -258,6 +278,7 @@ void bind_api(nb::module_& m) {
   m.def("_cache_stats", &cache_stats, nb::arg("cache_dir"));
   m.def("_cache_export", &cache_export, nb::arg("path"), nb::arg("cache_dir"), nb::arg("binaries"), nb::arg("prefix"),
         nb::arg("sign_key"));
+  bind_remote(m);
   m.def("_cache_import", &cache_import, nb::arg("path"), nb::arg("cache_dir"), nb::arg("trusted_keys"),
         nb::arg("trust_unsigned"));
 }

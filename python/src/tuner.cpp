@@ -239,7 +239,42 @@ Result<std::shared_ptr<PyTuner>> PyTuner::create(TunerOptions options) {
   }
   if (!options.executor.empty()) KILN_RETURN_IF_ERROR(parse_executor_kind(options.executor));
   if (options.configs < 1) return make_error(ErrorCode::kInvalidArgument, "configs must be at least 1");
-  return std::make_shared<PyTuner>(std::move(options), mode);
+  // The remote is checked now (URL, key file), so a mistake is said at construction; it connects lazily.
+  std::shared_ptr<cache::RedisTier> remote;
+  if (mode != cache::TuneMode::kOff) {
+    KILN_ASSIGN_OR_RETURN(auto ro, remote_options(options.remote, options.key_file, options.allow_unsigned));
+    if (ro) {
+      KILN_ASSIGN_OR_RETURN(remote, shared_remote(*ro));
+    }
+  }
+  auto t = std::make_shared<PyTuner>(std::move(options), mode);
+  t->remote_ = std::move(remote);
+  return t;
+}
+
+Result<std::optional<cache::RemoteOptions>> remote_options(const std::optional<std::string>& remote,
+                                                           const std::optional<std::string>& key_file,
+                                                           bool allow_unsigned) {
+  if (remote && remote->empty()) return std::optional<cache::RemoteOptions>();
+  KILN_ASSIGN_OR_RETURN(auto o, cache::RemoteOptions::from_env(remote.value_or("")));
+  if (o) {
+    if (key_file) o->key_file = *key_file;
+    if (allow_unsigned) o->allow_unsigned_binaries = true;
+  }
+  return o;
+}
+
+Result<std::shared_ptr<cache::RedisTier>> shared_remote(const cache::RemoteOptions& options) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<cache::RedisTier>> tiers;
+  std::lock_guard lock(mu);
+  // The key file's path (not its content) names the key here.
+  const std::string id = strf("{}\n{}\n{}\n{}\n{}", options.url, options.key_file, options.allow_unsigned_binaries,
+                              options.connect_timeout.count(), options.read_timeout.count());
+  if (auto t = tiers[id].lock()) return t;
+  KILN_ASSIGN_OR_RETURN(auto tier, cache::RedisTier::open(options));
+  tiers[id] = tier;
+  return tier;
 }
 
 PyTuner::PyTuner(TunerOptions options, cache::TuneMode mode) : options_(std::move(options)), mode_(mode) {}
@@ -256,7 +291,7 @@ Result<runtime::Tuner*> PyTuner::tuner(int device) {
     if (mode_ != cache::TuneMode::kOff) {
       KILN_ASSIGN_OR_RETURN(store, shared_store(options_.cache_dir));
     }
-    cache_ = std::make_shared<cache::TuningCache>(mode_, std::move(store));
+    cache_ = std::make_shared<cache::TuningCache>(mode_, std::move(store), remote_);
   }
   if (!executor_) {
     ExecutorOptions eo;

@@ -15,11 +15,13 @@
 #include <memory>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/cache/remote.h"
 #include "kiln/cache/tuning.h"
 #include "kiln/pool/executor.h"
 #include "kiln/runtime/tuner.h"
@@ -53,7 +55,20 @@ struct TunerOptions {
   std::string mode;       // empty: $KILN_TUNE_MODE, else tune
   std::string executor;   // empty: kiln's default
   int configs = 24;
+  std::optional<std::string> remote;    // the fleet's remote cache; nullopt: $KILN_REMOTE_CACHE; "": none
+  std::optional<std::string> key_file;  // the fleet key; nullopt: $KILN_CACHE_KEY_FILE; "": none
+  bool allow_unsigned = false;          // true: without a key, unsigned binaries travel (else the environment's)
 };
+
+/// The remote options `remote`/`key_file`/`allow_unsigned` name over the environment's (nullopt: as TunerOptions
+/// says); nullopt when no remote is named. Errors: kInvalidArgument (a malformed URL or variable).
+Result<std::optional<cache::RemoteOptions>> remote_options(const std::optional<std::string>& remote,
+                                                           const std::optional<std::string>& key_file,
+                                                           bool allow_unsigned);
+/// The process's tier for these options (one per URL, key file and policy, shared by every tuner and cache call
+/// while one holds it, so that a process has one write-behind queue and one breaker per remote). Connects lazily.
+/// Errors: those of RedisTier::open (a bad URL, an unreadable key file: never the key itself).
+Result<std::shared_ptr<cache::RedisTier>> shared_remote(const cache::RemoteOptions& options);
 
 struct TunerStats {
   uint64_t hits = 0;       // calls whose selection was ready
@@ -122,11 +137,14 @@ class PyTuner {
   uint64_t compiles() const;
   /// The C++ tuner for `device`, created on first use.
   Result<runtime::Tuner*> tuner(int device);
+  /// The fleet's remote tier behind this tuner's cache; null when none (and in off mode).
+  const std::shared_ptr<cache::RedisTier>& remote() const { return remote_; }
 
  private:
   TunerOptions options_;
   cache::TuneMode mode_ = cache::TuneMode::kTune;
   std::shared_ptr<cache::TuningCache> cache_;
+  std::shared_ptr<cache::RedisTier> remote_;  // set by create()
   std::shared_ptr<Executor> executor_;
   mutable std::mutex mu_;
   std::map<int, std::unique_ptr<runtime::Tuner>> tuners_;

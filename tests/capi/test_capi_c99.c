@@ -97,8 +97,22 @@ int main(void) {
   options.cache_dir = dir;
   options.executor = KILN_EXECUTOR_INLINE;
   options.tune_mode = KILN_TUNE_MODE_TUNE;
+  options.remote_cache = ""; /* no remote, whatever $KILN_REMOTE_CACHE says */
   EXPECT(kiln_context_create(&options, &ctx) == KILN_OK);
   if (ctx == NULL) return 1;
+  {
+    /* The remote calls from C: without a remote, the counters say so and a push says what is missing. */
+    kiln_remote_stats rs;
+    kiln_sync_options so;
+    kiln_sync_report report;
+    rs.size = sizeof(rs);
+    EXPECT(kiln_cache_remote_stats(ctx, &rs) == KILN_OK && rs.configured == 0 && rs.breaker == KILN_BREAKER_CLOSED);
+    kiln_sync_options_init(&so);
+    so.decisions_only = 1;
+    report.size = sizeof(report);
+    EXPECT(kiln_cache_push(ctx, &so, &report) == KILN_ERROR_FAILED_PRECONDITION);
+    EXPECT(strstr(kiln_last_error(), "no remote cache named") != NULL);
+  }
 
   kiln_source_init(&source);
   source.source = "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }";

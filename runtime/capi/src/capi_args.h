@@ -50,11 +50,13 @@ class Args {
 };
 
 /// A caller's struct as this library's version (read_struct), over the defaults its *_init function writes.
+/// `first_version_size`: the size of the struct's first version (offsetof its first added field), which older
+/// callers pass; default: the struct never grew.
 template <class T>
-Result<T> read_struct(const T* given, void (*init)(T*), const char* what) {
+Result<T> read_struct(const T* given, void (*init)(T*), const char* what, size_t first_version_size = sizeof(T)) {
   T defaults;
   init(&defaults);
-  return read_struct(given, defaults, sizeof(T), what);
+  return read_struct(given, defaults, first_version_size, what);
 }
 
 /// guarded(), with the entry point's argument checks handed to `f`.

@@ -1,5 +1,7 @@
 // The C API's core: versions and errors, contexts (cache, executor, logging, the tuner), compiles and
 // launches of one kernel.
+#include <cstddef>
+
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
@@ -213,7 +215,8 @@ KILN_API kiln_status kiln_context_create(const kiln_context_options* options, ki
     kiln_context_options_init(&defaults);
     kiln_context_options o = defaults;
     if (options != nullptr) {
-      KILN_ASSIGN_OR_RETURN(o, capi::read_struct(options, defaults, sizeof(kiln_context_options), "options"));
+      // The first version ended before the remote fields.
+      KILN_ASSIGN_OR_RETURN(o, capi::read_struct(options, defaults, offsetof(kiln_context_options, remote_cache), "options"));
     }
     if (o.device < 0) return capi::bad_argument("kiln_context_create", fmt::format("device {} is negative", o.device));
     if (o.compile_workers < 0) {
@@ -223,6 +226,7 @@ KILN_API kiln_status kiln_context_create(const kiln_context_options* options, ki
     ctx->options = o;
     ctx->cache_dir = capi::str(o.cache_dir);
     ctx->options.cache_dir = nullptr;  // the copy in cache_dir is what lives on
+    ctx->options.remote_cache = ctx->options.cache_key_file = nullptr;  // read below, not kept
     auto check = [&](const auto& field, auto first, auto last, const char* type, const char* name) {
       return capi::checked_enum(field, first, last, type, std::string("options.") + name);
     };
@@ -250,9 +254,16 @@ KILN_API kiln_status kiln_context_create(const kiln_context_options* options, ki
       case KILN_EXECUTOR_PROCESS: eo.kind = ExecutorKind::kProcess; break;
     }
     eo.workers = o.compile_workers;
+    // The remote tier connects lazily: an unreachable remote is not an error here, only bounded misses later.
+    KILN_ASSIGN_OR_RETURN(auto remote, capi::remote_options(o.remote_cache, o.cache_key_file, o.remote_allow_unsigned,
+                                                            o.remote_connect_timeout_ms, o.remote_read_timeout_ms,
+                                                            "options.remote_"));
+    if (remote && mode != cache::TuneMode::kOff) {
+      KILN_ASSIGN_OR_RETURN(ctx->remote, cache::RedisTier::open(std::move(*remote)));
+    }
     cache::StoreOptions store;
     store.dir = ctx->cache_dir;
-    KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode, store));
+    KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode, store, ctx->remote));
     ctx->cache = std::move(opened);
     KILN_ASSIGN_OR_RETURN(ctx->executor, make_executor(eo));
     KILN_ASSIGN_OR_RETURN(ctx->gate, runtime::make_cached_gate(ctx->cache, ctx->executor));

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/cache/remote.h"
 #include "kiln/cache/tuning.h"
 #include "kiln/jit/compiler.h"
 #include "kiln/jit/module.h"
@@ -25,6 +26,7 @@ struct kiln_context {
   kiln_context_options options{};
   std::string cache_dir;
   std::shared_ptr<kiln::cache::TuningCache> cache;
+  std::shared_ptr<kiln::cache::RedisTier> remote;  // the fleet's remote behind `cache`; null when none
   std::shared_ptr<kiln::Executor> executor;
   std::unique_ptr<kiln::PrecompileGate> gate;
   std::shared_ptr<void> log_sink;  // the spdlog sink forwarding to options.log, while the context lives
@@ -148,5 +150,13 @@ Result<templates::DType> dtype_of(const kiln_dtype& d, const std::string& what);
 
 /// Copies a kiln_source's pieces into a KernelSource (arrays with null entries are errors).
 Result<KernelSource> kernel_source_of(const kiln_source& s);
+
+/// The remote options a caller's fields name over the environment's (RemoteOptions::from_env): `url` NULL is
+/// $KILN_REMOTE_CACHE and "" none (nullopt then); `key_file` NULL is $KILN_CACHE_KEY_FILE and "" none;
+/// `allow_unsigned` 1 allows, 0 keeps the environment's; timeouts 0 keep the environment's (else the defaults).
+/// `what` prefixes the field names in errors ("options.remote_": "options.remote_allow_unsigned is 2"). Errors: kInvalidArgument naming the field.
+Result<std::optional<cache::RemoteOptions>> remote_options(const char* url, const char* key_file, int allow_unsigned,
+                                                           int connect_timeout_ms, int read_timeout_ms,
+                                                           const std::string& what);
 
 }  // namespace kiln::capi

@@ -2,6 +2,9 @@
 // key, launched, size-dispatched and precompiled (kiln/runtime/variants.h underneath).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstddef>
+
 #include "capi_args.h"
 #include "kiln/runtime/builtin.h"
 #include "kiln/runtime/variants.h"
@@ -103,6 +106,40 @@ Result<runtime::Variant> variant_of(const kiln_variant& given, size_t index) {
   return out;
 }
 
+// The op's inouts, checked: given where counted, each named, none twice.
+Result<std::vector<std::string>> inouts_of(const capi::Args& arg, const kiln_variant_op& op) {
+  std::vector<std::string> out;
+  if (op.num_inouts > 0 && op.inouts == nullptr) return arg.bad(fmt::format("op.inouts is NULL with a count of {}", op.num_inouts));
+  for (size_t i = 0; i < op.num_inouts; ++i) {
+    if (op.inouts[i] == nullptr || *op.inouts[i] == '\0') return arg.bad(fmt::format("op.inouts[{}] is NULL or empty", i));
+    if (std::find(out.begin(), out.end(), op.inouts[i]) != out.end()) {
+      return arg.bad(fmt::format("op.inouts names '{}' twice", op.inouts[i]));
+    }
+    out.emplace_back(op.inouts[i]);
+  }
+  return out;
+}
+
+// Marks the outputs the op names as inouts to be restored (not poisoned) before each checked run. A name no
+// output has is the caller's mistake, said rather than ignored: ignored, the region would be poisoned and every
+// variant fail on it.
+Status mark_inouts(const std::string& op, const std::vector<std::string>& inouts,
+                   std::vector<runtime::OutputRegion>& outputs) {
+  for (size_t i = 0; i < inouts.size(); ++i) {
+    auto it = std::find_if(outputs.begin(), outputs.end(),
+                           [&](const runtime::OutputRegion& o) { return o.name == inouts[i]; });
+    if (it == outputs.end()) {
+      std::string names;
+      for (const auto& o : outputs) names += (names.empty() ? "" : ", ") + o.name;
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("op '{}': inouts[{}] '{}' names no output of the buffers callback (its outputs: {})",
+                                    op, i, inouts[i], names.empty() ? "none" : names));
+    }
+    it->restore = true;
+  }
+  return Status();
+}
+
 }  // namespace
 
 extern "C" {
@@ -121,7 +158,9 @@ KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_varian
   return capi::entry("kiln_variants_register", [&](const capi::Args& arg) -> Status {
     KILN_RETURN_IF_ERROR(arg.out(out));
     KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
-    KILN_ASSIGN_OR_RETURN(kiln_variant_op c, capi::read_struct(given, kiln_variant_op_init, "op"));
+    // The first version ended before `inouts`.
+    KILN_ASSIGN_OR_RETURN(kiln_variant_op c,
+                          capi::read_struct(given, kiln_variant_op_init, "op", offsetof(kiln_variant_op, inouts)));
     runtime::VariantOp op;
     op.name = capi::str(c.name);
     op.reference = capi::str(c.reference);
@@ -131,12 +170,14 @@ KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_varian
       KILN_ASSIGN_OR_RETURN(runtime::Variant v, variant_of(c.variants[i], i));
       op.variants.push_back(std::move(v));
     }
+    KILN_ASSIGN_OR_RETURN(std::vector<std::string> inouts, inouts_of(arg, c));
     if (c.buffers != nullptr) {
       kiln_buffers_fn fn = c.buffers;
       kiln_release_fn release = c.release;
       void* user = c.user;
       std::string name = op.name;
-      op.buffers = [fn, release, user, name](std::span<const int64_t> sizes, uint32_t seed) -> Result<runtime::VariantBuffers> {
+      op.buffers = [fn, release, user, name, inouts](std::span<const int64_t> sizes,
+                                                      uint32_t seed) -> Result<runtime::VariantBuffers> {
         kiln_tune_buffers tb{};
         const int64_t st = capi::raw_enum(fn(user, sizes.data(), sizes.size(), seed, &tb));
         // Released whatever happens next, once, by whoever drops the last reference.
@@ -163,6 +204,7 @@ KILN_API kiln_status kiln_variants_register(kiln_context* ctx, const kiln_varian
           vb.outputs.push_back(runtime::OutputRegion{o.ptr, dt, o.rows, o.cols, o.ld == 0 ? o.cols : o.ld,
                                                      o.name ? o.name : fmt::format("output{}", i)});
         }
+        KILN_RETURN_IF_ERROR(mark_inouts(name, inouts, vb.outputs));
         vb.owner = std::move(owner);
         return vb;
       };

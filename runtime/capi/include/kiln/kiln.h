@@ -124,6 +124,17 @@ typedef struct kiln_context_options {
   kiln_log_fn log;          /* NULL: kiln logs to stderr as usual */
   void* log_user;
   kiln_log_level log_level; /* default KILN_LOG_WARN */
+  /* The fleet's remote cache (docs/fleet.md): a Redis behind the local cache. A local miss asks it, and what
+   * this context records is published to it; an unreachable remote only costs bounded misses. (A caller whose
+   * struct ends before these fields gets their defaults.) */
+  const char* remote_cache;      /* redis://[user:password@]host:port/db or unix:///path?db=N; NULL:
+                                    $KILN_REMOTE_CACHE (none when unset); "": no remote */
+  const char* cache_key_file;    /* the fleet key (mode 600) that signs and verifies; NULL: $KILN_CACHE_KEY_FILE;
+                                    "": none (then only decisions and timings travel) */
+  int remote_allow_unsigned;     /* 1: without a key, send and accept unsigned binaries (a trusted network
+                                    only); 0: $KILN_REMOTE_ALLOW_UNSIGNED, else no */
+  int remote_connect_timeout_ms; /* 0: $KILN_REMOTE_CONNECT_TIMEOUT_MS, else 50 */
+  int remote_read_timeout_ms;    /* each command's reply; 0: $KILN_REMOTE_READ_TIMEOUT_MS, else 200 */
 } kiln_context_options;
 
 /* Defaults into *options (size included). */
@@ -246,7 +257,9 @@ typedef enum kiln_dtype {
   KILN_F32 = 2
 } kiln_dtype;
 
-/* A region a variant writes: poisoned before its checked run and compared with the reference variant's. */
+/* A region a variant writes: poisoned before its checked run and compared with the reference variant's. A region
+ * the variants also read (an in-place update, y = a * x + y) is named in kiln_variant_op.inouts instead: it is
+ * restored before each checked run, never poisoned. */
 typedef struct kiln_output {
   uint64_t ptr;     /* device pointer */
   kiln_dtype dtype;
@@ -282,6 +295,13 @@ typedef struct kiln_variant_op {
   kiln_check_fn check;           /* optional */
   void* user;                    /* passed to buffers, release and check; must outlive the op */
   double tolerance;              /* relative-norm error allowed against the reference; default 1e-2 */
+  /* The outputs (by kiln_output.name; an unnamed output i is "output<i>") the variants read as well as write,
+   * e.g. an accumulator. Before each variant's checked run such a region gets back what the buffers callback
+   * put there, instead of poison that every variant would read and fail on; it is still compared with the
+   * reference's. A name no output has fails the tune, naming it. Default none. (A caller whose struct ends
+   * before these fields has none.) */
+  const char* const* inouts;
+  size_t num_inouts;
 } kiln_variant_op;
 
 KILN_API void kiln_variant_op_init(kiln_variant_op* op);
@@ -462,6 +482,76 @@ KILN_API kiln_status kiln_cache_import(kiln_context* ctx, const char* path, size
  * binaries were trusted and stored. */
 KILN_API kiln_status kiln_cache_import_trusted(kiln_context* ctx, const char* path, const kiln_import_trust* trust,
                                                size_t* imported, size_t* rejected, int* binaries_trusted);
+
+/* ---- the fleet's remote cache (docs/fleet.md) */
+
+/* What kiln_cache_push / kiln_cache_pull move, and through which remote. */
+typedef struct kiln_sync_options {
+  size_t size;              /* sizeof(kiln_sync_options), set by kiln_sync_options_init */
+  const char* remote_cache; /* NULL or "": the context's remote (kiln_context_options.remote_cache) */
+  const char* key_file;     /* with remote_cache: the fleet key; NULL: $KILN_CACHE_KEY_FILE; "": none */
+  int allow_unsigned;       /* with remote_cache: as kiln_context_options.remote_allow_unsigned */
+  int decisions_only;       /* 1: decisions only (no timings, no binaries); default 0 */
+  const char* arch;         /* "sm_90a": only binaries for it, and problems of devices of its compute capability;
+                               NULL or "": every arch */
+} kiln_sync_options;
+KILN_API void kiln_sync_options_init(kiln_sync_options* options);
+
+/* What a push or pull moved, and what it did not. */
+typedef struct kiln_sync_report {
+  size_t size;              /* sizeof(kiln_sync_report) */
+  uint64_t decisions;       /* entries sent (push) or verified and stored (pull) */
+  uint64_t timings;
+  uint64_t binaries;
+  uint64_t refused;         /* pull: values that failed their checks (unsigned, another key, damaged): never stored */
+  uint64_t withheld;        /* push: binaries not sent because no fleet key is configured */
+  uint64_t failed;          /* entries not written (a full remote, a local write error) */
+} kiln_sync_report;
+
+/* Publishes the context's cache (decisions, timings, binaries; `options` NULL: all of it) to the remote, in
+ * pipelined batches outside the circuit breaker: an explicit call fails loudly rather than skipping.
+ * KILN_OK when the remote was reached; then check report->withheld and report->failed (report may be NULL).
+ * Errors: KILN_ERROR_FAILED_PRECONDITION (no remote named; tune mode off), KILN_ERROR_UNAVAILABLE /
+ * KILN_ERROR_TIMEOUT (the remote cannot be reached: what was sent before stays). */
+KILN_API kiln_status kiln_cache_push(kiln_context* ctx, const kiln_sync_options* options, kiln_sync_report* report);
+/* Reads what the remote holds (selected by `options`), verifies each value and stores those that pass in the
+ * context's cache. KILN_OK when the remote was reached; then report->refused counts values that failed their
+ * checks (none of them stored) and report->failed entries not stored. Errors as kiln_cache_push. */
+KILN_API kiln_status kiln_cache_pull(kiln_context* ctx, const kiln_sync_options* options, kiln_sync_report* report);
+
+typedef enum kiln_breaker_state {
+  KILN_BREAKER_CLOSED = 0,    /* the remote is asked on a local miss */
+  KILN_BREAKER_OPEN = 1,      /* after repeated failures: local only until the cool-down ends (30 s) */
+  KILN_BREAKER_HALF_OPEN = 2  /* the cool-down ended: the next call tries the remote */
+} kiln_breaker_state;
+
+/* This process's use of the context's remote (counters since the context was created). */
+typedef struct kiln_remote_stats {
+  size_t size;              /* sizeof(kiln_remote_stats) */
+  int configured;           /* 0: the context has no remote (everything below is 0) */
+  int signing;              /* 1: a fleet key is configured */
+  uint64_t hits;            /* local misses the remote answered with a value that passed every check */
+  uint64_t misses;          /* lookups the remote had nothing for */
+  uint64_t refused;         /* values read and refused (never loaded): the sum of the three below */
+  uint64_t refused_unsigned;
+  uint64_t refused_signature;
+  uint64_t refused_malformed;
+  uint64_t errors;          /* lookups that failed: unreachable, timed out */
+  uint64_t skipped;         /* lookups not tried because the breaker was open */
+  uint64_t queued;          /* entries put on the write-behind queue */
+  uint64_t published;       /* entries the remote stored */
+  uint64_t queue_drops;     /* entries dropped because the queue was full (a publisher never waits) */
+  uint64_t write_errors;    /* entries the remote did not store */
+  uint64_t withheld;        /* binaries not published: no fleet key */
+  uint64_t breaker_opened;  /* times the breaker opened */
+  kiln_breaker_state breaker;
+  char remote[256];         /* the remote's URL, password shown as ***; "" without one (NUL-terminated, cut to fit) */
+  char last_error[512];     /* the last failure's message ("" when none; never a password or key; cut to fit) */
+} kiln_remote_stats;
+
+/* The context's remote counters (never contacts the remote: cheap, and honest while it is down). KILN_OK with
+ * stats->configured 0 when the context has no remote. */
+KILN_API kiln_status kiln_cache_remote_stats(kiln_context* ctx, kiln_remote_stats* stats);
 
 #ifdef __cplusplus
 }
