@@ -102,6 +102,7 @@ struct KilnAllReduceArgs {
   void* data[KILN_AR_MAX_RANKS];
   unsigned* signals[KILN_AR_MAX_RANKS];
   void* push[KILN_AR_MAX_RANKS];  // algo=push only: every rank's push area, 2 x world slots of `slot` elements
+  void* gather[KILN_AR_MAX_RANKS];  // algo=twoshot only: where the all-gather writes (data, or other peer memory)
   const void* in;                 // algo=push only: this rank's input, read where it is
   void* out;
   const void* residual;   // allreduce_rmsnorm only
