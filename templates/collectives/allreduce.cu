@@ -120,6 +120,39 @@ __device__ __forceinline__ void kiln_ar_push(const KilnAllReduceArgs& a, long lo
   for (int r = 0; r < kWorld; ++r) kiln_store_vec(static_cast<T*>(a.push[r]) + (set + a.rank) * a.slot + i * kVec, v);
 }
 
+// Staged calls (a.in set, not algo=push): this block copies into this rank's staging exactly the elements that the
+// same block index of every rank reads after the first barrier, so that per-block barrier also publishes the copy
+// and the call needs no separate copy launch. The partitions below are the ones the phases use.
+__device__ __forceinline__ void kiln_ar_copy_in(const KilnAllReduceArgs& a) {
+  const T* in = static_cast<const T*>(a.in);
+  T* mine = static_cast<T*>(a.data[a.rank]);
+  if constexpr (kFused) {
+    for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+      for (int col = threadIdx.x * kVec; col < a.cols; col += kThreads * kVec) {
+        const long long e = (long long)row * a.cols + col;
+        kiln_store_vec(mine + e, kiln_load_vec<T, kVec>(in + e));
+      }
+    }
+  } else {
+    const long long nvec = a.count / kVec;
+    const long long stride = (long long)gridDim.x * kThreads;
+    const long long t0 = (long long)blockIdx.x * kThreads + threadIdx.x;
+    if constexpr (kTwoShot) {
+      // Chunk c is reduced by rank c with offsets relative to the chunk's start: copy every chunk's share.
+      const long long chunk = (nvec + kWorld - 1) / kWorld;
+#pragma unroll
+      for (int c = 0; c < kWorld; ++c) {
+        const long long begin = c * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
+        for (long long i = begin + t0; i < end; i += stride) {
+          kiln_store_vec(mine + i * kVec, kiln_load_vec<T, kVec>(in + i * kVec));
+        }
+      }
+    } else {
+      for (long long i = t0; i < nvec; i += stride) kiln_store_vec(mine + i * kVec, kiln_load_vec<T, kVec>(in + i * kVec));
+    }
+  }
+}
+
 __device__ __forceinline__ V kiln_ar_pack(const float (&acc)[kVec]) {
   V o;
 #pragma unroll
@@ -134,7 +167,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
   __syncthreads();
   const unsigned epoch = epoch_s;
 
-  if constexpr (!kPush) kiln_ar_barrier(a, 0, epoch);  // every rank's staging holds its input
+  if constexpr (!kPush) {
+    if (a.in) kiln_ar_copy_in(a);  // a staged call: its input into this rank's staging, no copy launch
+    kiln_ar_barrier(a, 0, epoch);  // every rank's staging (or symmetric input) holds its input
+  }
 
   const long long set = (long long)(epoch & 1u) * kWorld;  // algo=push's slot set for this launch
 

@@ -172,6 +172,12 @@ Status AllReduce::Impl::stage_input(const TemplateChoice& c, const Operand& wher
     }
     return Status();
   }
+  // A staged call: the kernel copies the input into this rank's staging itself (one launch), when the input is
+  // aligned for its vector loads; otherwise a copy launch first.
+  if (in % static_cast<CUdeviceptr>(c.vec * elem_bytes) == 0) {
+    a.in = reinterpret_cast<const void*>(static_cast<uintptr_t>(in));
+    return Status();
+  }
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
   KILN_CHECK(d->cuMemcpyDtoDAsync(staging->local(), in, bytes, stream));
   return Status();
@@ -188,7 +194,8 @@ Status AllReduce::Impl::not_in_staging(CUdeviceptr p, const char* what) const {
 }
 
 // Per call: no string compares, no template lookups (the count's divisibility is the only problem constraint of
-// the all-reduce template), one launch for a symmetric input (two for a staged one: the copy-in, then the kernel).
+// the all-reduce template), one launch (a staged input is copied into the staging buffer by the kernel itself,
+// unless it is not aligned for the vector loads).
 Status AllReduce::Impl::launch_template(const TemplateChoice& c, const Operand& where, CUdeviceptr in,
                                         CUdeviceptr out, int64_t count, CUstream stream) const {
   if (!c.kernel) return c.status.ok() ? make_error(ErrorCode::kFailedPrecondition, c.name + " is not loaded") : c.status;
