@@ -185,7 +185,11 @@ Status AllReduce::Impl::track(size_t a, size_t b, CUstream stream) const {
 }
 
 Status AllReduce::run(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const {
-  const Impl& s = *impl_;
+  return impl_->run_call(in, out, count, stream);
+}
+
+Status AllReduce::Impl::run_call(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const {
+  const Impl& s = *this;
   if (count <= 0 || count > std::numeric_limits<int>::max()) {
     return make_error(ErrorCode::kInvalidArgument, fmt::format("all-reduce of {} elements", count));
   }

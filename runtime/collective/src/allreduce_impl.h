@@ -155,6 +155,8 @@ struct AllReduce::Impl {
   // The pick of the smallest bucket holding `bytes` in the table of `call` (see AllReduce::run for the fallbacks).
   const detail::Pick& pick_for(AllReduceCall call, size_t bytes) const;
   Result<detail::Pick> resolve(const std::string& name) const;
+  // AllReduce::run(): the call's kind, its table's pick, the launch, the heap tensors' tracking.
+  Status run_call(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
   // Where [p, p + bytes) is read from (heap, staging or neither), and the heap allocation holding [p, p + bytes).
   detail::Operand locate(CUdeviceptr p, size_t bytes) const;
   size_t heap_allocation(CUdeviceptr p, size_t bytes) const;
