@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 19 on a multi-GPU machine (nvidia-h200-x2, nvidia-h200-x4), from the repository root, with the programs
 # packed on the development machine and PyTorch's anchor copied beside them:
-#   bash scripts/pack_device.sh device-symm build/bin/{kiln-bench,test_runtime_collective_heap,\
-#     test_runtime_collective_gpu,test_runtime_comm_gpu}
+#   bash scripts/pack_device.sh device-symm build/bin/{kiln-bench,kiln-compile-worker,\
+#     test_runtime_collective_heap,test_runtime_collective_gpu,test_runtime_comm_gpu}
 #   cp ../shared/device/allreduce_anchor.py .device-symm-tar/
 # and there (carry ".device-symm-tar"): `bash bench/collective/device_run.sh`.
 # Steps (STEPS, default "tests bench anchor table"; split them over calls if one call's 10 minutes are short):
