@@ -158,13 +158,15 @@ Result<std::string> rank_main_heap(const Options& o, int rank, runtime::Communic
       row[runtime::call_name(calls[k])] = {{"chosen", r.chosen}, {"from_cache", r.from_cache},
                                            {"tune", nlohmann::json::parse(r.json())["choices"]},
                                            {"eager_us", timings_json(eager)}, {"graph_us", timings_json(graph)}};
+      auto fig = [](const std::vector<CollectiveTiming>& t, const char* n) {
+        for (const auto& c : t) {
+          if (c.name == n && c.ok) return nlohmann::json(c.us);
+        }
+        return nlohmann::json();
+      };
+      if (calls[k] == runtime::AllReduceCall::kSymmetric) row["kiln_eager_out_of_place_us"] = fig(eager, "dispatch");
+      if (calls[k] == runtime::AllReduceCall::kStaged) row["kiln_eager_staged_us"] = fig(eager, "dispatch");
       if (calls[k] == headline) {
-        auto fig = [](const std::vector<CollectiveTiming>& t, const char* n) {
-          for (const auto& c : t) {
-            if (c.name == n && c.ok) return nlohmann::json(c.us);
-          }
-          return nlohmann::json();
-        };
         row["kiln_eager_us"] = fig(eager, "dispatch");
         row["nccl_eager_us"] = fig(eager, "nccl");
         row["kiln_graph_us"] = fig(graph, "dispatch");

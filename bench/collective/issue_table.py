@@ -47,6 +47,8 @@ def main():
             "nccl_eager_us": r.get("nccl_eager_us"),
             "torch_nccl_eager_us": an.get("nccl_us"),
             "symm_mem_best_us": min(symm) if symm else None,
+            "kiln_eager_out_of_place_us": r.get("kiln_eager_out_of_place_us"),
+            "kiln_eager_staged_us": r.get("kiln_eager_staged_us"),
             "kiln_graph_us": g.get("kiln_graph_us"),
             "nccl_graph_us": g.get("nccl_graph_us"),
             "torch_nccl_graph_us": an.get("nccl_graph_us"),
@@ -62,11 +64,13 @@ def main():
 
     def f(v):
         return "-" if v is None else f"{v:.1f}"
-    print("| bytes | kiln eager | NCCL eager | torch NCCL eager | symm-mem best | kiln graph | NCCL graph | eager / best peer |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| bytes | kiln eager | kiln eager out of place | kiln eager staged | NCCL eager | torch NCCL eager | "
+          "symm-mem best | kiln graph | NCCL graph | eager / best peer |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         ratio = "-" if r["eager_over_best_peer"] is None else f"{r['eager_over_best_peer']:.2f}"
-        print(f"| {r['bytes']} | {f(r['kiln_eager_us'])} | {f(r['nccl_eager_us'])} | {f(r['torch_nccl_eager_us'])} | "
+        print(f"| {r['bytes']} | {f(r['kiln_eager_us'])} | {f(r['kiln_eager_out_of_place_us'])} | "
+              f"{f(r['kiln_eager_staged_us'])} | {f(r['nccl_eager_us'])} | {f(r['torch_nccl_eager_us'])} | "
               f"{f(r['symm_mem_best_us'])} | {f(r['kiln_graph_us'])} | {f(r['nccl_graph_us'])} | {ratio} |")
     if a.plot:
         try:
