@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "bench_util.h"
@@ -92,6 +93,124 @@ Result<std::string> rank_main(const Options& o, int rank, runtime::Communicator*
   return out.dump();
 }
 
+Result<runtime::AllReduceCall> parse_call(const std::string& s) {
+  if (s == "staged") return runtime::AllReduceCall::kStaged;
+  if (s == "symmetric") return runtime::AllReduceCall::kSymmetric;
+  if (s == "in-place") return runtime::AllReduceCall::kSymmetricInPlace;
+  return make_error(ErrorCode::kInvalidArgument, fmt::format("--calls: '{}' is not staged, symmetric or in-place", s));
+}
+
+// Heap mode: every kind of call tuned on its own (decisions on eager timings, or graph replays with --graph), then
+// per size the dispatcher and NCCL measured in that kind of call, eager and graphed. The headline columns are the
+// in-place symmetric call's (as NCCL's all_reduce(x) and PyTorch's two_shot_all_reduce_ are called), else the
+// first kind measured.
+Result<std::string> rank_main_heap(const Options& o, int rank, runtime::Communicator* comm) {
+  runtime::AllReduceOptions ao;
+  KILN_ASSIGN_OR_RETURN(ao.dtype, templates::parse_dtype(o.dtype));
+  ao.max_bytes = o.max_bytes;
+  ao.heap_bytes = o.max_bytes + (size_t{1} << 20);  // the measuring tensor of the largest size
+  ao.max_configs = o.max_configs;
+  ao.graph = o.graph;
+  if (!o.cache_dir.empty()) {
+    cache::StoreOptions so;
+    so.dir = o.cache_dir;
+    KILN_ASSIGN_OR_RETURN(auto c, cache::TuningCache::open(cache::TuneMode::kTune, so));
+    ao.cache = std::move(c);
+  }
+  std::vector<runtime::AllReduceCall> calls;
+  for (const auto& c : o.calls) {
+    KILN_ASSIGN_OR_RETURN(auto k, parse_call(c));
+    calls.push_back(k);
+  }
+  if (calls.empty()) return make_error(ErrorCode::kInvalidArgument, "--calls is empty");
+  nlohmann::json out;
+  if (rank == 0) out["environment"] = bench::environment();
+  auto t0 = bench::Clock::now();
+  KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, ao));
+  out["create_seconds"] = bench::seconds_since(t0);
+  std::vector<size_t> buckets;
+  for (size_t b = o.min_bytes; b <= o.max_bytes; b *= 2) buckets.push_back(b);
+  std::vector<std::vector<runtime::CollectiveReport>> reports;
+  t0 = bench::Clock::now();
+  for (auto call : calls) {
+    KILN_ASSIGN_OR_RETURN(auto r, ar->tune(call, buckets));
+    reports.push_back(std::move(r));
+  }
+  out["tune_seconds"] = bench::seconds_since(t0);
+  out["world"] = comm->world();
+  out["mode"] = "heap";
+  out["graph_decisions"] = o.graph;
+  out["calls"] = o.calls;
+  const auto headline = std::find(calls.begin(), calls.end(), runtime::AllReduceCall::kSymmetricInPlace) != calls.end()
+                            ? runtime::AllReduceCall::kSymmetricInPlace
+                            : calls.front();
+  out["headline_call"] = runtime::call_name(headline);
+  const int eb = templates::dtype_bytes(ao.dtype);
+  out["sizes"] = nlohmann::json::array();
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const int64_t count = static_cast<int64_t>(buckets[i] / eb);
+    nlohmann::json row{{"bytes", buckets[i]}};
+    for (size_t k = 0; k < calls.size(); ++k) {
+      const std::vector<std::string> names{"dispatch", "nccl"};
+      KILN_ASSIGN_OR_RETURN(auto eager, ar->benchmark(names, count, false, calls[k]));
+      KILN_ASSIGN_OR_RETURN(auto graph, ar->benchmark(names, count, true, calls[k]));
+      const auto& r = reports[k][i];
+      row[runtime::call_name(calls[k])] = {{"chosen", r.chosen}, {"from_cache", r.from_cache},
+                                           {"tune", nlohmann::json::parse(r.json())["choices"]},
+                                           {"eager_us", timings_json(eager)}, {"graph_us", timings_json(graph)}};
+      auto fig = [](const std::vector<CollectiveTiming>& t, const char* n) {
+        for (const auto& c : t) {
+          if (c.name == n && c.ok) return nlohmann::json(c.us);
+        }
+        return nlohmann::json();
+      };
+      if (calls[k] == runtime::AllReduceCall::kSymmetric) row["kiln_eager_out_of_place_us"] = fig(eager, "dispatch");
+      if (calls[k] == runtime::AllReduceCall::kStaged) row["kiln_eager_staged_us"] = fig(eager, "dispatch");
+      if (calls[k] == headline) {
+        row["kiln_eager_us"] = fig(eager, "dispatch");
+        row["nccl_eager_us"] = fig(eager, "nccl");
+        row["kiln_graph_us"] = fig(graph, "dispatch");
+        row["nccl_graph_us"] = fig(graph, "nccl");
+        row["chosen"] = r.chosen;
+      }
+    }
+    out["sizes"].push_back(std::move(row));
+  }
+  return out.dump();
+}
+
+int print_heap(const Options& o, const nlohmann::json& j) {
+  fmt::print("all-reduce, {} GPUs, {}, heap tensors: created in {:.2f} s, tuned {} kinds x {} sizes in {:.2f} s ({} "
+             "decisions); headline: {}\n",
+             o.gpus, o.dtype, j["create_seconds"].get<double>(), o.calls.size(), j["sizes"].size(),
+             j["tune_seconds"].get<double>(), o.graph ? "graph" : "eager", j["headline_call"].get<std::string>());
+  std::vector<std::string> head{"bytes"};
+  for (const auto& c : o.calls) {
+    for (const char* col : {" kiln", " NCCL", " kiln graph", " NCCL graph"}) head.push_back(c + col);
+  }
+  head.push_back("headline chosen");
+  bench::Table t(head);
+  auto num = [](const nlohmann::json& m, const char* n) {
+    return m.contains(n) && m[n].is_number() ? fmt::format("{:.1f}", m[n].get<double>()) : std::string("-");
+  };
+  for (const auto& row : j["sizes"]) {
+    std::vector<std::string> cells{std::to_string(row["bytes"].get<size_t>())};
+    for (const auto& c : o.calls) {
+      auto k = parse_call(c);
+      const auto& m = row[runtime::call_name(*k)];
+      cells.push_back(num(m["eager_us"], "dispatch"));
+      cells.push_back(num(m["eager_us"], "nccl"));
+      cells.push_back(num(m["graph_us"], "dispatch"));
+      cells.push_back(num(m["graph_us"], "nccl"));
+    }
+    cells.push_back(row.value("chosen", std::string("-")).substr(0, 40));
+    t.add(cells);
+  }
+  fmt::print("{}\n", t.str());
+  if (!o.json.empty() && !bench::write_json(o.json, j)) return 1;
+  return 0;
+}
+
 std::string us(const nlohmann::json& m, const std::string& name) {
   if (!m.contains(name) || !m[name].is_number()) return "-";
   return fmt::format("{:.1f}", m[name].get<double>());
@@ -104,6 +223,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--graph", o.graph, "Tune the decisions on CUDA-graph replays instead of eager calls");
   app.add_flag("--zero-copy", o.zero_copy, "Inputs already in kiln's peer-mapped buffer (no copy-in per call)");
   app.add_flag("--in-place", o.in_place, "Reduce kiln's peer-mapped buffer in place (input and output there)");
+  app.add_flag("--heap", o.heap,
+               "Measure each kind of call (staged, symmetric heap tensors out of place and in place) with its own "
+               "tuned table, against NCCL on the same tensors");
+  app.add_option("--calls", o.calls, "With --heap: the kinds of call (staged, symmetric, in-place)");
   app.add_option("--dtype", o.dtype, "bf16, f16 or f32");
   app.add_option("--min-bytes", o.min_bytes, "Smallest message");
   app.add_option("--max-bytes", o.max_bytes, "Largest message (also the staging buffers' size)");
@@ -120,7 +243,7 @@ int run(const Options& o) {
   g.world = o.gpus;
   g.timeout = std::chrono::minutes(9);
   auto outcomes = runtime::run_local_group(g, [&](int rank, runtime::Communicator* comm) -> Result<std::string> {
-    return rank_main(o, rank, comm);
+    return o.heap ? rank_main_heap(o, rank, comm) : rank_main(o, rank, comm);
   });
   if (!outcomes.ok()) {
     fmt::print(stderr, "kiln-bench allreduce: {}\n", outcomes.status().to_string());
@@ -136,6 +259,7 @@ int run(const Options& o) {
   if (failed) return 1;
   nlohmann::json j = nlohmann::json::parse((*outcomes)[0].result);
   j["benchmark"] = "allreduce";
+  if (o.heap) return print_heap(o, j);
   fmt::print("all-reduce, {} GPUs, {}{}: created in {:.2f} s, tuned {} sizes in {:.2f} s ({} decisions)\n", o.gpus,
              o.dtype, o.in_place ? ", in place" : o.zero_copy ? ", zero-copy input" : "", j["create_seconds"].get<double>(), j["sizes"].size(), j["tune_seconds"].get<double>(),
              o.graph ? "graph" : "eager");

@@ -2,6 +2,9 @@
 // kiln's all-reduce over 4 KiB..256 MiB, and prints latency and bus bandwidth per size for every choice (NCCL
 // included, the reference) and for the tuned dispatcher, eager and as CUDA-graph replays; then the fused
 // all-reduce + residual + RMSNorm against the unfused pairs at decode sizes. Writes JSON.
+// With --heap: the kinds of call side by side instead (staged tensors, symmetric heap tensors out of place and in
+// place, each tuned on its own): per size the tuned dispatcher and NCCL on the same tensors, eager and as CUDA-graph
+// replays, and the issue-19 columns (kiln_eager_us, nccl_eager_us, kiln_graph_us, nccl_graph_us).
 #pragma once
 
 #include <string>
@@ -20,6 +23,9 @@ struct Options {
   /// The input is already in kiln's peer-mapped buffer (no copy-in per call), as symmetric-memory peers measure.
   bool zero_copy = false;
   bool in_place = false;  // input and output in kiln's buffer (AllReduceOptions::in_place)
+  /// Heap mode: tune and measure every kind of call in `calls` on symmetric heap tensors (and staged ones).
+  bool heap = false;
+  std::vector<std::string> calls = {"staged", "symmetric", "in-place"};
   std::string dtype = "bf16";
   size_t min_bytes = 4096;
   size_t max_bytes = size_t{256} << 20;

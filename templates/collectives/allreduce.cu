@@ -5,11 +5,12 @@ ${if fused}
 // One row per block at a time (rows strided by the grid); rows of up to ${threads} * ${vec} * ${items} columns.
 ${else}
 ${if twoshot}
-// Two-shot: rank r sums chunk r of every rank's staging buffer (reduce-scatter, remote reads), writes the sum to
-// its own output and into chunk r of every peer's staging buffer (the all-gather as remote writes, which travel
-// the other direction of each link); after one barrier every rank copies the peers' chunks out of its own
-// memory, or nothing when it reduces its staging buffer in place (out == its staging). Each rank reads and
-// writes (world - 1) / world of the data remotely.
+// Two-shot: rank r sums chunk r of every rank's input (data: staging buffers or symmetric tensors; reduce-scatter,
+// remote reads), writes the sum to its own output and into chunk r of every peer's gather buffer (the all-gather
+// as remote writes, which travel the other direction of each link); after one barrier every rank copies the
+// peers' chunks out of its own gather buffer, or nothing when that is its output (in place). gather is data
+// itself, except for a symmetric input reduced out of place, which must not be overwritten: then it is the
+// staging buffers. Each rank reads and writes (world - 1) / world of the data remotely.
 ${endif}
 ${if push}
 // One-shot push: every rank writes its input (read where the caller has it) into its slot of every rank's push
@@ -119,6 +120,39 @@ __device__ __forceinline__ void kiln_ar_push(const KilnAllReduceArgs& a, long lo
   for (int r = 0; r < kWorld; ++r) kiln_store_vec(static_cast<T*>(a.push[r]) + (set + a.rank) * a.slot + i * kVec, v);
 }
 
+// Staged calls (a.in set, not algo=push): this block copies into this rank's staging exactly the elements that the
+// same block index of every rank reads after the first barrier, so that per-block barrier also publishes the copy
+// and the call needs no separate copy launch. The partitions below are the ones the phases use.
+__device__ __forceinline__ void kiln_ar_copy_in(const KilnAllReduceArgs& a) {
+  const T* in = static_cast<const T*>(a.in);
+  T* mine = static_cast<T*>(a.data[a.rank]);
+  if constexpr (kFused) {
+    for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+      for (int col = threadIdx.x * kVec; col < a.cols; col += kThreads * kVec) {
+        const long long e = (long long)row * a.cols + col;
+        kiln_store_vec(mine + e, kiln_load_vec<T, kVec>(in + e));
+      }
+    }
+  } else {
+    const long long nvec = a.count / kVec;
+    const long long stride = (long long)gridDim.x * kThreads;
+    const long long t0 = (long long)blockIdx.x * kThreads + threadIdx.x;
+    if constexpr (kTwoShot) {
+      // Chunk c is reduced by rank c with offsets relative to the chunk's start: copy every chunk's share.
+      const long long chunk = (nvec + kWorld - 1) / kWorld;
+#pragma unroll
+      for (int c = 0; c < kWorld; ++c) {
+        const long long begin = c * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
+        for (long long i = begin + t0; i < end; i += stride) {
+          kiln_store_vec(mine + i * kVec, kiln_load_vec<T, kVec>(in + i * kVec));
+        }
+      }
+    } else {
+      for (long long i = t0; i < nvec; i += stride) kiln_store_vec(mine + i * kVec, kiln_load_vec<T, kVec>(in + i * kVec));
+    }
+  }
+}
+
 __device__ __forceinline__ V kiln_ar_pack(const float (&acc)[kVec]) {
   V o;
 #pragma unroll
@@ -133,7 +167,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
   __syncthreads();
   const unsigned epoch = epoch_s;
 
-  if constexpr (!kPush) kiln_ar_barrier(a, 0, epoch);  // every rank's staging holds its input
+  if constexpr (!kPush) {
+    if (a.in) kiln_ar_copy_in(a);  // a staged call: its input into this rank's staging, no copy launch
+    kiln_ar_barrier(a, 0, epoch);  // every rank's staging (or symmetric input) holds its input
+  }
 
   const long long set = (long long)(epoch & 1u) * kWorld;  // algo=push's slot set for this launch
 
@@ -215,9 +252,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
     const long long stride = (long long)gridDim.x * kThreads;
     const long long t0 = (long long)blockIdx.x * kThreads + threadIdx.x;
     T* out = static_cast<T*>(a.out);
-    const T* mine = static_cast<const T*>(a.data[a.rank]);
+    const T* mine = static_cast<const T*>(a.gather[a.rank]);
     // Reduce-scatter, and the all-gather pushed: the sum of chunk `rank` goes to this rank's output and to that
-    // chunk of every peer's staging. Only this rank reads or writes chunk `rank` anywhere during this phase, and
+    // chunk of every peer's gather buffer. Only this rank reads or writes chunk `rank` anywhere during this phase, and
     // each element is read before the same thread overwrites it, so `out` may be this rank's staging.
     {
       const long long begin = a.rank * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
@@ -229,12 +266,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
 #pragma unroll
         for (int r = 1; r < kWorld; ++r) {
           const int peer = (a.rank + r) % kWorld;  // rotated so the ranks' first writes go to different peers
-          kiln_store_vec(static_cast<T*>(a.data[peer]) + i * kVec, packed);
+          kiln_store_vec(static_cast<T*>(a.gather[peer]) + i * kVec, packed);
         }
       }
     }
-    // Every peer's reduced chunk is in this rank's staging, and no peer reads this rank's staging any more, so
-    // the next launch may overwrite it (a peer's next pushes wait for this rank at the next launch's first barrier).
+    // Every peer's reduced chunk is in this rank's gather buffer, and no peer reads this rank's memory any more,
+    // so the next launch may overwrite it (a peer's next pushes wait for this rank at the next launch's first barrier).
     kiln_ar_barrier(a, 1, epoch);
     if (static_cast<const void*>(out) != static_cast<const void*>(mine)) {  // in place: the peers' chunks are there
 #pragma unroll

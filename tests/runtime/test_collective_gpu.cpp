@@ -3,7 +3,9 @@
 // in-place calls,
 // rank agreement with one rank's timings distorted, the size dispatcher inside a CUDA graph, the fused
 // all-reduce + residual + RMSNorm, decisions reused from the cache by a new group, clean teardown, and a rank
-// that fails. Skips without two GPUs. This process never initialises CUDA itself (its children do).
+// that fails; symmetric heap tensors: zero-copy in and out of place against the staged result, their own tuned
+// tables, sizes that differ across ranks (an error on every rank, no hang), and a free while a call is in flight.
+// Skips without two GPUs. This process never initialises CUDA itself (its children do).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,6 +90,7 @@ Status check_sum(const DeviceBuffer& out, int world, int64_t count, const std::s
 AllReduceOptions small_options() {
   AllReduceOptions o;
   o.max_bytes = size_t{8} << 20;
+  o.heap_bytes = size_t{32} << 20;
   o.max_configs = 8;
   o.runs = 3;
   return o;
@@ -256,31 +259,34 @@ TEST(CollectiveGpu, InPlaceTuningLeavesOutTheReadOneShotAndReducesInPlace) {
 TEST(CollectiveGpu, FusedAllReduceResidualRmsNormMatchesAndRanksAgree) {
   KILN_NEED_TWO_GPUS();
   const std::string agreed = agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
-    AllReduceOptions o = small_options();
-    o.zero_copy = true;  // the fused kernel reads x where it is; EveryChoice... covers the copy-in path
-    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
-    KILN_RETURN_IF_ERROR(ar->tune({8192, 65536, 1 << 20}).status());
-    // tune_fused checks every fused configuration and both unfused pairs against a CPU reference before it may
-    // win (a wrong one is recorded as failed), so a failure shows in the reports.
-    KILN_ASSIGN_OR_RETURN(auto reports, ar->tune_fused(4096, {1, 16, 64}));
     std::string out;
     int fused_ok = 0;
-    for (const auto& r : reports) {
-      out += r.chosen + ";";
-      for (const auto& c : r.choices) {
-        if (!c.ok && c.error.find("wrong") != std::string::npos) return make_error(ErrorCode::kInternal, c.name + ": " + c.error);
-        if (c.ok && c.name.rfind("unfused:", 0) != 0) ++fused_ok;
-        if (c.ok && c.name.rfind("unfused:", 0) == 0) out += "pair;";
+    // x where the fused kernel reads it (zero-copy), then x anywhere (the kernel copies it into the staging buffer).
+    for (bool zero_copy : {true, false}) {
+      AllReduceOptions o = small_options();
+      o.zero_copy = zero_copy;
+      KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
+      KILN_RETURN_IF_ERROR(ar->tune({8192, 65536, 1 << 20}).status());
+      // tune_fused checks every fused configuration and both unfused pairs against a CPU reference before it may
+      // win (a wrong one is recorded as failed), so a failure shows in the reports.
+      KILN_ASSIGN_OR_RETURN(auto reports, ar->tune_fused(4096, {1, 16, 64}));
+      for (const auto& r : reports) {
+        out += r.chosen + ";";
+        for (const auto& c : r.choices) {
+          if (!c.ok && c.error.find("wrong") != std::string::npos) return make_error(ErrorCode::kInternal, c.name + ": " + c.error);
+          if (c.ok && c.name.rfind("unfused:", 0) != 0) ++fused_ok;
+          if (c.ok && c.name.rfind("unfused:", 0) == 0) out += "pair;";
+        }
       }
     }
     if (fused_ok == 0) return make_error(ErrorCode::kInternal, "no fused configuration ran: " + out);
     (void)rank;
     return out;
   });
-  // At least one unfused pair was measured at each of the three row counts.
+  // At least one unfused pair was measured at each of the three row counts, in both runs.
   size_t pairs = 0;
   for (size_t p = agreed.find("pair;"); p != std::string::npos; p = agreed.find("pair;", p + 1)) ++pairs;
-  EXPECT_GE(pairs, 3u) << agreed;
+  EXPECT_GE(pairs, 6u) << agreed;
 }
 
 TEST(CollectiveGpu, ANewGroupUsesTheStoredDecisions) {
@@ -356,6 +362,222 @@ TEST(CollectiveGpu, ARankThatFailsEndsTheGroupWithItsError) {
   EXPECT_NE((*outcomes)[1].status.message().find("gives up"), std::string::npos) << (*outcomes)[1].status.to_string();
   EXPECT_FALSE((*outcomes)[0].status.ok());
   EXPECT_NE((*outcomes)[0].status.to_string().find("rank 1"), std::string::npos) << (*outcomes)[0].status.to_string();
+}
+
+// Symmetric tensors: every choice, out of place (the input keeps its value: the two-shot's all-gather must not
+// write into it) and in place, gives the CPU reduction, as the staged call does; run() classifies the calls.
+TEST(CollectiveGpu, HeapTensorsReduceZeroCopyLikeTheStagedPath) {
+  KILN_NEED_TWO_GPUS();
+  const std::string agreed = agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    int checked = 0;
+    for (int64_t count : {int64_t{8}, int64_t{1000}, int64_t{65536}, int64_t{3 << 20}}) {
+      const size_t bytes = static_cast<size_t>(count) * 2;
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(bytes));
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer got, DeviceBuffer::allocate(bytes));
+      KILN_RETURN_IF_ERROR(fill_rank_input(in, rank, count));
+      KILN_ASSIGN_OR_RETURN(CUdeviceptr x, ar->allocate(bytes));
+      KILN_ASSIGN_OR_RETURN(CUdeviceptr y, ar->allocate(bytes));
+      if (!ar->is_symmetric(x, bytes) || ar->is_symmetric(in.ptr(), bytes) || ar->is_symmetric(x, bytes + 4096)) {
+        return make_error(ErrorCode::kInternal, "is_symmetric is wrong");
+      }
+      if (ar->call_kind(x, y, count) != AllReduceCall::kSymmetric ||
+          ar->call_kind(x, x, count) != AllReduceCall::kSymmetricInPlace ||
+          ar->call_kind(in.ptr(), y, count) != AllReduceCall::kStaged) {
+        return make_error(ErrorCode::kInternal, "call_kind is wrong");
+      }
+      for (const auto& name : ar->choice_names(count)) {
+        KILN_CHECK(d->cuMemcpyDtoD(x, in.ptr(), bytes));
+        KILN_CHECK(d->cuMemsetD8(y, 0xff, bytes));
+        KILN_RETURN_IF_ERROR(ar->run_choice(name, x, y, count, nullptr));
+        KILN_CHECK(d->cuCtxSynchronize());
+        KILN_CHECK(d->cuMemcpyDtoD(got.ptr(), y, bytes));
+        KILN_RETURN_IF_ERROR(check_sum(got, comm->world(), count, name + " (heap, out of place)"));
+        KILN_CHECK(d->cuMemcpyDtoD(got.ptr(), x, bytes));
+        {
+          std::vector<uint16_t> a(count), b(count);
+          KILN_RETURN_IF_ERROR(in.copy_to_host(a.data(), bytes));
+          KILN_RETURN_IF_ERROR(got.copy_to_host(b.data(), bytes));
+          if (a != b) return make_error(ErrorCode::kInternal, name + " overwrote its heap input out of place");
+        }
+        Status in_place = ar->run_choice(name, x, x, count, nullptr);
+        if (name.find("_oneshot_") != std::string::npos) {
+          if (in_place.code() != ErrorCode::kInvalidArgument) {
+            return make_error(ErrorCode::kInternal, name + " accepted an in-place call: " + in_place.to_string());
+          }
+        } else {
+          KILN_RETURN_IF_ERROR(in_place);
+          KILN_CHECK(d->cuCtxSynchronize());
+          KILN_CHECK(d->cuMemcpyDtoD(got.ptr(), x, bytes));
+          KILN_RETURN_IF_ERROR(check_sum(got, comm->world(), count, name + " (heap, in place)"));
+        }
+        ++checked;
+      }
+      KILN_RETURN_IF_ERROR(ar->free(y));
+      KILN_RETURN_IF_ERROR(ar->free(x));
+    }
+    if (ar->heap_used() != 0) return make_error(ErrorCode::kInternal, fmt::format("{} heap bytes left", ar->heap_used()));
+    return std::to_string(checked);
+  });
+  EXPECT_GT(std::atoi(agreed.c_str()), 8);
+}
+
+// Each kind of call has its own table: tuned separately, run() dispatches heap tensors from theirs (the in-place
+// table never holds the read one-shot), and the results are right, eager and inside a CUDA graph.
+TEST(CollectiveGpu, EachKindOfCallDispatchesFromItsOwnTable) {
+  KILN_NEED_TWO_GPUS();
+  agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    const std::vector<size_t> buckets{4096, 65536, size_t{4} << 20};
+    std::string picks;
+    for (AllReduceCall call : {AllReduceCall::kStaged, AllReduceCall::kSymmetric, AllReduceCall::kSymmetricInPlace}) {
+      KILN_ASSIGN_OR_RETURN(auto reports, ar->tune(call, buckets));
+      for (const auto& r : reports) {
+        if (r.call != call_name(call)) return make_error(ErrorCode::kInternal, "report of the wrong kind: " + r.call);
+        if (call == AllReduceCall::kSymmetricInPlace && r.chosen.find("_oneshot_") != std::string::npos) {
+          return make_error(ErrorCode::kInternal, "the in-place table holds " + r.chosen);
+        }
+        if (ar->choice_for(static_cast<int64_t>(r.bytes / 2), call) != r.chosen) {
+          return make_error(ErrorCode::kInternal, "choice_for disagrees with the report");
+        }
+        picks += r.chosen + ";";
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_ASSIGN_OR_RETURN(Stream stream, Stream::create());
+    for (int64_t count : {int64_t{2000}, int64_t{30000}, int64_t{1 << 20}}) {
+      const size_t bytes = static_cast<size_t>(count) * 2;
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(bytes));
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::allocate(bytes));
+      KILN_RETURN_IF_ERROR(fill_rank_input(in, rank, count));
+      KILN_ASSIGN_OR_RETURN(CUdeviceptr x, ar->allocate(bytes));
+      KILN_ASSIGN_OR_RETURN(CUdeviceptr y, ar->allocate(bytes));
+      // Staged, symmetric out of place, symmetric in place (twice: the second reduces the first's input again).
+      KILN_RETURN_IF_ERROR(ar->run(in.ptr(), out.ptr(), count, stream.get()));
+      KILN_RETURN_IF_ERROR(stream.synchronize());
+      KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, "staged " + ar->choice_for(count, AllReduceCall::kStaged)));
+      KILN_CHECK(d->cuMemcpyDtoD(x, in.ptr(), bytes));
+      KILN_RETURN_IF_ERROR(ar->run(x, y, count, stream.get()));
+      KILN_RETURN_IF_ERROR(stream.synchronize());
+      KILN_CHECK(d->cuMemcpyDtoD(out.ptr(), y, bytes));
+      KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, "symmetric " + ar->choice_for(count, AllReduceCall::kSymmetric)));
+      KILN_RETURN_IF_ERROR(ar->run(x, x, count, stream.get()));
+      KILN_RETURN_IF_ERROR(stream.synchronize());
+      KILN_CHECK(d->cuMemcpyDtoD(out.ptr(), x, bytes));
+      KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count,
+                                     "in place " + ar->choice_for(count, AllReduceCall::kSymmetricInPlace)));
+      // Inside a CUDA graph: heap tensors out of place, replayed three times.
+      KILN_CHECK(d->cuMemcpyDtoD(x, in.ptr(), bytes));
+      CUgraph graph = nullptr;
+      KILN_CHECK(d->cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+      Status st = ar->run(x, y, count, stream.get());
+      KILN_CHECK(d->cuStreamEndCapture(stream.get(), &graph));
+      KILN_RETURN_IF_ERROR(st);
+      CUgraphExec exec = nullptr;
+      KILN_CHECK(d->cuGraphInstantiateWithFlags(&exec, graph, 0));
+      for (int i = 0; i < 3; ++i) KILN_CHECK(d->cuGraphLaunch(exec, stream.get()));
+      KILN_RETURN_IF_ERROR(stream.synchronize());
+      d->cuGraphExecDestroy(exec);
+      d->cuGraphDestroy(graph);
+      KILN_CHECK(d->cuMemcpyDtoD(out.ptr(), y, bytes));
+      KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, "graph replay on heap tensors"));
+      KILN_RETURN_IF_ERROR(ar->free(x));
+      KILN_RETURN_IF_ERROR(ar->free(y));
+    }
+    return picks;
+  });
+}
+
+// A rank that asks another size gets an error naming both sizes, and so does its peer: no rank allocates, no
+// rank hangs, and the next agreeing allocate works. Ranks whose heaps diverged (one freed a tensor the other
+// kept) are told so at the next allocate. Double and foreign frees are refused by pointer.
+TEST(CollectiveGpu, MismatchedAllocationsFailOnEveryRankWithoutHanging) {
+  KILN_NEED_TWO_GPUS();
+  install_crash_trace();
+  GroupOptions g;
+  g.world = 2;
+  g.timeout = std::chrono::minutes(2);  // a hang ends the test as a timed-out rank
+  auto outcomes = run_local_group(g, [](int rank, Communicator* comm) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    std::string out;
+    auto mismatched = ar->allocate(rank == 0 ? 4096 : 8192);
+    if (mismatched.ok()) return make_error(ErrorCode::kInternal, "mismatched sizes allocated");
+    out += fmt::format("{}|{};", static_cast<int>(mismatched.status().code()), mismatched.status().message());
+    if (ar->heap_used() != 0) return make_error(ErrorCode::kInternal, "a refused allocate kept its range");
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr a, ar->allocate(4096));
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr b, ar->allocate(4096));
+    // Rank 1 frees a tensor rank 0 keeps: the next allocate says the heaps diverged, on both ranks.
+    if (rank == 1) KILN_RETURN_IF_ERROR(ar->free(a));
+    auto diverged = ar->allocate(4096);
+    if (diverged.ok()) return make_error(ErrorCode::kInternal, "diverged heaps allocated");
+    out += fmt::format("{}|{};", static_cast<int>(diverged.status().code()),
+                       diverged.status().message().find("diverged") != std::string::npos ? "diverged" : diverged.status().message());
+    if (rank == 0) KILN_RETURN_IF_ERROR(ar->free(a));
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr c, ar->allocate(4096));
+    out += c == a ? "reused;" : "not reused;";
+    KILN_RETURN_IF_ERROR(ar->free(c));
+    Status twice = ar->free(c);
+    out += fmt::format("{};", static_cast<int>(twice.code()));
+    Status foreign = ar->free(ar->input_buffer());
+    out += fmt::format("{};", static_cast<int>(foreign.code()));
+    KILN_RETURN_IF_ERROR(ar->free(b));
+    return out;
+  });
+  ASSERT_TRUE(outcomes.ok()) << outcomes.status().to_string();
+  ASSERT_EQ(outcomes->size(), 2u);
+  for (const auto& o : *outcomes) {
+    ASSERT_TRUE(o.status.ok()) << "rank " << o.rank << ": " << o.status.to_string();
+    const std::string inv = std::to_string(static_cast<int>(ErrorCode::kInvalidArgument));
+    EXPECT_EQ(o.result.rfind(inv + "|", 0), 0u) << o.result;
+    EXPECT_NE(o.result.find("4096"), std::string::npos) << o.result;
+    EXPECT_NE(o.result.find("8192"), std::string::npos) << o.result;
+    EXPECT_NE(o.result.find(inv + "|diverged;"), std::string::npos) << o.result;
+    EXPECT_NE(o.result.find("reused;" + inv + ";" + inv + ";"), std::string::npos) << o.result;
+  }
+  EXPECT_EQ((*outcomes)[0].result, (*outcomes)[1].result);
+}
+
+// A heap tensor freed while calls that read it are still queued: the next allocate hands the same range out
+// again (the offsets must stay deterministic) only once those calls have completed, so writing the new tensor
+// cannot corrupt their results.
+TEST(CollectiveGpu, FreeWhileInFlightThenAllocateWaitsForTheCalls) {
+  KILN_NEED_TWO_GPUS();
+  agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, small_options()));
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    const int64_t count = int64_t{4} << 20;  // 8 MiB: long enough calls that some are still queued
+    const size_t bytes = static_cast<size_t>(count) * 2;
+    KILN_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(bytes));
+    KILN_RETURN_IF_ERROR(fill_rank_input(in, rank, count));
+    KILN_ASSIGN_OR_RETURN(Stream stream, Stream::create());
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr x, ar->allocate(bytes));
+    std::vector<DeviceBuffer> outs;
+    KILN_CHECK(d->cuMemcpyDtoD(x, in.ptr(), bytes));
+    // A kiln template (the two-shot: it reads every peer's x and writes the peers' staging), the same on both ranks.
+    const auto names = ar->choice_names(count);
+    std::string name = names.back();
+    for (const auto& n : names) {
+      if (n.find("_twoshot_") != std::string::npos) name = n;
+    }
+    for (int i = 0; i < 16; ++i) {
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::allocate(bytes));
+      KILN_RETURN_IF_ERROR(ar->run_choice(name, x, out.ptr(), count, stream.get()));
+      outs.push_back(std::move(out));
+    }
+    KILN_RETURN_IF_ERROR(ar->free(x));  // local, immediate; the 16 calls may still be running
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr again, ar->allocate(bytes));
+    if (again != x) return make_error(ErrorCode::kInternal, "the freed range was not reused at the same offset");
+    // allocate() returned: every call that used the range must be done.
+    if (d->cuStreamQuery(stream.get()) != CUDA_SUCCESS) {
+      return make_error(ErrorCode::kInternal, "allocate handed out a range still used by a queued call");
+    }
+    KILN_CHECK(d->cuMemsetD8(again, 0x7f, bytes));  // the new owner writes it
+    KILN_RETURN_IF_ERROR(stream.synchronize());
+    for (const auto& out : outs) KILN_RETURN_IF_ERROR(check_sum(out, comm->world(), count, "a call queued before the free"));
+    KILN_RETURN_IF_ERROR(ar->free(again));
+    return name;
+  });
 }
 
 }  // namespace

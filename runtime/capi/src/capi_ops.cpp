@@ -1,5 +1,5 @@
-// The C API's built-in ops on raw device pointers (GEMM with epilogues, RMSNorm, softmax; all-reduce over an
-// application's NCCL communicator), workloads (precompile, warm-up) and the cache (stats, export, import).
+// The C API's built-in ops on raw device pointers (GEMM with epilogues, RMSNorm, softmax; the all-reduce is in
+// capi_collective.cpp), workloads (precompile, warm-up) and the cache (stats, export, import).
 #include <fmt/format.h>
 
 #include "capi_args.h"
@@ -7,15 +7,8 @@
 #include "kiln/cache/signing.h"
 #include "kiln/cache/store.h"
 #include "kiln/runtime/builtin.h"
-#include "kiln/runtime/collective.h"
-#include "kiln/runtime/comm.h"
 #include "kiln/runtime/workload.h"
 #include "kiln/templates/gemm.h"
-
-struct kiln_allreduce {
-  std::unique_ptr<kiln::runtime::Communicator> comm;
-  std::unique_ptr<kiln::runtime::AllReduce> allreduce;
-};
 
 using namespace kiln;
 
@@ -154,54 +147,6 @@ KILN_API kiln_status kiln_softmax(kiln_context* ctx, const kiln_softmax_args* gi
     KILN_RETURN_IF_ERROR(problem.validate());
     return run_tuned(ctx, problem, a, stream);
   });
-}
-
-KILN_API kiln_status kiln_allreduce_create(kiln_context* ctx, void* nccl_comm, int rank, int world, kiln_dtype dtype,
-                                           size_t max_bytes, kiln_allreduce** out) {
-  return capi::entry("kiln_allreduce_create", [&](const capi::Args& arg) -> Status {
-    KILN_RETURN_IF_ERROR(arg.out(out));
-    KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
-    if (nccl_comm == nullptr) return arg.bad("nccl_comm is NULL: pass the application's ncclComm_t");
-    if (world < 1 || rank < 0 || rank >= world) return arg.bad(fmt::format("rank {} of world {} is not a rank", rank, world));
-    if (auto v = runtime::nccl_version(); !v.ok()) {
-      return make_error(ErrorCode::kUnimplemented,
-                        fmt::format("all-reduce needs NCCL, and it cannot be loaded here: {}", v.status().to_string()));
-    }
-    runtime::AllReduceOptions o;
-    KILN_ASSIGN_OR_RETURN(o.dtype, capi::dtype_of(dtype, "dtype"));
-    if (max_bytes > 0) o.max_bytes = max_bytes;
-    o.cache = ctx->cache;
-    o.executor = ctx->executor;
-    auto h = std::make_unique<kiln_allreduce>();
-    KILN_ASSIGN_OR_RETURN(h->comm, runtime::Communicator::wrap(static_cast<ncclComm_t>(nccl_comm), rank, world,
-                                                                ctx->options.device));
-    KILN_ASSIGN_OR_RETURN(h->allreduce, runtime::AllReduce::create(*h->comm, std::move(o)));
-    *out = h.release();
-    return Status();
-  });
-}
-
-KILN_API kiln_status kiln_allreduce_tune(kiln_allreduce* allreduce) {
-  return capi::entry("kiln_allreduce_tune", [&](const capi::Args& arg) -> Status {
-    KILN_RETURN_IF_ERROR(arg.given(allreduce, "allreduce"));
-    return allreduce->allreduce->tune().status();
-  });
-}
-
-KILN_API kiln_status kiln_allreduce_run(const kiln_allreduce* allreduce, uint64_t in, uint64_t out, int64_t count,
-                                        void* stream) {
-  return capi::entry("kiln_allreduce_run", [&](const capi::Args& arg) -> Status {
-    KILN_RETURN_IF_ERROR(arg.given(allreduce, "allreduce"));
-    if (in == 0 || out == 0 || count <= 0) return arg.bad("in, out and a positive count are needed");
-    return allreduce->allreduce->run(in, out, count, static_cast<CUstream>(stream));
-  });
-}
-
-KILN_API void kiln_allreduce_destroy(kiln_allreduce* allreduce) {
-  try {
-    delete allreduce;
-  } catch (...) {
-  }
 }
 
 // ---- workloads

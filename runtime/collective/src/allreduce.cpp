@@ -1,9 +1,12 @@
-// AllReduce (kiln/runtime/collective.h): creation (the peer buffers, the symmetric window, the gate and the
-// rendered choices, agreed over ranks) and the run path: the size dispatcher that maps a message to its bucket's
-// choice, and running a named one. Tuning, measuring, the catalogue and the fused step are in the other
+// AllReduce (kiln/runtime/collective.h): creation (the peer buffers, the symmetric heap and window, the gate and
+// the rendered choices, agreed over ranks), the symmetric heap's allocate/free, and the run path: the call's kind
+// (where its input is), the size dispatcher that maps a message to its bucket's choice in that kind's table, and
+// running a named one. Tuning, measuring, the catalogue and the fused step are in the other
 // allreduce_*.cpp files (allreduce_impl.h lists them).
 #include <algorithm>
+#include <limits>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "allreduce_impl.h"
@@ -15,7 +18,21 @@ namespace kiln::runtime {
 using namespace detail;
 
 AllReduce::AllReduce(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-AllReduce::~AllReduce() = default;
+AllReduce::~AllReduce() {
+  if (!impl_) return;
+  std::lock_guard<std::mutex> lock(impl_->heap_mu);
+  (void)impl_->heap_map.drain();  // no range is unmapped under a call still running
+  impl_->uses.clear();
+}
+
+const char* call_name(AllReduceCall call) {
+  switch (call) {
+    case AllReduceCall::kStaged: return "staged";
+    case AllReduceCall::kSymmetric: return "symmetric";
+    case AllReduceCall::kSymmetricInPlace: return "symmetric in-place";
+  }
+  return "?";
+}
 const AllReduceOptions& AllReduce::options() const { return impl_->options; }
 Communicator& AllReduce::comm() const { return *impl_->comm; }
 
@@ -35,6 +52,12 @@ Result<std::unique_ptr<AllReduce>> AllReduce::create(Communicator& comm, AllRedu
   KILN_ASSIGN_OR_RETURN(impl->signals, PeerBuffers::create(comm, KILN_AR_SIGNAL_WORDS * sizeof(unsigned)));
   impl->push_slot_bytes = std::min<size_t>(impl->options.max_bytes, size_t{4} << 20) / 256 * 256;
   KILN_ASSIGN_OR_RETURN(impl->push, PeerBuffers::create(comm, 2 * comm.world() * impl->push_slot_bytes));
+  if (impl->options.heap_bytes > 0) {
+    KILN_ASSIGN_OR_RETURN(impl->heap, PeerBuffers::create(comm, impl->options.heap_bytes));
+    impl->heap_map = SymmetricHeap(impl->options.heap_bytes);
+  }
+  impl->base = impl->base_args();
+  impl->measuring = impl->options_call();
   if (const size_t w = std::min(impl->options.symmetric_bytes, impl->options.max_bytes); w > 0) {
     auto window = create_symmetric_window(comm, w);  // every rank gets the same outcome
     if (window.ok()) impl->window = std::move(window).value();
@@ -69,24 +92,207 @@ Result<std::unique_ptr<AllReduce>> AllReduce::create(Communicator& comm, AllRedu
 
 CUdeviceptr AllReduce::input_buffer() const { return impl_->staging->local(); }
 
-const std::string& AllReduce::Impl::pick_for(int64_t count) const {
-  const size_t bytes = static_cast<size_t>(count) * elem_bytes;
-  auto it = std::lower_bound(bounds.begin(), bounds.end(), bytes);
-  if (it == bounds.end()) return nccl_name;
-  return picks[static_cast<size_t>(it - bounds.begin())];
+AllReduceCall AllReduce::Impl::options_call() const {
+  if (options.in_place) return AllReduceCall::kSymmetricInPlace;
+  return options.zero_copy ? AllReduceCall::kSymmetric : AllReduceCall::kStaged;
 }
 
-const std::string& AllReduce::choice_for(int64_t count) const { return impl_->pick_for(count); }
+// An untuned kind (or an untuned call kind's missing table) falls back to the staged table's pick when that choice
+// serves the kind (the read one-shot cannot run in place), else to NCCL: deterministic, so ranks stay alike.
+const Pick& AllReduce::Impl::pick_for(AllReduceCall call, size_t bytes) const {
+  static const Pick nccl_pick;
+  const Table* t = &tables[static_cast<int>(call)];
+  if (t->bounds.empty()) t = &tables[static_cast<int>(AllReduceCall::kStaged)];
+  auto it = std::lower_bound(t->bounds.begin(), t->bounds.end(), bytes);
+  if (it == t->bounds.end()) return nccl_pick;
+  const Pick& p = t->picks[static_cast<size_t>(it - t->bounds.begin())];
+  if (call == AllReduceCall::kSymmetricInPlace && p.choice && !p.choice->in_place) return nccl_pick;
+  return p;
+}
+
+Result<Pick> AllReduce::Impl::resolve(const std::string& name) const {
+  Pick p;
+  p.name = name;
+  if (name == kNccl) return p;
+  if (name == kNcclSymmetric) {
+    if (!window) return make_error(ErrorCode::kNotFound, "no nccl_symmetric choice (no symmetric window)");
+    p.kind = Pick::kNcclSymmetricPick;
+    return p;
+  }
+  const TemplateChoice* c = find(choices, name);
+  if (!c) return make_error(ErrorCode::kNotFound, fmt::format("no all-reduce choice '{}'", name));
+  p.kind = Pick::kTemplatePick;
+  p.choice = c;
+  return p;
+}
+
+size_t AllReduce::Impl::heap_allocation(CUdeviceptr p, size_t bytes) const {
+  if (!heap) return SymmetricHeap::npos;
+  const CUdeviceptr lo = heap->local();
+  if (p < lo || p >= lo + heap->bytes()) return SymmetricHeap::npos;
+  std::lock_guard<std::mutex> lock(heap_mu);
+  return heap_map.find(static_cast<size_t>(p - lo), bytes);
+}
+
+Operand AllReduce::Impl::locate(CUdeviceptr p, size_t bytes) const {
+  Operand o;
+  const CUdeviceptr s = staging->local();
+  if (p >= s && p + bytes <= s + staging->bytes()) {
+    o.region = staging.get();
+    o.offset = static_cast<size_t>(p - s);
+    return o;
+  }
+  o.allocation = heap_allocation(p, bytes);
+  if (o.allocation != SymmetricHeap::npos) {
+    o.region = heap.get();
+    o.offset = static_cast<size_t>(p - heap->local());
+  }
+  return o;
+}
+
+AllReduceCall AllReduce::call_kind(CUdeviceptr in, CUdeviceptr out, int64_t count) const {
+  const Operand o = impl_->locate(in, static_cast<size_t>(std::max<int64_t>(count, 0)) * impl_->elem_bytes);
+  if (!o.region) return AllReduceCall::kStaged;
+  return in == out ? AllReduceCall::kSymmetricInPlace : AllReduceCall::kSymmetric;
+}
+
+// An event per (allocation, stream), recorded after each call that used the allocation: free() hands the events
+// to the heap, whose next allocate() of that range waits for them. Under capture nothing is recorded: what a graph
+// uses must stay allocated while the graph may run, as for any memory a graph uses.
+Status AllReduce::Impl::track(size_t a, size_t b, CUstream stream) const {
+  if (a == SymmetricHeap::npos && b == SymmetricHeap::npos) return Status();
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+  KILN_CHECK(d->cuStreamIsCapturing(stream, &capturing));
+  if (capturing != CU_STREAM_CAPTURE_STATUS_NONE) return Status();
+  std::lock_guard<std::mutex> lock(heap_mu);
+  for (size_t allocation : {a, b}) {
+    if (allocation == SymmetricHeap::npos) continue;
+    std::vector<Use>& list = uses[allocation];
+    Use* use = nullptr;
+    for (Use& u : list) {
+      if (u.stream == stream) use = &u;
+    }
+    if (!use) {
+      KILN_ASSIGN_OR_RETURN(Event e, Event::create());
+      list.push_back(Use{stream, std::move(e)});
+      use = &list.back();
+    }
+    KILN_RETURN_IF_ERROR(use->done.record(stream));
+    if (b == a) break;
+  }
+  return Status();
+}
 
 Status AllReduce::run(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const {
-  return impl_->run_named(impl_->pick_for(count), in, out, count, stream);
+  return impl_->run_call(in, out, count, stream);
 }
 
-std::vector<std::string> AllReduce::choice_names(int64_t count) const { return impl_->names_for(count); }
+Status AllReduce::Impl::run_call(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const {
+  const Impl& s = *this;
+  if (count <= 0 || count > std::numeric_limits<int>::max()) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("all-reduce of {} elements", count));
+  }
+  const size_t bytes = static_cast<size_t>(count) * s.elem_bytes;
+  const Operand where = s.locate(in, bytes);
+  const AllReduceCall call = !where.region ? AllReduceCall::kStaged
+                             : in == out   ? AllReduceCall::kSymmetricInPlace
+                                           : AllReduceCall::kSymmetric;
+  KILN_RETURN_IF_ERROR(s.run_pick(s.pick_for(call, bytes), where, in, out, count, stream));
+  return s.track(where.allocation, in == out ? where.allocation : s.heap_allocation(out, bytes), stream);
+}
+
+const std::string& AllReduce::choice_for(int64_t count) const { return choice_for(count, impl_->options_call()); }
+const std::string& AllReduce::choice_for(int64_t count, AllReduceCall call) const {
+  return impl_->pick_for(call, static_cast<size_t>(std::max<int64_t>(count, 0)) * impl_->elem_bytes).name;
+}
+
+Result<CUdeviceptr> AllReduce::allocate(size_t bytes) { return impl_->heap_allocate(bytes); }
+
+Result<CUdeviceptr> AllReduce::Impl::heap_allocate(size_t bytes) {
+  if (!heap) {
+    return make_error(ErrorCode::kFailedPrecondition, "symmetric allocate: this AllReduce has no heap (heap_bytes = 0)");
+  }
+  KILN_RETURN_IF_ERROR(make_current());
+  AllocRecord mine;
+  Result<size_t> got = make_error(ErrorCode::kInternal, "unset");
+  {
+    std::lock_guard<std::mutex> lock(heap_mu);
+    mine.asked = bytes;
+    mine.used = heap_map.used();
+    mine.digest = heap_map.digest();
+    got = heap_map.allocate(bytes);
+    mine.offset = got.ok() ? *got : SymmetricHeap::npos;
+  }
+  auto rollback = [&] {
+    if (!got.ok()) return;
+    std::lock_guard<std::mutex> lock(heap_mu);
+    heap_map.rollback(*got);
+  };
+  auto gathered = comm->all_gather(mine.encode());
+  if (!gathered.ok()) {
+    rollback();
+    return gathered.status();
+  }
+  std::vector<AllocRecord> records;
+  for (const std::string& g : *gathered) {
+    auto r = AllocRecord::decode(g);
+    if (!r.ok()) {
+      rollback();
+      return r.status();
+    }
+    records.push_back(*r);
+  }
+  if (Status agreed = check_agreement(records); !agreed.ok()) {
+    rollback();
+    return agreed;
+  }
+  if (!got.ok()) return got.status();  // every rank ran out alike
+  std::lock_guard<std::mutex> lock(heap_mu);
+  uses.erase(*got);
+  return heap->local() + *got;
+}
+
+Status AllReduce::free(CUdeviceptr ptr) {
+  Impl& s = *impl_;
+  const std::string what = fmt::format("pointer 0x{:x}", static_cast<uint64_t>(ptr));
+  if (!s.heap || ptr < s.heap->local() || ptr >= s.heap->local() + s.heap->bytes()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("symmetric free: {} is not inside this AllReduce's heap (not from allocate())", what));
+  }
+  std::lock_guard<std::mutex> lock(s.heap_mu);
+  const size_t offset = static_cast<size_t>(ptr - s.heap->local());
+  SymmetricHeap::Wait wait;
+  if (auto it = s.uses.find(offset); it != s.uses.end() && s.heap_map.size_of(offset) > 0) {
+    auto events = std::make_shared<std::vector<Impl::Use>>(std::move(it->second));
+    s.uses.erase(it);
+    wait = [events]() -> Status {
+      for (const Impl::Use& u : *events) KILN_RETURN_IF_ERROR(u.done.synchronize());
+      return Status();
+    };
+  }
+  return s.heap_map.free(offset, std::move(wait), what);
+}
+
+bool AllReduce::is_symmetric(CUdeviceptr p, size_t bytes) const {
+  return impl_->heap_allocation(p, bytes) != SymmetricHeap::npos;
+}
+size_t AllReduce::heap_bytes() const { return impl_->heap ? impl_->heap_map.capacity() : 0; }
+size_t AllReduce::heap_used() const {
+  std::lock_guard<std::mutex> lock(impl_->heap_mu);
+  return impl_->heap_map.used();
+}
+
+std::vector<std::string> AllReduce::choice_names(int64_t count) const {
+  return impl_->names_for(count, impl_->options_call());
+}
 
 Status AllReduce::run_choice(const std::string& name, CUdeviceptr in, CUdeviceptr out, int64_t count,
                              CUstream stream) const {
-  return impl_->run_named(name, in, out, count, stream);
+  KILN_RETURN_IF_ERROR(impl_->run_named(name, in, out, count, stream));
+  const size_t bytes = static_cast<size_t>(count) * impl_->elem_bytes;
+  const size_t a = impl_->heap_allocation(in, bytes);
+  return impl_->track(a, in == out ? a : impl_->heap_allocation(out, bytes), stream);
 }
 
 }  // namespace kiln::runtime

@@ -48,6 +48,7 @@ Result<std::vector<TemplateChoice>> detail::render_choices(const std::string& na
     c.in_place = name != "allreduce" || templates::get_enum(c.params, "algo") != "oneshot";
     // The launch geometry does not depend on the sizes; ask with a shape every configuration can serve.
     const int64_t vec = templates::get_int(c.params, "vec");
+    c.vec = vec;
     auto l = t->geometry(c.params, name == "allreduce" ? templates::Shape{.m = 64 * vec} : templates::Shape{.m = 1, .n = vec});
     if (!l.ok()) {
       spdlog::warn("kiln: {} has no launch geometry: {}", c.name, l.status().to_string());
@@ -98,12 +99,13 @@ const TemplateChoice* AllReduce::Impl::find(const std::vector<TemplateChoice>& l
   return nullptr;
 }
 
-std::vector<std::string> AllReduce::Impl::names_for(int64_t count) const {
+std::vector<std::string> AllReduce::Impl::names_for(int64_t count, AllReduceCall call) const {
+  const bool in_place_call = call == AllReduceCall::kSymmetricInPlace;
   std::vector<std::string> out{kNccl};
   const size_t bytes = static_cast<size_t>(count) * elem_bytes;
   if (window && bytes <= window->bytes) out.push_back(kNcclSymmetric);
   for (const auto& c : choices) {
-    if (!c.kernel || (c.push && bytes > push_slot_bytes) || (options.in_place && !c.in_place)) continue;
+    if (!c.kernel || (c.push && bytes > push_slot_bytes) || (in_place_call && !c.in_place)) continue;
     if (c.tmpl->check_problem(c.params, templates::Shape{.m = count}).ok()) out.push_back(c.name);
   }
   return out;
@@ -114,23 +116,33 @@ Status AllReduce::Impl::run_named(const std::string& name, CUdeviceptr in, CUdev
   if (count <= 0 || count > std::numeric_limits<int>::max()) {
     return make_error(ErrorCode::kInvalidArgument, fmt::format("all-reduce of {} elements", count));
   }
-  if (name == kNccl) {
-    KILN_ASSIGN_OR_RETURN(const NcclApi* n, nccl());
-    KILN_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_dtype(options.dtype));
-    KILN_CHECK(n->ncclAllReduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out),
-                                static_cast<size_t>(count), t, ncclSum, comm->nccl(), stream));
-    return Status();
+  KILN_ASSIGN_OR_RETURN(Pick p, resolve(name));
+  return run_pick(p, locate(in, static_cast<size_t>(count) * elem_bytes), in, out, count, stream);
+}
+
+Status AllReduce::Impl::run_pick(const Pick& p, const Operand& where, CUdeviceptr in, CUdeviceptr out, int64_t count,
+                                 CUstream stream) const {
+  switch (p.kind) {
+    case Pick::kNcclPick: {
+      KILN_ASSIGN_OR_RETURN(const NcclApi* n, nccl());
+      KILN_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_dtype(options.dtype));
+      KILN_CHECK(n->ncclAllReduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out),
+                                  static_cast<size_t>(count), t, ncclSum, comm->nccl(), stream));
+      return Status();
+    }
+    case Pick::kNcclSymmetricPick:
+      return run_symmetric(in, out, count, stream);
+    case Pick::kTemplatePick:
+      return launch_template(*p.choice, where, in, out, count, stream);
   }
-  if (name == kNcclSymmetric) return run_symmetric(in, out, count, stream);
-  const TemplateChoice* c = find(choices, name);
-  if (!c) return make_error(ErrorCode::kNotFound, fmt::format("no all-reduce choice '{}'", name));
-  return launch_template(*c, in, out, count, stream);
+  return make_error(ErrorCode::kInternal, "unknown pick");
 }
 
 KilnAllReduceArgs AllReduce::Impl::base_args() const {
   KilnAllReduceArgs a{};
   for (int r = 0; r < comm->world(); ++r) {
     a.data[r] = reinterpret_cast<void*>(static_cast<uintptr_t>(staging->ptr(r)));
+    a.gather[r] = a.data[r];
     a.signals[r] = reinterpret_cast<unsigned*>(static_cast<uintptr_t>(signals->ptr(r)));
   }
   for (int r = 0; r < comm->world() && push; ++r) a.push[r] = reinterpret_cast<void*>(static_cast<uintptr_t>(push->ptr(r)));
@@ -139,8 +151,8 @@ KilnAllReduceArgs AllReduce::Impl::base_args() const {
   return a;
 }
 
-Status AllReduce::Impl::stage_input(const TemplateChoice& c, CUdeviceptr in, size_t bytes, CUstream stream,
-                                    KilnAllReduceArgs& a) const {
+Status AllReduce::Impl::stage_input(const TemplateChoice& c, const Operand& where, bool in_place, CUdeviceptr in,
+                                    size_t bytes, CUstream stream, KilnAllReduceArgs& a) const {
   if (c.push) {
     if (bytes > push_slot_bytes) {
       return make_error(ErrorCode::kInvalidArgument,
@@ -149,10 +161,25 @@ Status AllReduce::Impl::stage_input(const TemplateChoice& c, CUdeviceptr in, siz
     a.in = reinterpret_cast<const void*>(static_cast<uintptr_t>(in));
     return Status();
   }
-  const CUdeviceptr lo = staging->local();
-  if (in == lo) return Status();
+  if (where.region) {
+    const int world = comm->world();
+    for (int r = 0; r < world; ++r) {
+      a.data[r] = reinterpret_cast<void*>(static_cast<uintptr_t>(where.region->ptr(r) + where.offset));
+    }
+    // A heap input reduced out of place keeps its value: the all-gather goes to the staging buffers (base).
+    if (in_place || where.region == staging.get()) {
+      for (int r = 0; r < world; ++r) a.gather[r] = a.data[r];
+    }
+    return Status();
+  }
+  // A staged call: the kernel copies the input into this rank's staging itself (one launch), when the input is
+  // aligned for its vector loads; otherwise a copy launch first.
+  if (in % static_cast<CUdeviceptr>(c.vec * elem_bytes) == 0) {
+    a.in = reinterpret_cast<const void*>(static_cast<uintptr_t>(in));
+    return Status();
+  }
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  KILN_CHECK(d->cuMemcpyDtoDAsync(lo, in, bytes, stream));
+  KILN_CHECK(d->cuMemcpyDtoDAsync(staging->local(), in, bytes, stream));
   return Status();
 }
 
@@ -166,24 +193,35 @@ Status AllReduce::Impl::not_in_staging(CUdeviceptr p, const char* what) const {
   return Status();
 }
 
-Status AllReduce::Impl::launch_template(const TemplateChoice& c, CUdeviceptr in, CUdeviceptr out, int64_t count,
-                                        CUstream stream) const {
+// Per call: no string compares, no template lookups (the count's divisibility is the only problem constraint of
+// the all-reduce template), one launch (a staged input is copied into the staging buffer by the kernel itself,
+// unless it is not aligned for the vector loads).
+Status AllReduce::Impl::launch_template(const TemplateChoice& c, const Operand& where, CUdeviceptr in,
+                                        CUdeviceptr out, int64_t count, CUstream stream) const {
   if (!c.kernel) return c.status.ok() ? make_error(ErrorCode::kFailedPrecondition, c.name + " is not loaded") : c.status;
   const size_t bytes = static_cast<size_t>(count) * elem_bytes;
   if (bytes > staging->bytes()) {
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("{} bytes exceed the {} the staging buffers hold", bytes, staging->bytes()));
   }
-  KILN_RETURN_IF_ERROR(c.tmpl->check_problem(c.params, templates::Shape{.m = count}));
-  KilnAllReduceArgs a = base_args();
-  const bool called_in_place = out == staging->local() && in == out;
-  if (!called_in_place) KILN_RETURN_IF_ERROR(not_in_staging(out, "output"));
-  if (out == staging->local() && !c.in_place) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("{} cannot reduce in place (its peers read the staging buffer while it writes "
-                                  "it); tune with AllReduceOptions::in_place for in-place calls", c.name));
+  if (count % c.vec) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("{} elements are not a multiple of vec {}", count, c.vec));
   }
-  KILN_RETURN_IF_ERROR(stage_input(c, in, bytes, stream, a));
+  const bool in_place = where.region && in == out;
+  if (!in_place) {
+    KILN_RETURN_IF_ERROR(not_in_staging(out, "output"));
+    if (where.region && out < in + bytes && in < out + bytes) {
+      return make_error(ErrorCode::kInvalidArgument, "the output overlaps the input without being it (in place)");
+    }
+  }
+  if (in_place && !c.in_place && !c.push) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("{} cannot reduce in place (its peers read the input while it writes it); tune "
+                                  "symmetric in-place calls for them",
+                                  c.name));
+  }
+  KilnAllReduceArgs a = base;
+  KILN_RETURN_IF_ERROR(stage_input(c, where, in_place, in, bytes, stream, a));
   a.out = reinterpret_cast<void*>(static_cast<uintptr_t>(out));
   a.count = static_cast<int>(count);
   return (*c.kernel)(c.launch.config(stream), a);

@@ -63,8 +63,13 @@ Status AllReduce::run_fused_choice(const std::string& name, const FusedArgs& a, 
   KILN_RETURN_IF_ERROR(c->tmpl->check_problem(c->params, templates::Shape{.m = a.rows, .n = a.cols}));
   KILN_RETURN_IF_ERROR(s.not_in_staging(a.residual_out, "residual output"));
   KILN_RETURN_IF_ERROR(s.not_in_staging(a.y, "output"));
-  KilnAllReduceArgs k = s.base_args();
-  KILN_RETURN_IF_ERROR(s.stage_input(*c, a.x, bytes, stream, k));
+  const Operand where = s.locate(a.x, bytes);
+  if (where.region && ((a.y < a.x + bytes && a.x < a.y + bytes) ||
+                       (a.residual_out < a.x + bytes && a.x < a.residual_out + bytes))) {
+    return make_error(ErrorCode::kInvalidArgument, "fused step: an output overlaps the symmetric input x");
+  }
+  KilnAllReduceArgs k = s.base;
+  KILN_RETURN_IF_ERROR(s.stage_input(*c, where, false, a.x, bytes, stream, k));
   k.out = reinterpret_cast<void*>(static_cast<uintptr_t>(a.y));
   k.residual = reinterpret_cast<const void*>(static_cast<uintptr_t>(a.residual));
   k.residual_out = reinterpret_cast<void*>(static_cast<uintptr_t>(a.residual_out));
@@ -78,7 +83,7 @@ Status AllReduce::run_fused_choice(const std::string& name, const FusedArgs& a, 
 
 Result<std::vector<CollectiveReport>> AllReduce::tune_fused(int64_t cols, std::vector<int64_t> rows) {
   Impl& s = *impl_;
-  if (s.bounds.empty()) return make_error(ErrorCode::kFailedPrecondition, "tune_fused() needs tune() first");
+  if (!s.tuned) return make_error(ErrorCode::kFailedPrecondition, "tune_fused() needs tune() first");
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   if (rows.empty() || rows.front() <= 0 || cols <= 0) return make_error(ErrorCode::kInvalidArgument, "fused: rows and cols must be positive");
@@ -137,7 +142,7 @@ Result<std::vector<CollectiveReport>> AllReduce::tune_fused(int64_t cols, std::v
     np.eps = a.eps;
     KILN_ASSIGN_OR_RETURN(std::shared_ptr<Selection> norm, s.norm_tuner->tune(Problem::norm(np)));
     std::vector<std::string> names;
-    const std::string& ar = choice_for(count);
+    const std::string& ar = choice_for(count, s.measuring);
     for (const std::string& pair_ar : {s.nccl_name, ar}) {
       FusedPick p;
       p.allreduce = pair_ar;
@@ -226,7 +231,9 @@ const std::string& AllReduce::fused_choice_for(int64_t rows) const {
 
 Status AllReduce::run_fused(const FusedArgs& a, CUstream stream) const {
   if (impl_->fused_bounds.empty()) return make_error(ErrorCode::kFailedPrecondition, "run_fused() needs tune_fused() first");
-  return run_fused_choice(fused_choice_for(a.rows), a, stream);
+  KILN_RETURN_IF_ERROR(run_fused_choice(fused_choice_for(a.rows), a, stream));
+  const size_t bytes = static_cast<size_t>(a.rows * a.cols) * impl_->elem_bytes;
+  return impl_->track(impl_->heap_allocation(a.x, bytes), SymmetricHeap::npos, stream);
 }
 
 }  // namespace kiln::runtime

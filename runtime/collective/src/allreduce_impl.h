@@ -12,7 +12,9 @@
 #include <cuda.h>
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +29,7 @@
 #include "kiln/runtime/tuner.h"
 #include "kiln/templates/kernel_args.h"
 #include "kiln/templates/template.h"
+#include "symmetric_heap.h"
 #include "symmetric_window.h"
 
 namespace kiln::runtime {
@@ -44,6 +47,7 @@ struct TemplateChoice {
   std::string name;
   bool push = false;  // algo=push: reads the input where it is, writes into the peers' push areas
   bool in_place = true;  // can reduce the staging buffer in place (not the read one-shot: its peers read it)
+  int64_t vec = 1;       // elements per access: a count must be a multiple (checked per call without the template)
   templates::Params params;
   templates::Launch launch;
   templates::TemplatePtr tmpl;
@@ -51,6 +55,27 @@ struct TemplateChoice {
   std::optional<Kernel> kernel;
   Status status;  // why it cannot run (compile or load), agreed over ranks before any launch
   bool agreed = false;
+};
+
+// One entry of a dispatch table, resolved once when the table is installed so that run() compares no strings.
+struct Pick {
+  enum Kind { kNcclPick, kNcclSymmetricPick, kTemplatePick } kind = kNcclPick;
+  std::string name = kNccl;
+  const TemplateChoice* choice = nullptr;  // kTemplatePick
+};
+
+// One kind of call's table: bounds[i] (bytes, ascending) -> picks[i].
+struct Table {
+  std::vector<size_t> bounds;
+  std::vector<Pick> picks;
+};
+
+// Where a call's input is read: inside a peer-mapped region (the heap or the staging buffer) at `offset`, the
+// same on every rank, or (region null) anywhere else: copied into the staging buffer.
+struct Operand {
+  const PeerBuffers* region = nullptr;
+  size_t offset = 0;
+  size_t allocation = SymmetricHeap::npos;  // the heap allocation holding it, for free()'s tracking
 };
 
 // What the fused dispatch runs for one row bucket.
@@ -100,9 +125,24 @@ struct AllReduce::Impl {
   Event start, stop;
   DeviceBuffer check_in, check_out;           // the benchmarks' own buffers
   DeviceBuffer sync_word;                     // the device-side start of a timed run (align_start)
-  // The dispatch table: bounds[i] (bytes, ascending) -> choice name.
-  std::vector<size_t> bounds;
-  std::vector<std::string> picks;
+  // The dispatch tables, one per AllReduceCall.
+  detail::Table tables[kAllReduceCalls];
+  bool tuned = false;                         // some table was installed (tune_fused() needs one)
+  KilnAllReduceArgs base{};                   // the arguments every launch shares (peer pointers), made once
+  // The symmetric heap: its memory on every rank, the allocations (the same on every rank), and per allocation
+  // the events of its last use on each stream (free() waits for them before the range is reused).
+  std::unique_ptr<PeerBuffers> heap;
+  mutable std::mutex heap_mu;
+  detail::SymmetricHeap heap_map{0};
+  struct Use {
+    CUstream stream;
+    Event done;
+  };
+  mutable std::map<size_t, std::vector<Use>> uses;
+  // What measure_allreduce() measures: the kind of call, and a symmetric call's input (a heap tensor or the
+  // staging buffer).
+  AllReduceCall measuring = AllReduceCall::kStaged;
+  CUdeviceptr sym_in = 0;
   std::vector<int64_t> fused_bounds;          // rows
   std::vector<detail::FusedPick> fused_picks;
   std::unique_ptr<Tuner> norm_tuner;
@@ -112,8 +152,20 @@ struct AllReduce::Impl {
   // ---- allreduce.cpp: the size dispatcher
   // Makes the communicator's context current on the calling thread (every collective entry point runs there).
   Status make_current() const;
-  // The choice of the smallest bucket holding `count` elements; NCCL before tune() or above the last bucket.
-  const std::string& pick_for(int64_t count) const;
+  // The pick of the smallest bucket holding `bytes` in the table of `call` (see AllReduce::run for the fallbacks).
+  const detail::Pick& pick_for(AllReduceCall call, size_t bytes) const;
+  Result<detail::Pick> resolve(const std::string& name) const;
+  // AllReduce::run(): the call's kind, its table's pick, the launch, the heap tensors' tracking.
+  Status run_call(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
+  // Where [p, p + bytes) is read from (heap, staging or neither), and the heap allocation holding [p, p + bytes).
+  detail::Operand locate(CUdeviceptr p, size_t bytes) const;
+  size_t heap_allocation(CUdeviceptr p, size_t bytes) const;
+  // Records the use of heap allocations by a call just enqueued on `stream` (nothing under capture).
+  Status track(size_t allocation_a, size_t allocation_b, CUstream stream) const;
+  // The options' kind of call (zero_copy, in_place).
+  AllReduceCall options_call() const;
+  // The allocate() logic (collective) and free() logic.
+  Result<CUdeviceptr> heap_allocate(size_t bytes);
 
   // ---- allreduce_choices.cpp: the catalogue and launching one choice
   // Every rank learns which templates compiled and loaded everywhere; a failure anywhere fails the choice on
@@ -121,16 +173,20 @@ struct AllReduce::Impl {
   Status agree(std::vector<TemplateChoice>& list);
   const TemplateChoice* find(const std::vector<TemplateChoice>& list, const std::string& name) const;
   // Every all-reduce choice that serves `count` elements, in measuring order (NCCL first).
-  std::vector<std::string> names_for(int64_t count) const;
+  std::vector<std::string> names_for(int64_t count, AllReduceCall call) const;
   Status run_named(const std::string& name, CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
+  Status run_pick(const detail::Pick& p, const detail::Operand& where, CUdeviceptr in, CUdeviceptr out,
+                  int64_t count, CUstream stream) const;
   KilnAllReduceArgs base_args() const;
-  // Points `a` at the input: algo=push reads it where it is (up to one slot), the other algorithms from this
-  // rank's staging buffer, where it is copied unless it is there already.
-  Status stage_input(const TemplateChoice& c, CUdeviceptr in, size_t bytes, CUstream stream,
-                     KilnAllReduceArgs& a) const;
+  // Points `a` at the input: algo=push reads it where it is (up to one slot); the other algorithms read every
+  // rank's copy where it is (a symmetric input), else from the staging buffers, where it is copied first. The
+  // two-shot's all-gather writes go to the input in place (in-place calls, staging inputs), else to the staging
+  // buffers (a heap input out of place is not overwritten).
+  Status stage_input(const TemplateChoice& c, const detail::Operand& where, bool in_place, CUdeviceptr in,
+                     size_t bytes, CUstream stream, KilnAllReduceArgs& a) const;
   Status not_in_staging(CUdeviceptr p, const char* what) const;
-  Status launch_template(const TemplateChoice& c, CUdeviceptr in, CUdeviceptr out, int64_t count,
-                         CUstream stream) const;
+  Status launch_template(const TemplateChoice& c, const detail::Operand& where, CUdeviceptr in, CUdeviceptr out,
+                         int64_t count, CUstream stream) const;
   Status run_symmetric(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
 
   // ---- allreduce_measure.cpp: measuring, alike on every rank
@@ -138,6 +194,9 @@ struct AllReduce::Impl {
   CUdeviceptr bench_input() const;
   CUdeviceptr bench_output() const;
   Status refresh_input(size_t bytes);
+  // Measures in calls of kind `call` (symmetric: on a heap tensor of `bytes` when the heap has room, freed after).
+  Result<std::vector<CollectiveTiming>> measure_call(AllReduceCall call, const std::vector<std::string>& names,
+                                                     int64_t count);
   Status ensure_check_buffers(size_t bytes);
   // Fills the check input with this rank's pattern and poisons the output.
   Status prepare_check(int64_t count);
@@ -152,7 +211,7 @@ struct AllReduce::Impl {
   Result<std::vector<CollectiveTiming>> measure_allreduce(const std::vector<std::string>& names, int64_t count);
 
   // ---- allreduce_tune.cpp: the decisions stored in the cache
-  std::string cache_key(size_t bytes, std::string_view what) const;
+  std::string cache_key(size_t bytes, std::string_view what, AllReduceCall call) const;
   // Every rank holds the same stored decisions for `keys`: returns them, else nullopt (tune).
   Result<std::optional<std::vector<std::string>>> agreed_cached(const std::vector<std::string>& keys);
 };

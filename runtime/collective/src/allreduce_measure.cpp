@@ -62,6 +62,7 @@ double median(std::vector<double> v) {
 
 std::string CollectiveReport::json() const {
   nlohmann::json j{{"bytes", bytes}, {"chosen", chosen}, {"from_cache", from_cache}};
+  if (!call.empty()) j["call"] = call;
   if (rows) j["rows"] = rows;
   j["choices"] = nlohmann::json::array();
   for (const auto& c : choices) {
@@ -95,18 +96,53 @@ int pick_collective(const std::vector<double>& us) {
   return best;
 }
 
-// The input a measurement uses: the check pattern itself, or (zero-copy, in place) a copy of it in the staging
-// buffer, refreshed before every check since two-shot reduces in place. In place, the output is that buffer.
+// The input a measurement uses: the check pattern itself (staged), or (symmetric) a copy of it in a heap tensor or
+// the staging buffer, refreshed before every check since the two-shot reduces in place. In place, the output is
+// that input.
 CUdeviceptr AllReduce::Impl::bench_input() const {
-  return options.zero_copy || options.in_place ? staging->local() : check_in.ptr();
+  return measuring == AllReduceCall::kStaged ? check_in.ptr() : (sym_in ? sym_in : staging->local());
 }
-CUdeviceptr AllReduce::Impl::bench_output() const { return options.in_place ? staging->local() : check_out.ptr(); }
+CUdeviceptr AllReduce::Impl::bench_output() const {
+  return measuring == AllReduceCall::kSymmetricInPlace ? bench_input() : check_out.ptr();
+}
 
 Status AllReduce::Impl::refresh_input(size_t bytes) {
-  if (!options.zero_copy && !options.in_place) return Status();
+  if (measuring == AllReduceCall::kStaged) return Status();
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  KILN_CHECK(d->cuMemcpyDtoDAsync(staging->local(), check_in.ptr(), bytes, work.get()));
+  KILN_CHECK(d->cuMemcpyDtoDAsync(bench_input(), check_in.ptr(), bytes, work.get()));
   return work.synchronize();
+}
+
+// Symmetric calls are measured on a heap tensor when every rank's heap has room (allocate() is collective and
+// agrees, so all ranks measure the same way), else on the staging buffer: the kernels do the same work on both.
+Result<std::vector<CollectiveTiming>> AllReduce::Impl::measure_call(AllReduceCall call,
+                                                                   const std::vector<std::string>& names,
+                                                                   int64_t count) {
+  const AllReduceCall saved = measuring;
+  measuring = call;
+  sym_in = 0;
+  if (call != AllReduceCall::kStaged && heap) {
+    auto t = heap_allocate(static_cast<size_t>(count) * elem_bytes);
+    if (t.ok()) sym_in = *t;
+    else if (t.status().code() != ErrorCode::kOutOfRange) {
+      measuring = saved;
+      return t.status();
+    }
+  }
+  auto out = measure_allreduce(names, count);
+  if (sym_in) {
+    Status st = work.synchronize();
+    {
+      std::lock_guard<std::mutex> lock(heap_mu);
+      uses.erase(static_cast<size_t>(sym_in - heap->local()));  // its calls are complete (synchronised above)
+      Status f = heap_map.free(static_cast<size_t>(sym_in - heap->local()), {}, "the measuring tensor");
+      if (st.ok()) st = f;
+    }
+    sym_in = 0;
+    if (out.ok() && !st.ok()) out = st;
+  }
+  measuring = saved;
+  return out;
 }
 
 Status AllReduce::Impl::ensure_check_buffers(size_t bytes) {
@@ -241,14 +277,15 @@ Result<std::vector<CollectiveTiming>> AllReduce::Impl::measure_allreduce(const s
                                                                         int64_t count) {
   const size_t bytes = static_cast<size_t>(count) * elem_bytes;
   KILN_RETURN_IF_ERROR(prepare_check(count));
-  auto resolve = [&](const std::string& n) -> const std::string& { return n == kDispatch ? pick_for(count) : n; };
+  // "dispatch" is timed through run()'s own path (its host work per call included).
   auto launch = [&](const std::string& n, CUstream st) {
-    return run_named(resolve(n), bench_input(), bench_output(), count, st);
+    if (n == kDispatch) return run_call(bench_input(), bench_output(), count, st);
+    return run_named(n, bench_input(), bench_output(), count, st);
   };
   auto check = [&](const std::string& n) -> Status {
     KILN_RETURN_IF_ERROR(refresh_input(bytes));
     KILN_RETURN_IF_ERROR(check_out.fill_bytes(0xff, work.get()));
-    KILN_RETURN_IF_ERROR(run_named(resolve(n), bench_input(), bench_output(), count, work.get()));
+    KILN_RETURN_IF_ERROR(launch(n, work.get()));
     KILN_RETURN_IF_ERROR(work.synchronize());
     return verify_allreduce(count);
   };
@@ -257,6 +294,11 @@ Result<std::vector<CollectiveTiming>> AllReduce::Impl::measure_allreduce(const s
 
 Result<std::vector<CollectiveTiming>> AllReduce::benchmark(const std::vector<std::string>& names, int64_t count,
                                                           bool graph) {
+  return benchmark(names, count, graph, impl_->options_call());
+}
+
+Result<std::vector<CollectiveTiming>> AllReduce::benchmark(const std::vector<std::string>& names, int64_t count,
+                                                          bool graph, AllReduceCall call) {
   Impl& s = *impl_;
   const size_t bytes = static_cast<size_t>(count) * s.elem_bytes;
   if (count <= 0 || bytes > s.options.max_bytes) {
@@ -266,7 +308,7 @@ Result<std::vector<CollectiveTiming>> AllReduce::benchmark(const std::vector<std
   KILN_RETURN_IF_ERROR(s.ensure_check_buffers(bytes));
   const bool saved = s.options.graph;
   s.options.graph = graph;
-  auto out = s.measure_allreduce(names, count);
+  auto out = s.measure_call(call, names, count);
   s.options.graph = saved;
   return out;
 }

@@ -15,9 +15,13 @@ namespace kiln::runtime {
 
 using namespace detail;
 
-std::string AllReduce::Impl::cache_key(size_t bytes, std::string_view what) const {
+// The staged and in-place keys are those kiln stored before symmetric calls had their own table.
+std::string AllReduce::Impl::cache_key(size_t bytes, std::string_view what, AllReduceCall call) const {
   auto info = device_info(comm->device());
-  return fmt::format("{}{} {} w{} {} {}B", what, options.in_place ? " in-place" : "",
+  const char* kind = call == AllReduceCall::kSymmetricInPlace ? " in-place"
+                     : call == AllReduceCall::kSymmetric      ? " symmetric"
+                                                              : "";
+  return fmt::format("{}{} {} w{} {} {}B", what, kind,
                      templates::dtype_name(options.dtype), comm->world(), info.ok() ? info->name : std::string("?"),
                      bytes);
 }
@@ -50,6 +54,10 @@ Result<std::optional<std::vector<std::string>>> AllReduce::Impl::agreed_cached(c
 }
 
 Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket_bytes) {
+  return tune(impl_->options_call(), std::move(bucket_bytes));
+}
+
+Result<std::vector<CollectiveReport>> AllReduce::tune(AllReduceCall call, std::vector<size_t> bucket_bytes) {
   Impl& s = *impl_;
   if (bucket_bytes.empty()) {
     for (size_t b = 1024; b <= s.options.max_bytes; b *= 2) bucket_bytes.push_back(b);
@@ -66,7 +74,7 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
   KILN_RETURN_IF_ERROR(s.make_current());
 
   std::vector<std::string> keys;
-  for (size_t b : bucket_bytes) keys.push_back(s.cache_key(b, "allreduce"));
+  for (size_t b : bucket_bytes) keys.push_back(s.cache_key(b, "allreduce", call));
   KILN_ASSIGN_OR_RETURN(auto cached, s.agreed_cached(keys));
   std::vector<CollectiveReport> reports;
   std::vector<std::string> picks;
@@ -79,6 +87,7 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
       }
       CollectiveReport r;
       r.bytes = bucket_bytes[i];
+      r.call = call_name(call);
       r.chosen = name;
       r.from_cache = true;
       reports.push_back(std::move(r));
@@ -91,16 +100,17 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
     KILN_RETURN_IF_ERROR(s.ensure_check_buffers(bucket_bytes.back()));
     for (size_t bytes : bucket_bytes) {
       const int64_t count = static_cast<int64_t>(bytes / s.elem_bytes);
-      KILN_ASSIGN_OR_RETURN(auto timings, s.measure_allreduce(s.names_for(count), count));
+      KILN_ASSIGN_OR_RETURN(auto timings, s.measure_call(call, s.names_for(count, call), count));
       const std::vector<double> us = figures(timings);
       const int w = pick_collective(us);
       CollectiveReport r;
       r.bytes = bytes;
+      r.call = call_name(call);
       r.chosen = w >= 0 ? timings[w].name : kNccl;
       r.choices = std::move(timings);
       if (s.options.cache && w >= 0) {
         cache::Decision dec;
-        dec.problem = s.cache_key(bytes, "allreduce");
+        dec.problem = s.cache_key(bytes, "allreduce", call);
         dec.choice = r.chosen;
         dec.median_us = us[w];
         if (Status st = s.options.cache->record_decision(std::move(dec)); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
@@ -109,8 +119,14 @@ Result<std::vector<CollectiveReport>> AllReduce::tune(std::vector<size_t> bucket
       reports.push_back(std::move(r));
     }
   }
-  s.bounds = bucket_bytes;
-  s.picks = std::move(picks);
+  Table table;
+  table.bounds = bucket_bytes;
+  for (const std::string& name : picks) {
+    KILN_ASSIGN_OR_RETURN(Pick p, s.resolve(name));
+    table.picks.push_back(std::move(p));
+  }
+  s.tables[static_cast<int>(call)] = std::move(table);
+  s.tuned = true;
   return reports;
 }
 

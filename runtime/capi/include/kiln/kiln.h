@@ -438,9 +438,32 @@ KILN_API kiln_status kiln_allreduce_create(kiln_context* ctx, void* nccl_comm, i
                                            size_t max_bytes, kiln_allreduce** out);
 /* Tunes every power-of-two message size up to max_bytes (collective). */
 KILN_API kiln_status kiln_allreduce_tune(kiln_allreduce* allreduce);
+/* Runs the tuned winner for `count` elements from `in` to `out` (in == out: in place). An input allocated with
+ * kiln_allreduce_alloc (on every rank alike) is read where it is, with no copy; any other is copied into kiln's
+ * staging buffer first. Each kind of call dispatches from its own tuned table. Capture-safe. */
 KILN_API kiln_status kiln_allreduce_run(const kiln_allreduce* allreduce, uint64_t in, uint64_t out, int64_t count,
                                         void* stream);
 KILN_API void kiln_allreduce_destroy(kiln_allreduce* allreduce);
+
+/* Symmetric tensors: memory of the all-reduce's peer-mapped heap (256 MiB per rank), at the same offset on every
+ * rank, which kiln_allreduce_run reduces without a copy.
+ * kiln_allreduce_alloc is collective: every rank calls it with the same `bytes` in the same order. A rank that
+ * asked another size, or whose heap diverged (the ranks did not free the same tensors), gets
+ * KILN_ERROR_INVALID_ARGUMENT naming both, on every rank; a full heap KILN_ERROR_OUT_OF_RANGE. *ptr is 0 on error.
+ * kiln_allreduce_free is local: the range is reused only after the runs that used it have completed; every rank
+ * must have freed the same tensors by its next kiln_allreduce_alloc. Freeing 0 does nothing; a pointer that is
+ * not a live allocation (freed twice, not from kiln_allreduce_alloc) is KILN_ERROR_INVALID_ARGUMENT. */
+KILN_API kiln_status kiln_allreduce_alloc(kiln_allreduce* allreduce, size_t bytes, uint64_t* ptr);
+KILN_API kiln_status kiln_allreduce_free(kiln_allreduce* allreduce, uint64_t ptr);
+
+/* The kinds of call, each tuned on its own: an input copied into the staging buffer, a symmetric input reduced
+ * out of place, and in place. kiln_allreduce_tune tunes the staged calls; this tunes the kind `call`. */
+typedef enum kiln_allreduce_call {
+  KILN_ALLREDUCE_STAGED = 0,
+  KILN_ALLREDUCE_SYMMETRIC = 1,
+  KILN_ALLREDUCE_SYMMETRIC_IN_PLACE = 2
+} kiln_allreduce_call;
+KILN_API kiln_status kiln_allreduce_tune_call(kiln_allreduce* allreduce, kiln_allreduce_call call);
 
 /* ---- the cache */
 

@@ -102,7 +102,9 @@ struct KilnAllReduceArgs {
   void* data[KILN_AR_MAX_RANKS];
   unsigned* signals[KILN_AR_MAX_RANKS];
   void* push[KILN_AR_MAX_RANKS];  // algo=push only: every rank's push area, 2 x world slots of `slot` elements
-  const void* in;                 // algo=push only: this rank's input, read where it is
+  void* gather[KILN_AR_MAX_RANKS];  // algo=twoshot only: where the all-gather writes (data, or other peer memory)
+  const void* in;                 // algo=push: this rank's input, read where it is; the others: a staged call's
+                                  // input, copied into data[rank] by the kernel (null: the input is in data)
   void* out;
   const void* residual;   // allreduce_rmsnorm only
   void* residual_out;     // allreduce_rmsnorm only

@@ -4,6 +4,16 @@
 //   auto reports = (*ar)->tune();                                    // 1 KiB .. 256 MiB, powers of two
 //   (*ar)->run(in, out, count, stream);                              // the bucket's winner; graph-capturable
 //
+// Symmetric tensors (as PyTorch's symm_mem.empty): every rank allocates the tensors it will all-reduce from the
+// AllReduce's peer-mapped heap, in the same order and sizes, so a tensor sits at the same offset on every rank and
+// the kernels read (and write) the peers' copies where they are: no copy into the staging buffer.
+//
+//   CUdeviceptr x = *(*ar)->allocate(bytes);                         // collective, checked across ranks
+//   (*ar)->run(x, x, count, stream);                                 // zero-copy, in place
+//   (*ar)->free(x);                                                  // local; reused once the calls complete
+//
+// run() tells the three kinds of call apart (AllReduceCall) and dispatches each from its own tuned table.
+//
 // The choices: NCCL's all-reduce and its symmetric-memory all-reduce on a registered window (extern), and kiln's
 // one-shot (read or push) and two-shot templates (templates/collectives/), rendered with the world size, dtype,
 // vector width, threads and blocks. Every rank measures every choice with
@@ -33,11 +43,22 @@
 
 namespace kiln::runtime {
 
+/// The kinds of all-reduce call, each tuned and dispatched from its own table: a staged call copies its input into
+/// the staging buffer first (any tensor); a symmetric call's input is on the heap (allocate()) or in the staging
+/// buffer and is read where it is, out of place or in place (in == out).
+enum class AllReduceCall : int { kStaged = 0, kSymmetric = 1, kSymmetricInPlace = 2 };
+inline constexpr int kAllReduceCalls = 3;
+/// "staged", "symmetric", "symmetric in-place".
+const char* call_name(AllReduceCall call);
+
 struct AllReduceOptions {
   templates::DType dtype = templates::DType::kBF16;
   /// The largest message (bytes) run() and tune() accept: the peer-mapped staging buffer of each rank is this
   /// big. Default 256 MiB.
   size_t max_bytes = size_t{256} << 20;
+  /// The symmetric heap of each rank (allocate()), peer-mapped at create(). 0: no heap (allocate() fails).
+  /// Default 256 MiB.
+  size_t heap_bytes = size_t{256} << 20;
   /// Where decisions are stored and found (null: none; every process tunes). Compiled kernels go there too.
   std::shared_ptr<cache::TuningCache> cache;
   /// Where the templates compile; null: kiln::make_executor().
@@ -48,12 +69,12 @@ struct AllReduceOptions {
   int runs = 5;
   /// Time with the launches captured in a CUDA graph and replayed (what a graph-captured decode step sees).
   bool graph = false;
-  /// Measure (and so decide) with the input already in input_buffer() (no copy-in per call): for callers that
-  /// write the tensor to be reduced straight into kiln's buffer, as PyTorch's symmetric memory is used.
+  /// The kind of call tune() without an AllReduceCall and benchmark() without one measure: false/false staged,
+  /// zero_copy symmetric out of place, in_place symmetric in place. (tune(call, ...) names the kind instead.)
+  /// Symmetric calls are measured on heap tensors when the heap has room, else on the staging buffer.
   bool zero_copy = false;
-  /// Measure (and so decide) with calls that reduce input_buffer() in place (in == out == input_buffer()), as
-  /// NCCL's in-place all-reduce and PyTorch's two_shot_all_reduce_ are called. The read one-shot cannot run in
-  /// place (its peers read the buffer it would write), so it is left out; the two-shot skips its copy-out.
+  /// See zero_copy. The read one-shot cannot run in place (its peers read the buffer it would write), so in-place
+  /// tables leave it out; the two-shot skips its copy-out.
   bool in_place = false;
   /// NCCL's symmetric-memory all-reduce ("nccl_symmetric") serves messages up to this many bytes (and at most
   /// max_bytes) from a window of that size registered with NCCL_WIN_COLL_SYMMETRIC; it copies the input into
@@ -75,6 +96,7 @@ struct CollectiveTiming {
 /// The outcome of tuning one size bucket.
 struct CollectiveReport {
   size_t bytes = 0;        // all-reduce: the message; fused: rows * cols * dtype bytes
+  std::string call;        // all-reduce: the kind of call tuned (call_name())
   int64_t rows = 0;        // fused only
   std::string chosen;
   bool from_cache = false;
@@ -98,28 +120,63 @@ class AllReduce {
   static Result<std::unique_ptr<AllReduce>> create(Communicator& comm, AllReduceOptions options = {});
   ~AllReduce();
 
-  /// Collective. Tunes the all-reduce for every size in `bucket_bytes` (ascending; empty: powers of two from
-  /// 1 KiB to max_bytes) and installs the dispatch table run() uses.
+  /// Collective. Tunes the all-reduce of the kind of call options() name (zero_copy, in_place) for every size in
+  /// `bucket_bytes` (ascending; empty: powers of two from 1 KiB to max_bytes) and installs that kind's table.
   Result<std::vector<CollectiveReport>> tune(std::vector<size_t> bucket_bytes = {});
-  /// Runs the winner of the bucket of `count` elements (the smallest bucket holding the message; NCCL before
-  /// tune() or above the last bucket) from `in` to `out` on `stream`. Allocates and synchronises nothing, so
-  /// it can be captured in a CUDA graph; every rank must call it alike.
+  /// Collective. The same for the kind `call`. Each kind has its own table (and its own cached decisions).
+  Result<std::vector<CollectiveReport>> tune(AllReduceCall call, std::vector<size_t> bucket_bytes = {});
+  /// Runs the winner of the bucket of `count` elements (the smallest bucket holding the message) from `in` to
+  /// `out` on `stream`, from the table of the call's kind (call_kind()). A kind not tuned uses the staged table's
+  /// pick when that choice can serve it, else NCCL; above the last bucket, NCCL. Allocates device memory and
+  /// synchronises nothing, so it can be captured in a CUDA graph; every rank must call it alike: the same count,
+  /// and inputs (and outputs) that are heap tensors at the same offsets on every rank, or on none.
+  /// A heap tensor's use is recorded (an event on `stream`, not under capture) so that free() keeps its range
+  /// from being reused before the call completes.
   Status run(CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
-  /// This rank's staging buffer (options().max_bytes, peer-mapped). A call whose input is this buffer skips the
-  /// copy-in: the templates read it where it is. A call whose input and output are both this buffer reduces it
-  /// in place (every choice but the read one-shot can; tune with options().in_place for such calls); other
-  /// outputs must not be inside it. It is overwritten by the next call.
+  /// The kind of call run(in, out, count) is: symmetric when [in, in + bytes) lies inside one heap allocation or
+  /// inside the staging buffer (in place when out == in), else staged.
+  AllReduceCall call_kind(CUdeviceptr in, CUdeviceptr out, int64_t count) const;
+  /// This rank's staging buffer (options().max_bytes, peer-mapped). A call whose input is inside it is a symmetric
+  /// call and skips the copy-in: the templates read it where it is. A call whose input and output are both this
+  /// buffer reduces it in place (every choice but the read one-shot can); other outputs must not be inside it.
+  /// It is overwritten by the next call (out-of-place two-shot calls overwrite the input with the sum).
   CUdeviceptr input_buffer() const;
-  /// The name of the choice run() uses for `count` elements.
-  const std::string& choice_for(int64_t count) const;
 
-  /// Every choice's name for `count` elements, in measuring order.
+  /// Collective: every rank calls it with the same `bytes`, in the same order. `bytes` of this rank's symmetric
+  /// heap (aligned to 256 bytes; first fit), at the same offset on every rank. The ranks' requests are compared
+  /// through the communicator (an all_gather): a rank that asked another size, or whose heap holds other
+  /// allocations (the ranks did not free the same tensors), gets kInvalidArgument naming both, on every rank
+  /// (none allocates). kOutOfRange when the heap has no room (naming its size, what is in use and what was
+  /// asked); kFailedPrecondition without a heap (heap_bytes = 0). Not capture-safe (it exchanges data).
+  /// The memory is not zeroed.
+  Result<CUdeviceptr> allocate(size_t bytes);
+  /// Local (not collective): returns an allocation to the heap. Its range is handed out again only after the
+  /// last run()/run_fused() that used it has completed on the GPU (allocate() waits for it). For offsets to keep
+  /// matching, every rank must have freed the same tensors by its next allocate() (an order that differs between
+  /// two allocates is fine); a divergence is reported by that allocate(). kInvalidArgument naming the pointer for
+  /// one that is not a live allocation (freed twice, or not from allocate()). Thread-safe against run().
+  Status free(CUdeviceptr ptr);
+  /// Whether [p, p + bytes) lies inside one live heap allocation.
+  bool is_symmetric(CUdeviceptr p, size_t bytes) const;
+  /// The heap's size and the bytes in use (allocations rounded up to 256 bytes).
+  size_t heap_bytes() const;
+  size_t heap_used() const;
+
+  /// The name of the choice run() uses for `count` elements in a call of the kind options() name, or of `call`.
+  const std::string& choice_for(int64_t count) const;
+  const std::string& choice_for(int64_t count, AllReduceCall call) const;
+
+  /// Every choice's name for `count` elements in calls of the kind options() name, in measuring order.
   std::vector<std::string> choice_names(int64_t count) const;
   /// Runs one named choice (benchmarks and tests). Every rank must call it alike.
   Status run_choice(const std::string& name, CUdeviceptr in, CUdeviceptr out, int64_t count, CUstream stream) const;
   /// Collective. Measures the named choices at `count` elements the way tune() does (checked, then timed on
-  /// every rank, the maximum over ranks), eagerly or as CUDA-graph replays; the name "dispatch" measures run().
+  /// every rank, the maximum over ranks), eagerly or as CUDA-graph replays, in calls of the kind options() name;
+  /// the name "dispatch" measures run().
   Result<std::vector<CollectiveTiming>> benchmark(const std::vector<std::string>& names, int64_t count, bool graph);
+  /// The same in calls of kind `call` (symmetric: on heap tensors when the heap has room).
+  Result<std::vector<CollectiveTiming>> benchmark(const std::vector<std::string>& names, int64_t count, bool graph,
+                                                  AllReduceCall call);
 
   /// The fused step: h = allreduce(x) + residual -> residual_out; y = rmsnorm(h) * weight.
   struct FusedArgs {
@@ -130,7 +187,8 @@ class AllReduce {
   /// Collective. Tunes the fused step for `cols` at every token count in `rows` (ascending) against the
   /// unfused pairs; needs tune() first (the unfused pairs use its all-reduce winners).
   Result<std::vector<CollectiveReport>> tune_fused(int64_t cols, std::vector<int64_t> rows);
-  /// Runs the fused step's winner for args.rows (the smallest tuned row count holding it). Capture-safe.
+  /// Runs the fused step's winner for args.rows (the smallest tuned row count holding it). Capture-safe. An x
+  /// that is a heap tensor (or in the staging buffer) is read where it is, as in run().
   Status run_fused(const FusedArgs& args, CUstream stream) const;
   Status run_fused_choice(const std::string& name, const FusedArgs& args, CUstream stream) const;
   std::vector<std::string> fused_choice_names(const FusedArgs& args) const;
