@@ -109,6 +109,12 @@ struct Collective {
   }
 };
 
+// What runs the calls: absent only in a test instance (_for_tests), whose argument checks run all the same.
+AllReduce& ar_of(Collective& c) {
+  if (!c.ar) raise(make_error(ErrorCode::kFailedPrecondition, "this kiln AllReduce has no communicator (a test instance)"));
+  return *c.ar;
+}
+
 std::mutex registry_mu;
 std::unordered_map<int64_t, std::weak_ptr<Collective>> registry;
 int64_t next_handle = 1;
@@ -129,7 +135,6 @@ struct PyAllReduce {
 
   Collective& open() const {
     if (!c || c->closed) raise(make_error(ErrorCode::kFailedPrecondition, "this kiln AllReduce is closed"));
-    if (!c->ar) raise(make_error(ErrorCode::kFailedPrecondition, "this kiln AllReduce has no communicator (a test instance)"));
     return *c;
   }
 };
@@ -156,19 +161,23 @@ std::string shape_text(const TensorView& v) {
   return s + (v.ndim == 1 ? ",)" : ")");
 }
 
-// A tensor the all-reduce reads or writes: this AllReduce's dtype, contiguous, a CUDA tensor on its device.
-// The checks come in that order so that each can be tested on a machine without a GPU.
+// A tensor the all-reduce reads or writes: this AllReduce's dtype and contiguous. Where it lives is checked
+// by on_device() once the shapes agree, so that every check but that one can be tested without a GPU.
 TensorView operand(const Collective& c, nb::handle obj, const char* what) {
   TensorView v = tensor_view(obj, what);
   if (v.dtype_code != c.dtype_code) {
     bad(strf("{}: dtype {}; this AllReduce reduces {} (make one per dtype)", what, v.dtype_name, torch_name(c.dtype)));
   }
-  if (!v.contiguous()) bad(strf("{}: not contiguous (strides of shape {}); call .contiguous()", what, shape_text(v)));
+  if (!v.contiguous()) bad(strf("{}: not contiguous (shape {}); call .contiguous()", what, shape_text(v)));
+  return v;
+}
+
+// A CUDA tensor on this rank's device.
+void on_device(const Collective& c, const TensorView& v, const char* what) {
   if (v.device != DeviceKind::kCuda) bad(strf("{}: on the CPU; kiln's all-reduce runs on CUDA tensors", what));
   if (v.device_index >= 0 && v.device_index != c.device) {
     bad(strf("{}: on cuda:{}, but this rank's communicator is on cuda:{}", what, v.device_index, c.device));
   }
-  return v;
 }
 
 void ensure_thread_context(int device) {
@@ -190,14 +199,15 @@ void run_all_reduce(Collective& c, const TensorView& in, const TensorView& out) 
   if (count == 0) return;
   const size_t bytes = static_cast<size_t>(count) * c.elem_bytes;
   if (in.ptr != out.ptr && overlap(in.ptr, out.ptr, bytes)) bad("out overlaps the input without being it");
+  AllReduce& ar = ar_of(c);
   const uintptr_t stream = resolve_stream(nb::handle(), in);
   ensure_thread_context(c.device);
   const bool any_choice = count % kVecElems == 0 && aligned(in.ptr, c) && aligned(out.ptr, c);
   Status s;
   {
     nb::gil_scoped_release release;
-    s = any_choice ? c.ar->run(in.ptr, out.ptr, count, reinterpret_cast<CUstream>(stream))
-                   : c.ar->run_choice("nccl", in.ptr, out.ptr, count, reinterpret_cast<CUstream>(stream));
+    s = any_choice ? ar.run(in.ptr, out.ptr, count, reinterpret_cast<CUstream>(stream))
+                   : ar.run_choice("nccl", in.ptr, out.ptr, count, reinterpret_cast<CUstream>(stream));
   }
   check(s);
 }
@@ -206,6 +216,7 @@ nb::object all_reduce(PyAllReduce& self, nb::handle t, nb::handle out) {
   Collective& c = self.open();
   TensorView vin = operand(c, t, "tensor");
   if (out.is_none()) {
+    on_device(c, vin, "tensor");
     run_all_reduce(c, vin, vin);
     return nb::borrow(t);
   }
@@ -214,6 +225,8 @@ nb::object all_reduce(PyAllReduce& self, nb::handle t, nb::handle out) {
     bad(strf("out: shape {} ({} elements), but the tensor has {} elements {}", shape_text(vout), numel(vout),
              numel(vin), shape_text(vin)));
   }
+  on_device(c, vin, "tensor");
+  on_device(c, vout, "out");
   run_all_reduce(c, vin, vout);
   return nb::borrow(out);
 }
@@ -245,6 +258,9 @@ nb::tuple fused_add_rmsnorm(PyAllReduce& self, nb::handle x, nb::handle residual
     bad(strf("residual: shape {}, but x is {}", shape_text(vr), shape_text(vx)));
   }
   if (vw.ndim != 1 || vw.shape[0] != r.cols) bad(strf("weight: shape {}; expected ({},)", shape_text(vw), r.cols));
+  on_device(c, vx, "x");
+  on_device(c, vr, "residual");
+  on_device(c, vw, "weight");
   nb::object y;
   if (out.is_none()) {
     if (!vx.torch) bad("fused_add_rmsnorm: pass out= (kiln allocates outputs only for torch tensors)");
@@ -253,8 +269,10 @@ nb::tuple fused_add_rmsnorm(PyAllReduce& self, nb::handle x, nb::handle residual
     y = nb::borrow(out);
   }
   TensorView vy = operand(c, y, "out");
+  on_device(c, vy, "out");
   nb::object ro = residual_out.is_none() ? nb::borrow(residual) : nb::borrow(residual_out);
   TensorView vro = residual_out.is_none() ? vr : operand(c, ro, "residual_out");
+  on_device(c, vro, "residual_out");
   const size_t bytes = static_cast<size_t>(r.rows * r.cols) * c.elem_bytes;
   for (const auto& [v, what] : {std::pair<const TensorView*, const char*>{&vy, "out"}, {&vro, "residual_out"}}) {
     if (numel(*v) != numel(vx) || rows_of(*v, what).cols != r.cols) {
@@ -274,6 +292,7 @@ nb::tuple fused_add_rmsnorm(PyAllReduce& self, nb::handle x, nb::handle residual
     (*unfused_step)(c.handle, x, residual, weight, eps, y, ro);
     return nb::make_tuple(y, ro);
   }
+  AllReduce& ar = ar_of(c);
   AllReduce::FusedArgs a;
   a.x = vx.ptr, a.residual = vr.ptr, a.residual_out = vro.ptr, a.weight = vw.ptr, a.y = vy.ptr;
   a.rows = r.rows, a.cols = r.cols;
@@ -283,7 +302,7 @@ nb::tuple fused_add_rmsnorm(PyAllReduce& self, nb::handle x, nb::handle residual
   Status s;
   {
     nb::gil_scoped_release release;
-    s = c.ar->run_fused(a, reinterpret_cast<CUstream>(stream));
+    s = ar.run_fused(a, reinterpret_cast<CUstream>(stream));
   }
   check(s);
   return nb::make_tuple(y, ro);
@@ -350,11 +369,12 @@ nb::object empty_capsule(PyAllReduce& self, std::vector<int64_t> shape, int dl_c
   }
   if (dl_bits % 8 || dl_bits <= 0) bad(strf("empty: {} bits per element", dl_bits));
   const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * (dl_bits / 8));
+  AllReduce& ar = ar_of(c);
   ensure_thread_context(c.device);
   Result<CUdeviceptr> p = make_error(ErrorCode::kInternal, "unset");
   {
     nb::gil_scoped_release release;
-    p = heap_allocate(*c.ar, bytes);
+    p = heap_allocate(ar, bytes);
   }
   if (!p.ok()) raise(p.status());
   auto* b = new HeapBlock;
@@ -498,21 +518,22 @@ void bind_collective(nb::module_& m) {
            "token count, else kiln's all-reduce followed by torch's add and RMSNorm. x is not modified.")
       .def("_tune",
            [](PyAllReduce& self, std::vector<size_t> sizes) {
-             Collective& c = self.open();
+             AllReduce& ar = ar_of(self.open());
              Result<std::vector<runtime::CollectiveReport>> r = make_error(ErrorCode::kInternal, "unset");
              {
                nb::gil_scoped_release release;
-               r = c.ar->tune(std::move(sizes));
+               r = ar.tune(std::move(sizes));
              }
              return report_texts(unwrap(std::move(r)));
            }, nb::arg("sizes"))
       .def("_tune_fused",
            [](PyAllReduce& self, int64_t cols, std::vector<int64_t> rows) {
              Collective& c = self.open();
+             AllReduce& ar = ar_of(c);
              Result<std::vector<runtime::CollectiveReport>> r = make_error(ErrorCode::kInternal, "unset");
              {
                nb::gil_scoped_release release;
-               r = c.ar->tune_fused(cols, rows);
+               r = ar.tune_fused(cols, rows);
              }
              auto reports = unwrap(std::move(r));
              int64_t most = 0;
@@ -524,19 +545,19 @@ void bind_collective(nb::module_& m) {
       .def("_empty_capsule", &empty_capsule, nb::arg("shape"), nb::arg("dl_code"), nb::arg("dl_bits"))
       .def("is_symmetric",
            [](PyAllReduce& self, nb::handle t) {
-             Collective& c = self.open();
+             AllReduce& ar = ar_of(self.open());
              TensorView v = tensor_view(t, "tensor");
              if (v.device != DeviceKind::kCuda) return false;
-             return heap_has(*c.ar, v.ptr, static_cast<size_t>(numel(v)) * v.itemsize);
+             return heap_has(ar, v.ptr, static_cast<size_t>(numel(v)) * v.itemsize);
            }, nb::arg("tensor"),
            "True when the tensor lies in this AllReduce's symmetric heap (made by .empty()): its all-reduce is zero-copy.")
       .def("choice_for",
-           [](PyAllReduce& self, int64_t count) { return self.open().ar->choice_for(count); }, nb::arg("count"),
+           [](PyAllReduce& self, int64_t count) { return ar_of(self.open()).choice_for(count); }, nb::arg("count"),
            "The name of the choice an all-reduce of `count` elements runs (NCCL before tune() and above its sizes).")
       .def("fused_choice_for",
            [](PyAllReduce& self, int64_t rows) {
              Collective& c = self.open();
-             return rows <= c.fused_max_rows ? c.ar->fused_choice_for(rows) : std::string("unfused:torch");
+             return rows <= c.fused_max_rows ? ar_of(c).fused_choice_for(rows) : std::string("unfused:torch");
            }, nb::arg("rows"),
            "The choice the fused step runs for `rows` tokens of the tuned hidden size ('unfused:torch': kiln's\n"
            "all-reduce, then torch's add and RMSNorm).")
