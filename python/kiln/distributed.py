@@ -22,13 +22,16 @@ import torch.distributed as _dist
 
 from . import _C, errors
 
-__all__ = ["AllReduce", "all_reduce", "all_reduce_fused_add_rmsnorm"]
+__all__ = ["AllReduce", "CALLS", "all_reduce", "all_reduce_fused_add_rmsnorm"]
 
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 # DLPack (type code, bits) of what .empty() makes: the all-reduce's dtypes and a few others for scratch use.
 _DLPACK = {torch.bfloat16: (4, 16), torch.float16: (2, 16), torch.float32: (2, 32), torch.float64: (2, 64),
            torch.int8: (0, 8), torch.int32: (0, 32), torch.int64: (0, 64), torch.uint8: (1, 8)}
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+# The kinds of call kiln tunes apart (kiln::runtime::AllReduceCall): any tensor (copied into kiln's staging
+# buffer), a heap tensor reduced into another tensor, a heap tensor reduced in place.
+CALLS = ("staged", "symmetric", "symmetric in-place")
 
 
 def _error(cls, message):
@@ -55,9 +58,9 @@ class AllReduce(_C.AllReduce):
     ``tune``: True measures every size bucket (powers of two from 1 KiB to ``max_bytes``), a list of byte
     sizes measures those, False measures nothing (NCCL runs until ``tune()``). Decisions are stored in the
     kiln cache (``cache_dir``, default ``$KILN_CACHE_DIR``; ``mode`` as ``kiln.Tuner``'s), so a later run
-    whose ranks all find them measures nothing. ``hidden_size`` also tunes the fused all-reduce + residual +
-    RMSNorm step for that hidden size at ``tokens`` rows. ``in_place``: decide for in-place calls (the
-    default call), as ``AllReduceOptions::in_place``.
+    whose ranks all find them measures nothing. ``calls``: the kinds of call tuned, each with its own table
+    (``CALLS``: any tensor, through kiln's staging buffer; a heap tensor out of place; in place). ``hidden_size``
+    also tunes the fused all-reduce + residual + RMSNorm step for that hidden size at ``tokens`` rows.
 
     Keep the object (and tensors from ``empty()``) alive while CUDA graphs captured with it may replay.
     ``close()`` (collective; also ``with AllReduce(...) as ar:``) releases it on every rank; an object that is
@@ -68,7 +71,7 @@ class AllReduce(_C.AllReduce):
     def __init__(self, group=None, *, dtype: torch.dtype = torch.bfloat16, max_bytes: int = 256 << 20,
                  heap_bytes: Optional[int] = None, cache_dir=None, mode: Optional[str] = None,
                  tune: Union[bool, Sequence[int]] = True, hidden_size: Optional[int] = None,
-                 tokens: Sequence[int] = DEFAULT_TOKENS, in_place: bool = True, configs: int = 24):
+                 tokens: Sequence[int] = DEFAULT_TOKENS, calls: Sequence[str] = CALLS, configs: int = 24):
         if not _dist.is_available() or not _dist.is_initialized():
             raise _error(errors.FailedPreconditionError,
                          "kiln.distributed.AllReduce needs an initialised torch.distributed process group "
@@ -86,26 +89,36 @@ class AllReduce(_C.AllReduce):
         box = [_C.nccl_unique_id() if rank == 0 else None]
         _dist.broadcast_object_list(box, src=_group_rank0(group), group=group)
         super().__init__(box[0], rank, world, device, _DTYPES[dtype], int(max_bytes), int(heap_bytes or 0),
-                         None if cache_dir is None else str(cache_dir), mode, int(configs), bool(in_place))
+                         None if cache_dir is None else str(cache_dir), mode, int(configs))
         self.group = group
         self.dtype = dtype
         self.reports = []
         if tune is True:
-            self.tune(hidden_size=hidden_size, tokens=tokens)
+            self.tune(hidden_size=hidden_size, tokens=tokens, calls=calls)
         elif tune:
-            self.tune(sizes=list(tune), hidden_size=hidden_size, tokens=tokens)
+            self.tune(sizes=list(tune), hidden_size=hidden_size, tokens=tokens, calls=calls)
         elif hidden_size is not None:
             raise _error(errors.InvalidArgumentError, "hidden_size needs tune (the fused step is tuned after it)")
 
     def tune(self, sizes: Optional[Sequence[int]] = None, *, hidden_size: Optional[int] = None,
-             tokens: Sequence[int] = DEFAULT_TOKENS) -> list:
+             tokens: Sequence[int] = DEFAULT_TOKENS, calls: Sequence[str] = CALLS) -> list:
         """Collective. Tunes the all-reduce for every size bucket in ``sizes`` (bytes, ascending; None: powers
-        of two from 1 KiB to max_bytes), and with ``hidden_size`` the fused step at ``tokens`` rows (it replaces
-        the fused table of an earlier hidden size). Returns the reports (dicts: bytes, chosen, from_cache,
-        choices) and keeps them in ``self.reports``. Never call it inside a CUDA-graph capture."""
+        of two from 1 KiB to max_bytes), for each kind of call in ``calls`` (see ``CALLS``), and with
+        ``hidden_size`` the fused step at ``tokens`` rows (it replaces the fused table of an earlier hidden
+        size). Returns the reports (dicts: bytes, call, chosen, from_cache, choices) and keeps them in
+        ``self.reports``. Never call it inside a CUDA-graph capture."""
         if torch.cuda.is_current_stream_capturing():
             raise _error(errors.FailedPreconditionError, "tune() inside a CUDA-graph capture: tune before capturing")
-        reports = [_json.loads(r) for r in self._tune([int(s) for s in (sizes or [])])]
+        for call in calls:
+            if call not in CALLS:
+                raise _error(errors.InvalidArgumentError, f"calls: {call!r} is not one of {CALLS}")
+        sizes = [int(s) for s in (sizes or [])]
+        reports = []
+        if _C.all_reduce_call_kinds:
+            for call in calls:
+                reports += [_json.loads(r) for r in self._tune(sizes, CALLS.index(call))]
+        else:  # a kiln with one kind of call
+            reports += [_json.loads(r) for r in self._tune(sizes)]
         if hidden_size is not None:
             rows = sorted({int(t) for t in tokens})
             if not rows or rows[0] <= 0 or hidden_size <= 0:
@@ -131,6 +144,13 @@ class AllReduce(_C.AllReduce):
                          f"empty: device {device}, but this rank's communicator is on cuda:{self.device}")
         code, bits = _DLPACK[dtype]
         return torch.utils.dlpack.from_dlpack(self._empty_capsule(shape, code, bits))
+
+    def choice_for(self, count: int, call: str = "staged") -> str:
+        """The name of the choice an all-reduce of ``count`` elements of the kind ``call`` runs (``CALLS``;
+        NCCL before tune() and above its sizes)."""
+        if call not in CALLS:
+            raise _error(errors.InvalidArgumentError, f"call: {call!r} is not one of {CALLS}")
+        return self._choice_for(int(count), CALLS.index(call) if _C.all_reduce_call_kinds else -1)
 
     def close(self) -> None:
         """Collective: releases the buffers, the heap and the communicator on every rank. Refused on every rank

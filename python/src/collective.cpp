@@ -28,6 +28,12 @@
 
 namespace nb = nanobind;
 
+// The kinds of all-reduce call (collective.h, with the symmetric heap); declared opaquely here as well so that
+// this file also builds against a kiln whose AllReduce has one kind only (the requires-expressions below).
+namespace kiln::runtime {
+enum class AllReduceCall : int;
+}
+
 namespace kiln::py {
 namespace {
 
@@ -67,6 +73,37 @@ bool heap_has(const A& ar, CUdeviceptr p, size_t bytes) {
     return false;
   }
 }
+// The kinds of call (staged, symmetric, symmetric in place: AllReduceCall 0, 1, 2) each have their own table
+// where the kiln has them; `call` < 0 is the options' kind (the only one of a kiln without them).
+constexpr int kCallKinds = 3;
+template <class A = AllReduce>
+Result<std::vector<runtime::CollectiveReport>> tune_kind(A& ar, int call, std::vector<size_t> sizes) {
+  if (call < 0) return ar.tune(std::move(sizes));
+  if constexpr (requires { ar.tune(runtime::AllReduceCall{}, sizes); }) {
+    if (call >= kCallKinds) {
+      return make_error(ErrorCode::kInvalidArgument, strf("call kind {} is not one", call));
+    }
+    return ar.tune(static_cast<runtime::AllReduceCall>(call), std::move(sizes));
+  } else {
+    return make_error(ErrorCode::kUnimplemented, "this kiln's AllReduce has one kind of call (no AllReduceCall)");
+  }
+}
+template <class A = AllReduce>
+std::string choice_of_kind(const A& ar, int64_t count, int call) {
+  if constexpr (requires { ar.choice_for(count, runtime::AllReduceCall{}); }) {
+    if (call >= 0 && call < kCallKinds) return ar.choice_for(count, static_cast<runtime::AllReduceCall>(call));
+  }
+  return ar.choice_for(count);
+}
+template <class A = AllReduce>
+int call_kinds() {
+  if constexpr (requires(A& a) { a.tune(runtime::AllReduceCall{}, std::vector<size_t>{}); }) {
+    return kCallKinds;
+  } else {
+    return 0;
+  }
+}
+
 template <class O = runtime::AllReduceOptions>
 bool set_heap_bytes(O& o, size_t bytes) {
   if constexpr (requires { o.heap_bytes = bytes; }) {
@@ -429,7 +466,7 @@ void bind_collective(nb::module_& m) {
       "from a torch.distributed process group.")
       .def("__init__",
            [](PyAllReduce* self, nb::bytes unique_id, int rank, int world, int device, const std::string& dtype,
-              size_t max_bytes, size_t heap_bytes, nb::handle cache_dir, nb::handle mode, int configs, bool in_place) {
+              size_t max_bytes, size_t heap_bytes, nb::handle cache_dir, nb::handle mode, int configs) {
              if (unique_id.size() != sizeof(runtime::NcclId)) {
                bad(strf("unique_id: {} bytes; an NCCL unique id has {}", unique_id.size(), sizeof(runtime::NcclId)));
              }
@@ -448,7 +485,6 @@ void bind_collective(nb::module_& m) {
                raise(make_error(ErrorCode::kUnimplemented, "heap_bytes: this kiln's AllReduce has no symmetric heap"));
              }
              o.max_configs = configs;
-             o.in_place = in_place;
              std::string cache = cache_dir.is_none() ? "" : nb::cast<std::string>(nb::str(cache_dir));
              cache::TuneMode tune_mode = cache::TuneMode::kTune;
              {
@@ -488,7 +524,7 @@ void bind_collective(nb::module_& m) {
            },
            nb::arg("unique_id"), nb::arg("rank"), nb::arg("world"), nb::arg("device"), nb::arg("dtype") = "bfloat16",
            nb::arg("max_bytes") = 0, nb::arg("heap_bytes") = 0, nb::arg("cache_dir").none() = nb::none(),
-           nb::arg("mode").none() = nb::none(), nb::arg("configs") = 24, nb::arg("in_place") = true,
+           nb::arg("mode").none() = nb::none(), nb::arg("configs") = 24,
            "Collective: every rank calls it with the same unique id, world, dtype and sizes. Creates this rank's NCCL\n"
            "communicator on `device` and kiln's all-reduce over it (buffers exchanged, choices compiled).")
       .def_static("_for_tests",
@@ -517,15 +553,15 @@ void bind_collective(nb::module_& m) {
            "(y, residual_out). One fused kernel where tune(hidden_size=...) tuned the step for this hidden size and\n"
            "token count, else kiln's all-reduce followed by torch's add and RMSNorm. x is not modified.")
       .def("_tune",
-           [](PyAllReduce& self, std::vector<size_t> sizes) {
+           [](PyAllReduce& self, std::vector<size_t> sizes, int call) {
              AllReduce& ar = ar_of(self.open());
              Result<std::vector<runtime::CollectiveReport>> r = make_error(ErrorCode::kInternal, "unset");
              {
                nb::gil_scoped_release release;
-               r = ar.tune(std::move(sizes));
+               r = tune_kind(ar, call, std::move(sizes));
              }
              return report_texts(unwrap(std::move(r)));
-           }, nb::arg("sizes"))
+           }, nb::arg("sizes"), nb::arg("call") = -1)
       .def("_tune_fused",
            [](PyAllReduce& self, int64_t cols, std::vector<int64_t> rows) {
              Collective& c = self.open();
@@ -551,9 +587,9 @@ void bind_collective(nb::module_& m) {
              return heap_has(ar, v.ptr, static_cast<size_t>(numel(v)) * v.itemsize);
            }, nb::arg("tensor"),
            "True when the tensor lies in this AllReduce's symmetric heap (made by .empty()): its all-reduce is zero-copy.")
-      .def("choice_for",
-           [](PyAllReduce& self, int64_t count) { return ar_of(self.open()).choice_for(count); }, nb::arg("count"),
-           "The name of the choice an all-reduce of `count` elements runs (NCCL before tune() and above its sizes).")
+      .def("_choice_for",
+           [](PyAllReduce& self, int64_t count, int call) { return choice_of_kind(ar_of(self.open()), count, call); },
+           nb::arg("count"), nb::arg("call") = -1)
       .def("fused_choice_for",
            [](PyAllReduce& self, int64_t rows) {
              Collective& c = self.open();
@@ -600,6 +636,8 @@ void bind_collective(nb::module_& m) {
       .def_prop_ro("hidden_size", [](const PyAllReduce& self) { return self.c->fused_cols; },
                    "The hidden size the fused step is tuned for (0: none).");
 
+  // The kinds of call this kiln tunes apart (0: one kind only), in AllReduceCall order.
+  m.attr("all_reduce_call_kinds") = call_kinds();
   m.def("_op_all_reduce", &op_all_reduce, nb::arg("x"), nb::arg("handle"));
   m.def("_op_all_reduce_fused_add_rmsnorm", &op_fused, nb::arg("x"), nb::arg("residual"), nb::arg("weight"),
         nb::arg("eps"), nb::arg("handle"));
