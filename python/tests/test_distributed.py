@@ -186,22 +186,29 @@ def test_unfused_step_math(monkeypatch):
         assert torch.allclose(y.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
-def test_docs_distributed_example_names_real_api():
-    text = (SOURCE_DIR / "docs" / "python.md").read_text()
-    section = text.split("## Distributed")[1].split("\n## ")[0]
+def _distributed_blocks():
+    docs = (SOURCE_DIR / "docs" / "python.md").read_text()
+    section = docs.split("## Distributed")[1].split("\n## ")[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks, "docs/python.md has no Distributed example"
+    readme = re.findall(r"```python\n(.*?)```", (SOURCE_DIR / "README.md").read_text(), re.S)
+    return blocks + [b for b in readme if "kiln.distributed" in b]
+
+
+def test_docs_distributed_examples_name_real_api():
     import ast
+    blocks = _distributed_blocks()
+    assert len(blocks) >= 2, "the README's Python section has no kiln.distributed example"
     for code in blocks:
-        tree = ast.parse(code)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
-                    isinstance(node.value.value, ast.Name) and node.value.value.id == "kiln" and node.value.attr == "distributed":
+        for node in ast.walk(ast.parse(code)):
+            if not isinstance(node, ast.Attribute):
+                continue
+            v = node.value
+            if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and (v.value.id, v.attr) == ("kiln", "distributed"):
                 assert hasattr(kiln.distributed, node.attr), f"kiln.distributed.{node.attr}"
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ar":
+            if isinstance(v, ast.Name) and v.id == "ar":
                 assert hasattr(kiln.distributed.AllReduce, node.attr), f"AllReduce.{node.attr}"
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
-                    getattr(node.value, "attr", "") == "kiln" and isinstance(node.value.value, ast.Attribute):
+            if isinstance(v, ast.Attribute) and v.attr == "kiln" and isinstance(v.value, ast.Attribute) and v.value.attr == "ops":
                 assert hasattr(torch.ops.kiln, node.attr), f"torch.ops.kiln.{node.attr}"
 
 
