@@ -79,6 +79,8 @@ class AllReduce(_C.AllReduce):
         if dtype not in _DTYPES:
             raise _error(errors.InvalidArgumentError,
                          f"dtype {dtype}: kiln's all-reduce takes torch.bfloat16, torch.float16 or torch.float32")
+        if hidden_size is not None and tune is False:
+            raise _error(errors.InvalidArgumentError, "hidden_size needs tune (the fused step is tuned after it)")
         if max_bytes <= 0 or (heap_bytes is not None and heap_bytes <= 0):
             raise _error(errors.InvalidArgumentError, "max_bytes and heap_bytes must be positive")
         if not torch.cuda.is_available():
@@ -97,8 +99,6 @@ class AllReduce(_C.AllReduce):
             self.tune(hidden_size=hidden_size, tokens=tokens, calls=calls)
         elif tune:
             self.tune(sizes=list(tune), hidden_size=hidden_size, tokens=tokens, calls=calls)
-        elif hidden_size is not None:
-            raise _error(errors.InvalidArgumentError, "hidden_size needs tune (the fused step is tuned after it)")
 
     def tune(self, sizes: Optional[Sequence[int]] = None, *, hidden_size: Optional[int] = None,
              tokens: Sequence[int] = DEFAULT_TOKENS, calls: Sequence[str] = CALLS) -> list:

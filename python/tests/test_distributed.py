@@ -160,6 +160,8 @@ def test_constructor_needs_a_process_group_and_checks_its_arguments(tmp_path):
             kiln.distributed.AllReduce(dtype=torch.int32)
         with pytest.raises(kiln.InvalidArgumentError, match="max_bytes"):
             kiln.distributed.AllReduce(max_bytes=0)
+        with pytest.raises(kiln.InvalidArgumentError, match="hidden_size needs tune"):
+            kiln.distributed.AllReduce(tune=False, hidden_size=4096)
         if not torch.cuda.is_available():
             with pytest.raises(kiln.NoDeviceError, match="needs a CUDA device"):
                 kiln.distributed.AllReduce()
