@@ -4,8 +4,11 @@
 #
 # Prepare on the development machine: `bash bench/python/pack_device.sh` (a KILN_SHARED=ON build) and carry
 # [".device-py-tar"]. Then, on the GPU machine:
-#   bash bench/python/device_run.sh tests|host|mlp|startup|all [ARGS...]
-# ARGS go to the bench program (host: --parts; startup: --background --threads N) or to pytest (tests: -k ...).
+#   bash bench/python/device_run.sh tests|host|mlp|startup|distributed|allreduce|all [ARGS...]
+# ARGS go to the bench program (host: --parts; startup: --background --threads N; allreduce: --max-bytes B ...)
+# or to pytest (tests, distributed: -k ...). distributed and allreduce need 2+ GPUs (kind nvidia-h100-x2 or
+# nvidia-h200-x2): distributed runs kiln.distributed's tests (python/tests/test_distributed.py), allreduce the
+# eager all-reduce benchmark (bench/python/allreduce_torch.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -36,12 +39,18 @@ run_tests() { (cd python/tests && $py -m pytest -q -rs -p no:cacheprovider . "${
 run_host() { (cd bench/python && $py host_overhead.py --json "$out/python_host_overhead.json" \
   --bench-runtime "$dev/bench_runtime" "${extra[@]}" 2>&1 | tee "$out/host_overhead.txt"); }
 run_mlp() { (cd bench/python && $py llama_mlp.py --json "$out/python_llama_mlp.json" 2>&1 | tee "$out/llama_mlp.txt"); }
+run_distributed() { (cd python/tests && $py -m pytest -q -rs -p no:cacheprovider test_distributed.py "${extra[@]}" 2>&1 \
+  | tee "$out/pytest_distributed.txt"); }
+run_allreduce() { (cd bench/python && KILN_COMMIT=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || true) \
+  $py allreduce_torch.py --json "$out/python_allreduce.json" "${extra[@]}" 2>&1 | tee "$out/allreduce_torch.txt"); }
 run_startup() { (cd bench/python && $py startup.py --json "$out/python_startup.json" "${extra[@]}" 2>&1 | tee "$out/startup.txt"); }
 case $mode in
   tests) run_tests ;;
   host) run_host ;;
   mlp) run_mlp ;;
   startup) run_startup ;;
+  distributed) run_distributed ;;
+  allreduce) run_allreduce ;;
   all) run_tests; run_host; run_startup; run_mlp ;;
-  *) echo "usage: $0 tests|host|mlp|startup|all" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|host|mlp|startup|distributed|allreduce|all" >&2; exit 2 ;;
 esac

@@ -8,7 +8,8 @@
     kernel.launch(grid, block, [x, 2.0, n])
 
 Tensors come in by DLPack (``__dlpack__``) or ``__cuda_array_interface__`` (torch, CuPy, JAX: no copies).
-torch is optional: ``import kiln.torch`` registers the custom ops ``torch.ops.kiln.{gemm,rmsnorm,softmax}``.
+torch is optional: ``import kiln.torch`` registers the custom ops ``torch.ops.kiln.{gemm,rmsnorm,softmax}``;
+``import kiln.distributed`` adds kiln's tuned all-reduce on the ranks of a torch.distributed group.
 See docs/python.md.
 """
 import atexit as _atexit

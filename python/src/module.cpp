@@ -14,6 +14,7 @@ void bind_ops(nb::module_& m);
 void bind_api(nb::module_& m);
 void bind_compile(nb::module_& m);
 void bind_variants(nb::module_& m);
+void bind_collective(nb::module_& m);  // collective.cpp: kiln.distributed
 }  // namespace kiln::py
 
 NB_MODULE(_C, m) {
@@ -24,6 +25,7 @@ NB_MODULE(_C, m) {
   kiln::py::bind_api(m);
   kiln::py::bind_compile(m);
   kiln::py::bind_variants(m);
+  kiln::py::bind_collective(m);
   m.def("device_count", [] {
     auto n = kiln::device_count();
     return n.ok() ? *n : 0;

@@ -39,8 +39,8 @@ def test_code_blocks_parse_and_name_real_api(path):
         for name in kiln_names(code):
             obj = kiln
             parts = name.split(".")
-            if parts[0] == "torch":
-                continue  # kiln.torch needs torch: tests/test_torch.py covers it
+            if parts[0] in ("torch", "distributed"):
+                continue  # they need torch: test_torch.py and test_distributed.py cover them
             for part in parts:
                 if part in ("stats",) and obj is kiln.current_tuner:
                     break
