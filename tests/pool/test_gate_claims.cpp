@@ -17,6 +17,8 @@
 #include <random>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "fakes.h"
 #include "kiln/cache/build_claims.h"
 #include "kiln/pool/gate.h"
