@@ -71,13 +71,15 @@ struct Peer {
 };
 
 std::unique_ptr<Peer> make_peer(const std::string& dir, int64_t pid, FakeStore& store, int threads = 2,
-                                std::function<bool(const cache::ClaimOwner&)> alive = {}) {
+                                std::function<bool(const cache::ClaimOwner&)> alive = {},
+                                std::function<int64_t()> now_ms = {}) {
   auto p = std::make_unique<Peer>();
   cache::ClaimOptions o;
   o.dir = dir;
   o.self = cache::ClaimOwner{"host-a/pid:[1]", "boot-1", pid, 1};
   o.is_alive = alive ? alive : [](const cache::ClaimOwner&) { return true; };
   o.renew_thread = false;
+  o.now_ms = std::move(now_ms);
   auto d = cache::ClaimDir::open(o);
   EXPECT_TRUE(d.ok()) << d.status().to_string();
   p->claims = std::make_shared<runtime::GateClaims>(std::shared_ptr<cache::ClaimDir>(std::move(*d)));
@@ -184,6 +186,23 @@ TEST(GateClaims, DeadBuildersKeyIsTakenOver) {
   EXPECT_EQ(b->gate->counters().took_over, 1u);
   a->compiler.release("k");
   (void)fa.get();
+}
+
+TEST(GateClaims, BuiltBinaryThatNeverShowsUpIsBuiltAgainAfterTheGrace) {
+  TempDir tmp;
+  FakeStore lost, seen;  // a's binary goes where b never looks (a writer that died before applying it)
+  std::atomic<int64_t> now{1'000'000};
+  auto clock = [&] { return now.load(); };
+  auto a = make_peer(tmp.path, 100, lost, 2, {}, clock);
+  auto b = make_peer(tmp.path, 200, seen, 2, {}, clock);
+  KILN_ASSERT_OK(a->gate->precompile(named("k"), kTarget).get().status());
+  Future<Binary> fb = b->gate->precompile(named("k"), kTarget);  // "built": b waits for the binary
+  EXPECT_EQ(b->gate->counters().claim_waits, 1u);
+  now += 10001;  // the grace ran out with no binary: b builds it
+  KILN_ASSERT_OK_AND_ASSIGN(Binary bin, fb.get());
+  EXPECT_EQ(bin.cubin, "cubin:k");
+  EXPECT_EQ(b->compiler.calls(), 1);
+  EXPECT_EQ(b->gate->counters().took_over, 1u);
 }
 
 TEST(GateClaims, ShutdownEndsWaitsWithoutHanging) {
