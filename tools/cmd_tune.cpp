@@ -5,6 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -41,6 +42,36 @@ struct TuneArgs {
   std::vector<std::string> families;  // superseded template families to try anyway
   RemoteArgs remote;
   std::string shard;  // precompile: "i/N"
+  std::string compiled_keys;  // precompile: write the keys this process compiled itself to this file
+  std::string build_claims;   // precompile: "on" / "off" (KILN_BUILD_CLAIMS)
+};
+
+// Records the key of every job this process sends to a compiler (`kiln precompile --compiled-keys`): with
+// build claims, what it compiled itself rather than took from another process (bench/compile counts these).
+class RecordingExecutor final : public Executor {
+ public:
+  explicit RecordingExecutor(std::shared_ptr<Executor> inner) : inner_(std::move(inner)) {}
+  Submission submit(CompileJob job) override {
+    {
+      std::lock_guard lock(mu_);
+      keys_.push_back(make_key(job.source, job.target).hex());
+    }
+    return inner_->submit(std::move(job));
+  }
+  void raise_priority(JobId id, Priority p) override { inner_->raise_priority(id, p); }
+  void shutdown() override { inner_->shutdown(); }
+  std::string_view kind() const override { return inner_->kind(); }
+  int concurrency() const override { return inner_->concurrency(); }
+  ExecutorCounters counters() const override { return inner_->counters(); }
+  std::vector<std::string> keys() const {
+    std::lock_guard lock(mu_);
+    return keys_;
+  }
+
+ private:
+  std::shared_ptr<Executor> inner_;
+  mutable std::mutex mu_;
+  std::vector<std::string> keys_;
 };
 
 // --family names a template family kiln has, or 'all'.
@@ -187,6 +218,9 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
     fmt::print(stderr, "kiln precompile: {}\n", executor.status().to_string());
     return 1;
   }
+  std::shared_ptr<RecordingExecutor> recorder;
+  if (!a.compiled_keys.empty()) *executor = recorder = std::make_shared<RecordingExecutor>(*executor);
+  if (!a.build_claims.empty()) ::setenv("KILN_BUILD_CLAIMS", a.build_claims.c_str(), 1);
   auto gate = runtime::make_cached_gate(cache, *executor);
   if (!gate.ok()) {
     fmt::print(stderr, "kiln precompile: {}\n", gate.status().to_string());
@@ -250,9 +284,13 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
   const Status stored = runtime::finish_cache_writes(*cache);
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   auto counters = (*gate)->counters();
-  fmt::print("{} kernels, {} distinct: {} compiled now{}, {} already in the cache, {} failed, {:.1f} s\n", requests,
-             plan->size(), counters.compiles, stored.ok() ? "" : " (not all stored)",
-             counters.cache_hits + counters.cached_failures, failed, secs);
+  fmt::print("{} kernels, {} distinct: {} compiled now{}, {} already in the cache, {} built by other processes, {} "
+             "failed, {:.1f} s\n", requests, plan->size(), counters.compiles, stored.ok() ? "" : " (not all stored)",
+             counters.cache_hits + counters.cached_failures, counters.claim_hits + counters.claim_failures, failed, secs);
+  if (recorder) {
+    std::ofstream out(a.compiled_keys);
+    for (const auto& k : recorder->keys()) out << k << "\n";
+  }
   for (const auto& f : failures) fmt::print("  FAILED {}\n", f);
   if (!stored.ok()) fmt::print(stderr, "kiln precompile: {}\n", stored.to_string());
   int remote_rc = 0;
@@ -416,6 +454,12 @@ void add_tune_commands(CLI::App& app) {
                                            "by content key, disjointly");
   pre->add_option("--configs", pargs->configs, "Template configurations per template (default 24)")
       ->check(CLI::Range(1, kMaxConfigs));
+  pre->add_option("--build-claims", pargs->build_claims,
+                  "on (default): processes sharing the cache compile each kernel once; off: every process compiles "
+                  "what it misses (as KILN_BUILD_CLAIMS)")
+      ->check(CLI::IsMember({"on", "off"}));
+  pre->add_option("--compiled-keys", pargs->compiled_keys, "Write the key of every kernel this process compiled itself "
+                                                           "to this file, one per line");
   pre->add_option("--family", pargs->families,
                   "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable")
       ->check(known_family());

@@ -1,7 +1,9 @@
 #include "kiln/pool/gate.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -21,6 +23,17 @@ struct Flight {
   int interest = 0;        // requests that have not withdrawn
   bool withdrawn = false;  // every request withdrew: the compile is being cancelled
   bool done = false;
+  bool claimed = false;    // this process holds the key's build claim: released once the result is stored
+};
+
+// A request waiting for another process's build of its key (GateOptions::claims).
+struct Waiter {
+  std::shared_ptr<Flight> flight;
+  KernelKey key;
+  KernelSource source;
+  Target target;
+  std::chrono::steady_clock::time_point due;
+  std::chrono::milliseconds delay;
 };
 
 // Failures that the same source would meet again, so they are cached. A compile that passed its timeout
@@ -43,6 +56,17 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
   size_t active = 0;  // flights not yet completed (their hooks included)
   bool closed = false;
   GateCounters counters;
+  std::vector<Waiter> waiters;  // under mu
+  std::condition_variable waiters_changed;
+  std::thread waiter_thread;    // started with the first waiter
+
+  ClaimReply claim(const KernelKey& key) {
+    try {
+      return opt.claims->claim(key);
+    } catch (...) {
+      return ClaimReply{};  // claims unusable: build here
+    }
+  }
 
   std::optional<Result<Binary>> lookup(const KernelKey& key, std::string_view arch) {
     if (!opt.lookup) return std::nullopt;
@@ -62,6 +86,13 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
         if (!r.ok() && opt.on_failed && deterministic_failure(r.status())) opt.on_failed(key, r.status());
       } catch (...) {
         // A failing store loses a cache entry, never the compile's result.
+      }
+    }
+    // Released after the store, so that a process told "built" finds the binary.
+    if (f->claimed) {
+      try {
+        opt.claims->release(key, r.ok() ? Status() : r.status(), !r.ok() && from_executor && deterministic_failure(r.status()));
+      } catch (...) {
       }
     }
     {
@@ -90,6 +121,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
       f->withdrawn = true;
       exec = f->exec;
     }
+    waiters_changed.notify_all();  // a request waiting for another process's build ends now
     // Not yet submitted: the requester that is looking it up sees `withdrawn` before submitting.
     if (exec.valid()) exec.cancel();
   }
@@ -144,6 +176,30 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
       return mine;
     }
 
+    if (opt.claims) {
+      ClaimReply reply = claim(key);
+      if (reply.verdict == ClaimVerdict::kFailed) {
+        {
+          std::lock_guard lock(mu);
+          ++counters.claim_failures;
+        }
+        complete(f, key, std::move(reply.failure), false);
+        return mine;
+      }
+      if (reply.verdict == ClaimVerdict::kWait) {
+        wait_for_peer(f, key, source, target);
+        return mine;
+      }
+      std::lock_guard lock(mu);
+      f->claimed = true;
+      if (reply.took_over) ++counters.took_over;
+    }
+    submit(f, key, source, target);
+    return mine;
+  }
+
+  // Sends a flight's compile to the executor.
+  void submit(const std::shared_ptr<Flight>& f, const KernelKey& key, const KernelSource& source, const Target& target) {
     CompileJob job;
     job.source = source;
     job.target = target;
@@ -158,7 +214,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
     if (withdrawn_early) {
       complete(f, key, make_error(ErrorCode::kCancelled, fmt::format("compile of '{}' cancelled before it started", source.name)),
                false);
-      return mine;
+      return;
     }
     Submission sub = opt.executor->submit(std::move(job));
     bool withdrawn;
@@ -181,7 +237,99 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
     exec.notify([self, f, key, exec] {
       self->runner->post([self, f, key, exec] { self->complete(f, key, exec.get(), true); });
     });
-    return mine;
+  }
+
+  // Another process builds `key`: park the flight until its binary shows up, its failure is recorded, or the
+  // claim comes free (then it is built here).
+  void wait_for_peer(const std::shared_ptr<Flight>& f, const KernelKey& key, const KernelSource& source,
+                     const Target& target) {
+    {
+      std::lock_guard lock(mu);
+      ++counters.claim_waits;
+      if (!closed) {
+        waiters.push_back({f, key, source, target, std::chrono::steady_clock::now() + opt.claim_poll_min, opt.claim_poll_min});
+        if (!waiter_thread.joinable()) waiter_thread = std::thread([this] { watch_waiters(); });
+        waiters_changed.notify_all();
+        return;
+      }
+    }
+    complete(f, key, make_error(ErrorCode::kShutdown, fmt::format("pool shut down before compiling '{}'", source.name)), false);
+  }
+
+  // The waiter thread: looks each waiting key up again when it is due, with a growing delay.
+  void watch_waiters() {
+    std::unique_lock lock(mu);
+    while (!closed) {
+      auto now = std::chrono::steady_clock::now();
+      auto next = std::chrono::steady_clock::time_point::max();
+      std::vector<Waiter> due;
+      for (auto it = waiters.begin(); it != waiters.end();) {
+        if (it->due <= now || it->flight->withdrawn) {
+          due.push_back(std::move(*it));
+          it = waiters.erase(it);
+        } else {
+          next = std::min(next, it->due);
+          ++it;
+        }
+      }
+      if (due.empty()) {
+        if (next == std::chrono::steady_clock::time_point::max()) waiters_changed.wait(lock);
+        else waiters_changed.wait_until(lock, next);
+        continue;
+      }
+      lock.unlock();
+      for (auto& w : due) poll(std::move(w));
+      lock.lock();
+    }
+  }
+
+  void poll(Waiter w) {
+    const std::shared_ptr<Flight>& f = w.flight;
+    bool withdrawn, shut;
+    {
+      std::lock_guard lock(mu);
+      withdrawn = f->withdrawn;
+      shut = closed;
+    }
+    if (shut) {
+      return complete(f, w.key, make_error(ErrorCode::kShutdown, fmt::format("pool shut down while '{}' was built by another process", w.source.name)), false);
+    }
+    if (withdrawn) {
+      return complete(f, w.key, make_error(ErrorCode::kCancelled, fmt::format("wait for '{}' cancelled", w.source.name)), false);
+    }
+    // The claim first: while a live builder holds it the binary cannot be there yet, and reading a claim costs
+    // less than a cache lookup.
+    ClaimReply reply = claim(w.key);
+    if (reply.verdict == ClaimVerdict::kFailed) {
+      {
+        std::lock_guard lock(mu);
+        ++counters.claim_failures;
+      }
+      return complete(f, w.key, std::move(reply.failure), false);
+    }
+    if (reply.verdict == ClaimVerdict::kBuild || reply.built) {
+      if (auto hit = lookup(w.key, w.target.arch)) {
+        // Built by the other process (a claim that came back to us with the binary stored says "built" again).
+        if (reply.verdict == ClaimVerdict::kBuild) opt.claims->release(w.key, Status(), false);
+        {
+          std::lock_guard lock(mu);
+          ++(hit->ok() ? counters.claim_hits : counters.claim_failures);
+        }
+        return complete(f, w.key, std::move(*hit), false);
+      }
+    }
+    if (reply.verdict == ClaimVerdict::kBuild) {
+      {
+        std::lock_guard lock(mu);
+        f->claimed = true;
+        if (reply.took_over) ++counters.took_over;
+      }
+      return submit(f, w.key, w.source, w.target);
+    }
+    std::lock_guard lock(mu);
+    w.delay = std::min(w.delay * 2, opt.claim_poll_max);
+    w.due = std::chrono::steady_clock::now() + w.delay;
+    waiters.push_back(std::move(w));
   }
 
   void close() {
@@ -195,6 +343,18 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
       }
     }
     for (auto& e : running) e.cancel();
+    waiters_changed.notify_all();
+    if (waiter_thread.joinable()) waiter_thread.join();
+    std::vector<Waiter> left;
+    {
+      std::lock_guard lock(mu);
+      left.swap(waiters);
+    }
+    for (auto& w : left) {
+      complete(w.flight, w.key,
+               make_error(ErrorCode::kShutdown, fmt::format("pool shut down while '{}' was built by another process", w.source.name)),
+               false);
+    }
     std::unique_lock lock(mu);
     idle.wait(lock, [&] { return active == 0; });
   }

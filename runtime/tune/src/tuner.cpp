@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "kiln/runtime/build_claims.h"
 #include "kiln/runtime/measure.h"
 #include "selection_rule.h"
 #include "kiln/cache/store.h"
@@ -502,6 +503,7 @@ Result<std::unique_ptr<PrecompileGate>> make_cached_gate(std::shared_ptr<cache::
       if (Status s = c->record_binary(b); !s.ok()) spdlog::warn("kiln: could not cache {}: {}", b.name, s.to_string());
     }
   };
+  if (cache) gate.claims = claims_for_cache(*cache);  // one builder per kernel among processes sharing the cache
   return PrecompileGate::create(std::move(gate));
 }
 

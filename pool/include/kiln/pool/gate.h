@@ -9,8 +9,11 @@
 //   same key that a background request started.
 // - Subgraphs: a future of all of several kernels; choices with nothing to compile get a ready future.
 // - Batches report progress (done/total, failures, rate, ETA).
+// - Across processes (optional `claims`): a key another process is building is not compiled here; the
+//   request waits for that binary to appear through `lookup`, and builds it itself if the other gives up.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,6 +22,7 @@
 
 #include "kiln/jit/compiler.h"
 #include "kiln/jit/key.h"
+#include "kiln/pool/build_claims.h"
 #include "kiln/pool/executor.h"
 #include "kiln/pool/future.h"
 #include "kiln/pool/progress.h"
@@ -43,6 +47,14 @@ struct GateOptions {
   CompileSettings settings;
   /// Where the hooks and the gate's bookkeeping run. Default: default_task_runner().
   std::shared_ptr<TaskRunner> callbacks;
+  /// One builder per key across the processes that share a cache. Asked after a `lookup` miss: kBuild
+  /// compiles (and releases the claim once on_compiled/on_failed ran), kFailed completes with the recorded
+  /// failure, kWait keeps the request waiting without compiling: a gate thread calls `lookup` again after
+  /// `claim_poll_min`, doubling up to `claim_poll_max`, and asks `claims` again each time, so a build that is
+  /// given up, or whose builder died, is taken over here. Null (the default): every miss is compiled here.
+  std::shared_ptr<BuildClaims> claims;
+  std::chrono::milliseconds claim_poll_min{10};
+  std::chrono::milliseconds claim_poll_max{250};
 };
 
 struct GateCounters {
@@ -54,6 +66,10 @@ struct GateCounters {
   uint64_t compiles = 0;         // jobs submitted to the executor
   uint64_t compiled = 0;         // of those, successes
   uint64_t failed = 0;           // of those, errors of any kind
+  uint64_t claim_waits = 0;      // keys another process was building when asked (claims only)
+  uint64_t claim_hits = 0;       // of those, binaries that then appeared in the cache
+  uint64_t claim_failures = 0;   // failures another process's build recorded
+  uint64_t took_over = 0;        // compiles of keys whose claim expired or whose builder died
 };
 
 /// A batch of compiles with its progress. `futures[i]` belongs to the i-th source given.
