@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <list>
 #include <set>
 
 #include <fmt/format.h>
@@ -378,7 +379,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   std::unique_ptr<BenchSession> isolated;
   if (options.isolation == Isolation::kIsolated && !to_measure.empty()) {
     KILN_ASSIGN_OR_RETURN(Binaries reference_binaries, compile(*reference, Priority::kOnDemand));
-    KILN_ASSIGN_OR_RETURN(isolated, sandbox->begin(options, problem, *reference, reference_binaries, to_measure));
+    // The reserve too: a widening's choices are measured in the worker like the first ones.
+    std::vector<ChoicePtr> session_choices = to_measure;
+    session_choices.insert(session_choices.end(), reserve.begin(), reserve.end());
+    KILN_ASSIGN_OR_RETURN(isolated, sandbox->begin(options, problem, *reference, reference_binaries, session_choices));
   }
 
   TuneProgress progress_state{report.problem, 0, 0, 0, static_cast<int>(to_measure.size())};
@@ -464,6 +468,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   // Widening: where the measured best of the model's choices sits at the end of what was kept, the model
   // disagrees with the device here: measure the next ranks too.
   int kept = plan.kept_ranked;
+  std::list<std::vector<Future<Binaries>>> widened_futures;
   while (!stopped && report.widenings < policy.max_widenings && !reserve.empty()) {
     int best_rank = -1;
     double best_median = 0;
@@ -476,7 +481,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     const size_t n = std::min<size_t>(reserve.size(), static_cast<size_t>(std::max(1, policy.widen)));
     std::vector<ChoicePtr> batch(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(n));
     reserve.erase(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(n));
-    std::vector<Future<Binaries>> batch_futures;
+    // Kept to the end of the tune: an isolated session may send a widened choice's binaries again.
+    std::vector<Future<Binaries>>& batch_futures = widened_futures.emplace_back();
     for (const auto& c : batch) batch_futures.push_back(c->precompile(*gate, Priority::kOnDemand));
     progress_state.total += static_cast<int>(n);
     kept += static_cast<int>(n);
@@ -583,7 +589,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
 
 Result<std::shared_ptr<DeferredSelection>> Tuner::defer(const Problem& problem) {
   KILN_RETURN_IF_ERROR(problem.validate());
-  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
+  // The effort's share of the choices (the model's kept set for the problem's own size, and the externs).
+  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, planned_choices(problem));
   // Sizes are run-time arguments of the templates, so these binaries serve every hint: start them now.
   for (const auto& c : choices) (void)c->precompile(*impl_->gate, Priority::kBackground);
   return std::make_shared<DeferredSelection>(this, problem);
