@@ -130,6 +130,10 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices s
   }
   KILN_ASSIGN_OR_RETURN(impl->gate, make_cached_gate(impl->cache, impl->executor));
   impl->options = std::move(options);
+  // Resolved, so that whoever reads the options (the isolation sandbox regenerating choices in its worker,
+  // Tuner::options()) sees the sample and effort this tuner really uses.
+  impl->options.effort = impl->effort;
+  impl->options.max_template_configs = impl->ctx.max_template_configs;
   impl->services = std::move(services);
   return std::unique_ptr<Tuner>(new Tuner(std::move(impl)));
 }
