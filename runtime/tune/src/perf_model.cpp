@@ -128,7 +128,12 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   if (subgraph_slices > 1 || unfused) bytes += 2.0 * static_cast<double>(p.m) * p.n * 4 * std::max<int64_t>(1, subgraph_slices);
   // L2 to SM traffic: every tile loads its A and B panels.
   const double l2_bytes = static_cast<double>(tiles) * static_cast<double>(g.bm + g.bn) * static_cast<double>(p.k) * in_bytes;
-  const int64_t active_sms = std::min<int64_t>(d.sms, ceil_div(e.blocks, g.occupancy));
+  // The blocks of a K-split cluster stream their slices of one tile's panels side by side, but a cluster must
+  // be co-scheduled within a GPC and ends in a reduction through distributed shared memory: fitted to the
+  // GEMM suite's measured candidates (bench/results/gemm-suite-nvidia-h100-2026-11-25-24c0899.json), a split
+  // over a cluster pulls no more DRAM bandwidth than its tile alone, and costs ~1 us per extra block.
+  const double cluster_streams = g.splits > 1 && subgraph_slices <= 1 ? 1.0 : static_cast<double>(splits);
+  const int64_t active_sms = std::min<int64_t>(d.sms, ceil_div(static_cast<int64_t>(std::ceil(static_cast<double>(tiles) * cluster_streams)), g.occupancy));
   const double in_flight = static_cast<double>(g.occupancy * g.stages * g.stage_bytes);
   const double gbps = reachable_gbps(d, active_sms, in_flight);
   e.memory_us = std::max(bytes / (gbps * 1e3), l2_bytes / (d.l2_gbps * 1e3 * std::min(1.0, active_sms / double(d.sms)) + 1e-9));
@@ -137,7 +142,7 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   e.bound = e.compute_us >= e.memory_us ? "compute" : "memory";
   // Pipeline fill and drain per block, and the cluster reduction through distributed shared memory.
   e.us += 1.0;
-  if (g.splits > 1 && subgraph_slices <= 1) e.us += 0.3 * static_cast<double>(g.splits);
+  if (g.splits > 1 && subgraph_slices <= 1) e.us += 1.0 * static_cast<double>(g.splits - 1);
   if (subgraph_slices > 1 || unfused) e.us += d.launch_us;
   return e;
 }
