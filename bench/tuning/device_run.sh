@@ -7,8 +7,10 @@
 # Each suite part writes $OUT/tuning-speed-part-<i>.json; bring them back and join them here:
 #   build/bin/bench_tuning_speed merge --out-dir bench/results tuning-speed-part-*.json
 # which writes bench/results/tuning-speed-<device>-<date>-<commit>.json with the summary.
-# PARTS (default 4) splits the suite finer if a part runs past the call's limit (cold exhaustive compiles the
-# whole parameter space: `bench_tuning_speed plan --part 0/4` estimates it without a GPU).
+# EXHAUSTIVE_CONFIGS (default 256 per template, every parameter value covered, seeds included) bounds the
+# exhaustive reference: the whole pruned wgmma space is 3444 configurations per dtype/layout, ~14k cold NVRTC
+# compiles for the suite, which no 600-s call holds (`bench_tuning_speed plan --part 0/4` estimates either
+# without a GPU). Split finer (suite 0/8 ...) if a part runs past the call's limit.
 source "$(dirname "$0")/../support/device_env.sh" .device-ts
 export KILN_MACHINE=${KILN_MACHINE:-nvidia-h200}
 step=${1:-headline}
@@ -28,6 +30,7 @@ case "$step" in
   suite)
     part=${2:-0/4}
     timeout 590 $D/bench_tuning_speed suite --part "$part" --cache-root "$(mktemp -d)" \
+      --exhaustive-configs "${EXHAUSTIVE_CONFIGS:-256}" \
       --json "$OUT/tuning-speed-part-${part%%/*}.json" 2> "$OUT/tuning-speed-part-${part%%/*}.log" | tail -140
     tail -5 "$OUT/tuning-speed-part-${part%%/*}.log"
     ;;

@@ -32,13 +32,13 @@ Result<Effort> effort_from_env(Effort fallback) {
   return parse_effort(v).with_context("reading KILN_TUNE_EFFORT");
 }
 
-// The sample of 96 per template gives the model every value of every axis to rank (the seeds come first);
+// The sample of 64 per template gives the model every value of every axis to rank (the seeds come first);
 // 12 kept plus widening met the 1%-of-exhaustive target in the model's calibration runs (docs/tuning.md).
 EffortPolicy effort_policy(Effort effort) {
   switch (effort) {
-    case Effort::kNone: return {.measure = false, .keep = 1, .widen = 0, .max_widenings = 0, .sample_per_template = 96};
-    case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 96};
-    case Effort::kDefault: return {.measure = true, .keep = 12, .widen = 6, .max_widenings = 3, .sample_per_template = 96};
+    case Effort::kNone: return {.measure = false, .keep = 1, .widen = 0, .max_widenings = 0, .sample_per_template = 64};
+    case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 64};
+    case Effort::kDefault: return {.measure = true, .keep = 12, .widen = 6, .max_widenings = 3, .sample_per_template = 64};
     case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
   }
   return {};

@@ -99,7 +99,7 @@ struct TuneOptions {
   /// How hard to search; unset (the default): $KILN_TUNE_EFFORT, else Effort::kDefault.
   std::optional<Effort> effort;
   /// Per template, a deterministic sample covering every parameter value; 0 (the default): the effort's
-  /// (96 for none/quick/default, ranked by the performance model; the whole space for exhaustive).
+  /// (64 for none/quick/default, ranked by the performance model; the whole space for exhaustive).
   int max_template_configs = 0;
   int max_cublas_algos = 8;
   bool split_k = true;
