@@ -18,6 +18,7 @@
 #include "kiln/pool/gate.h"
 #include "kiln/pool/progress.h"
 #include "kiln/runtime.h"
+#include "kiln/runtime/budget.h"
 #include "kiln/runtime/workload.h"
 #include "remote_cli.h"
 
@@ -37,7 +38,9 @@ struct TuneArgs {
   std::string arch;
   int device = 0;
   int top = 5;
-  int configs = 24;
+  int configs = 0;           // 0: the effort's sample (runtime::effort_policy)
+  std::string effort;        // empty: $KILN_TUNE_EFFORT, else default
+  double budget = 0;         // seconds for the whole workload; 0: unlimited
   bool quiet = false;
   std::vector<std::string> families;  // superseded template families to try anyway
   RemoteArgs remote;
@@ -73,6 +76,28 @@ class RecordingExecutor final : public Executor {
   mutable std::mutex mu_;
   std::vector<std::string> keys_;
 };
+
+// --effort names an effort level.
+CLI::Validator known_effort() {
+  return CLI::Validator(
+      [](std::string& name) -> std::string {
+        auto e = runtime::parse_effort(name);
+        return e.ok() ? "" : e.status().message();
+      },
+      "EFFORT");
+}
+
+// The effort of a run: --effort, else $KILN_TUNE_EFFORT, else default.
+Result<runtime::Effort> effort_of(const TuneArgs& a) {
+  if (!a.effort.empty()) return runtime::parse_effort(a.effort);
+  return runtime::effort_from_env();
+}
+
+runtime::TuneOptions sample_options(const TuneArgs& a) {
+  runtime::TuneOptions o;
+  o.max_template_configs = a.configs;
+  return o;
+}
 
 // --family names a template family kiln has, or 'all'.
 CLI::Validator known_family() {
@@ -159,12 +184,18 @@ struct PlannedKernel {
 Result<std::vector<PlannedKernel>> plan_kernels(const runtime::Workload& w, const Target& target, const TuneArgs& a,
                                                 size_t& requests, std::vector<std::string>& failures) {
   KILN_ASSIGN_OR_RETURN(runtime::ChoiceContext ctx, runtime::choice_context_for_arch(target));
-  ctx.max_template_configs = a.configs;
+  KILN_ASSIGN_OR_RETURN(runtime::Effort effort, effort_of(a));
+  ctx.max_template_configs = runtime::template_sample(sample_options(a), effort);
   ctx.families = a.families;
+  const runtime::DevicePeaks peaks = runtime::DevicePeaks::for_arch(target.arch);
   std::vector<PlannedKernel> out;
   std::unordered_map<KernelKey, size_t> index;
   for (size_t i = 0; i < w.problems.size(); ++i) {
-    auto choices = runtime::default_ops().choices(w.problems[i], ctx);
+    auto all = runtime::default_ops().choices(w.problems[i], ctx);
+    // The effort's share of the choices: those a tune at this effort compiles (and one widening's worth more).
+    auto choices = all.ok() ? runtime::precompile_plan(runtime::default_ops(), w.problems[i], std::move(all).value(),
+                                                       effort, peaks)
+                            : Result<std::vector<runtime::ChoicePtr>>(all.status());
     if (!choices.ok()) {
       failures.push_back(fmt::format("{}: {}", w.problems[i].describe(), choices.status().to_string()));
       continue;
@@ -355,15 +386,35 @@ int run_tune(const TuneArgs& a) {
   if (stores.exit_code != 0) return stores.exit_code;
   const std::shared_ptr<cache::RedisTier>& tier = stores.tier;
   const std::shared_ptr<cache::TuningCache>& cache = stores.cache;
+  auto effort = effort_of(a);
+  if (!effort.ok()) {
+    fmt::print(stderr, "kiln tune: {}\n", effort.status().to_string());
+    return 2;
+  }
   runtime::TuneOptions options;
   options.cache = cache;
   options.device = a.device;
   options.max_template_configs = a.configs;
   options.families = a.families;
+  options.effort = *effort;
   auto tuner = runtime::make_tuner(options);
   if (!tuner.ok()) {
     fmt::print(stderr, "kiln tune: {}\n", tuner.status().to_string());
     return 1;
+  }
+  // --budget: what the budget cannot cover gets the model's pick, unmeasured, from a tuner at effort none
+  // sharing the cache and the compile pool.
+  std::unique_ptr<runtime::Tuner> fallback;
+  if (a.budget > 0) {
+    runtime::TuneOptions none = options;
+    none.effort = runtime::Effort::kNone;
+    none.executor = nullptr;
+    auto made = runtime::make_tuner(none);
+    if (!made.ok()) {
+      fmt::print(stderr, "kiln tune: {}\n", made.status().to_string());
+      return 1;
+    }
+    fallback = std::move(made).value();
   }
   const auto start = Clock::now();
   // Every problem's choices start compiling now, in the background: while one problem is benchmarked the
@@ -371,7 +422,7 @@ int run_tune(const TuneArgs& a) {
   for (const auto& p : w->problems) {
     auto decided = cache->lookup_decision((*tuner)->key(p));
     if (decided.ok() && *decided) continue;  // a warm start loads only the decided kernel
-    auto choices = runtime::default_ops().choices(p, (*tuner)->context());
+    auto choices = (*tuner)->planned_choices(p);  // the effort's share: the model's kept set and the externs
     if (!choices.ok()) continue;
     for (const auto& c : *choices) (void)c->precompile((*tuner)->gate(), Priority::kBackground);
   }
@@ -384,8 +435,32 @@ int run_tune(const TuneArgs& a) {
   nlohmann::json reports = nlohmann::json::array();
   int errors = 0, cached_decisions = 0;
   std::vector<std::string> lines;
-  for (size_t i = 0; i < w->problems.size(); ++i) {
-    auto sel = (*tuner)->tune(w->problems[i]);
+  // With a budget, the problems where tuning can gain most per second go first.
+  runtime::TuneBudget budget(a.budget);
+  std::vector<size_t> order(w->problems.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  constexpr double kPriorCostS = 0.15;  // a cold default-effort tune (the target), until measured
+  if (budget.limited()) {
+    std::vector<runtime::BudgetItem> items;
+    for (size_t i = 0; i < w->problems.size(); ++i) {
+      items.push_back({i, runtime::roofline_us(w->problems[i], (*tuner)->peaks()), kPriorCostS});
+    }
+    order = runtime::TuneBudget::order(items);
+  }
+  std::vector<std::string> not_tuned;
+  for (size_t i : order) {
+    runtime::Tuner* use = tuner->get();
+    if (fallback && !budget.fits(budget.expected_cost(kPriorCostS))) {
+      use = fallback.get();
+    }
+    const auto t0 = Clock::now();
+    auto sel = use->tune(w->problems[i]);
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (use == fallback.get() && sel.ok() && !(*sel)->report().decision_from_cache) {
+      not_tuned.push_back(fmt::format("{} ({})", w->problems[i].describe(), w->labels[i]));
+    } else if (sel.ok() && !(*sel)->report().decision_from_cache) {
+      budget.spent(took);
+    }
     // A cached decision costs next to nothing: left out of the ETA's rate.
     if (sel.ok() && (*sel)->report().decision_from_cache) tracker.record_free();
     else tracker.record(sel.ok());
@@ -406,8 +481,13 @@ int run_tune(const TuneArgs& a) {
   const Status stored = runtime::finish_cache_writes(*cache);
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   for (const auto& l : lines) fmt::print("{}\n", l);
-  fmt::print("tuned {} problems in {:.3f} s: {} from cached decisions, {} errors{}\n", w->problems.size(), secs,
-             cached_decisions, errors, stored.ok() ? "" : "; the results were not all stored");
+  fmt::print("tuned {} problems in {:.3f} s at {} effort: {} from cached decisions, {} errors{}\n", w->problems.size(), secs,
+             runtime::effort_name(*effort), cached_decisions, errors, stored.ok() ? "" : "; the results were not all stored");
+  if (budget.limited()) {
+    fmt::print("budget {:.1f} s: {} problems not tuned (the model's pick, unmeasured; tune them later)\n", a.budget,
+               not_tuned.size());
+    for (const auto& n : not_tuned) fmt::print("  not tuned: {}\n", n);
+  }
   if (tier) {
     // The remote is an accelerator, not a requirement: its failures are said here, and the exit status
     // stays that of the tune, which ran from the local cache.
@@ -417,7 +497,8 @@ int run_tune(const TuneArgs& a) {
   if (!a.report.empty()) {
     nlohmann::json out{{"workload", w->name}, {"device", (*tuner)->context().device.name}, {"seconds", secs},
                        {"cached_decisions", cached_decisions}, {"errors", errors}, {"stored", stored.ok()},
-                       {"problems", reports}};
+                       {"effort", runtime::effort_name(*effort)}, {"budget_seconds", a.budget},
+                       {"not_tuned", not_tuned}, {"problems", reports}};
     std::ofstream(a.report) << out.dump(2) << "\n";
     fmt::print("wrote {}\n", a.report);
   }
@@ -434,8 +515,15 @@ void add_tune_commands(CLI::App& app) {
   tune->add_option("--report", args->report, "Write a JSON report of every problem here");
   tune->add_option("--device", args->device, "CUDA device ordinal (default 0)")->check(CLI::Range(0, 1023));
   tune->add_option("--top", args->top, "Choices shown per problem (default 5)")->check(CLI::Range(1, 100000));
-  tune->add_option("--configs", args->configs, "Template configurations per template (default 24)")
+  tune->add_option("--configs", args->configs,
+                   "Template configurations per template before the model ranks them (default: the effort's)")
       ->check(CLI::Range(1, kMaxConfigs));
+  tune->add_option("--effort", args->effort, "none | quick | default | exhaustive (default $KILN_TUNE_EFFORT, else "
+                                             "default; see docs/tuning.md)")
+      ->check(known_effort());
+  tune->add_option("--budget", args->budget, "Seconds for the whole workload: the problems with the most to gain "
+                                             "go first; the rest get the model's pick, reported as not tuned")
+      ->check(CLI::Range(0.001, 1e9));
   tune->add_option("--arch", args->arch, "Without a GPU: the arch to precompile for (default sm_90a)");
   tune->add_flag("--quiet", args->quiet, "One line per problem");
   tune->add_option("--family", args->families,
@@ -452,7 +540,8 @@ void add_tune_commands(CLI::App& app) {
   add_remote_options(pre, pargs->remote, "Fetch kernels others built from, and publish this run's to, this remote cache");
   pre->add_option("--shard", pargs->shard, "Build only part i of N (i/N, 0-based): N build machines split a workload "
                                            "by content key, disjointly");
-  pre->add_option("--configs", pargs->configs, "Template configurations per template (default 24)")
+  pre->add_option("--configs", pargs->configs,
+                  "Template configurations per template before the model ranks them (default: the effort's)")
       ->check(CLI::Range(1, kMaxConfigs));
   pre->add_option("--build-claims", pargs->build_claims,
                   "on (default): processes sharing the cache compile each kernel once; off: every process compiles "
@@ -460,6 +549,9 @@ void add_tune_commands(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off"}));
   pre->add_option("--compiled-keys", pargs->compiled_keys, "Write the key of every kernel this process compiled itself "
                                                            "to this file, one per line");
+  pre->add_option("--effort", pargs->effort, "Compile what a tune at this effort compiles: none | quick | default | "
+                                             "exhaustive (default $KILN_TUNE_EFFORT, else default)")
+      ->check(known_effort());
   pre->add_option("--family", pargs->families,
                   "Also try this superseded template family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable")
       ->check(known_family());

@@ -80,6 +80,8 @@ TEST_F(CliRun, ParseOnlyParsesEveryCommandOneAfterAnother) {
   EXPECT_EQ(run_args({"cache", "clear", "--cache-dir", cache, "--yes"}, false), 0);
   EXPECT_EQ(run_args({"tune", "--workload", "w.json", "--cache-dir", cache, "--top", "3"}, false), 0);
   EXPECT_EQ(run_args({"precompile", "--workload", "w.json", "--configs", "2"}, false), 0);
+  EXPECT_EQ(run_args({"tune", "--workload", "w.json", "--effort", "quick", "--budget", "30"}, false), 0);
+  EXPECT_EQ(run_args({"precompile", "--workload", "w.json", "--effort", "exhaustive"}, false), 0);
   EXPECT_EQ(run_args({"warmup", "--device", "1"}, false), 0);
   EXPECT_EQ(run_args({"version", "--json"}, false), 0);
   EXPECT_FALSE(fs::exists(dir_)) << "a parse-only run opened the cache";
@@ -88,11 +90,14 @@ TEST_F(CliRun, ParseOnlyParsesEveryCommandOneAfterAnother) {
 TEST_F(CliRun, ParseOnlyStillRefusesBadOptionsAndCommands) {
   testing::internal::CaptureStderr();
   EXPECT_NE(run_args({"tune", "--workload", "w.json", "--top", "0"}, false), 0);
+  EXPECT_NE(run_args({"tune", "--workload", "w.json", "--effort", "turbo"}, false), 0);
+  EXPECT_NE(run_args({"precompile", "--workload", "w.json", "--effort", ""}, false), 0);
   EXPECT_NE(run_args({"cache", "stats", "--cache-dir", ""}, false), 0);
   EXPECT_EQ(run_args({"cahce", "stats"}, false), 2);
   EXPECT_NE(run_args({"cache"}, false), 0);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("unknown command 'cahce'"), std::string::npos) << err;
+  EXPECT_NE(err.find("unknown effort 'turbo'"), std::string::npos) << err;
 }
 
 TEST_F(CliRun, CommandsRunAfterParseOnlyRunsWithTheirOwnArguments) {

@@ -218,12 +218,41 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const OpArgs& args,
   return out;
 }
 
+MedianInterval median_interval(std::vector<double> us) {
+  MedianInterval m;
+  if (us.empty()) return m;
+  std::sort(us.begin(), us.end());
+  const double n = static_cast<double>(us.size());
+  const double half = 0.98 * std::sqrt(n);
+  const auto at = [&](double rank) {
+    const long i = std::lround(std::clamp(rank, 0.0, n - 1));
+    return us[static_cast<size_t>(i)];
+  };
+  m.median = percentile(us, 0.5);
+  m.low = at(std::floor((n - 1) / 2 - half));
+  m.high = at(std::ceil((n - 1) / 2 + half));
+  return m;
+}
+
+Verdict judge(const std::vector<double>& us, double best_us, int max_reps, const BenchmarkOptions& o) {
+  const int n = static_cast<int>(us.size());
+  if (n >= max_reps) return Verdict::kEnough;
+  if (n < std::max(o.min_reps, 3)) return Verdict::kMore;
+  const MedianInterval m = median_interval(us);
+  if (best_us > 0 && m.low > best_us * (1 + o.tie_fraction)) return Verdict::kSlower;
+  if (best_us > 0 && m.high < best_us * (1 - o.tie_fraction)) return Verdict::kEnough;
+  if (m.median > 0 && (m.high - m.low) / 2 <= o.precision * m.median) return Verdict::kEnough;
+  return Verdict::kMore;
+}
+
 Result<Samples> BenchRunner::measure(const Choice& choice, const OpArgs& args, CUdeviceptr ws, double best_us) {
   // Warm-up: caches, clocks and lazily loaded code settle before anything counts.
   for (int i = 0; i < 2; ++i) KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
   KILN_ASSIGN_OR_RETURN(Samples estimate, time_runs(choice, args, ws, 3, false));
-  const double est = summarize(estimate.us).median;
-  if (best_us > 0 && est > options_.drop_factor * best_us && options_.fixed_reps == 0) {
+  const Summary est_summary = summarize(estimate.us);
+  const double est = est_summary.median;
+  if (best_us > 0 && options_.fixed_reps == 0 &&
+      (est > options_.drop_factor * best_us || est_summary.min > options_.abandon_factor * best_us)) {
     estimate.partial = true;
     return estimate;
   }
@@ -232,7 +261,21 @@ Result<Samples> BenchRunner::measure(const Choice& choice, const OpArgs& args, C
     reps = static_cast<int>(options_.budget_ms * 1e3 / std::max(est, 1.0));
     reps = std::clamp(reps, options_.min_reps, options_.max_reps);
   }
-  return time_runs(choice, args, ws, reps, est < options_.graph_below_us);
+  const bool graph = est < options_.graph_below_us;
+  if (options_.fixed_reps > 0 || !options_.adaptive) return time_runs(choice, args, ws, reps, graph);
+  // Adaptive: rounds of min_reps until judge() says the median is known well enough or clearly slower.
+  Samples all;
+  const int round = std::max(options_.min_reps, 3);
+  for (;;) {
+    const int n = std::min(round, reps - static_cast<int>(all.us.size()));
+    KILN_ASSIGN_OR_RETURN(Samples more, time_runs(choice, args, ws, n, graph));
+    all.graph = more.graph;
+    all.us.insert(all.us.end(), more.us.begin(), more.us.end());
+    const Verdict v = judge(all.us, best_us, reps, options_);
+    if (v == Verdict::kMore) continue;
+    all.partial = v == Verdict::kSlower;
+    return all;
+  }
 }
 
 }  // namespace kiln::runtime

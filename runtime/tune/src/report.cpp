@@ -12,6 +12,11 @@ std::string TuneReport::table(int top) const {
                                 problem, chosen, decision_from_cache ? " (cached decision)" : "", candidates, failures,
                                 compile_wait_seconds, benchmark_seconds, total_seconds);
   if (!note.empty()) out += "  note: " + note + "\n";
+  if (!effort.empty()) {
+    out += fmt::format("  effort {}: {} pruned by the performance model, {} widenings, chosen at model rank {}{}\n",
+                       effort, pruned, widenings, chosen_model_rank, measured ? "" : " (not measured)");
+    for (const auto& [why, n] : pruned_reasons) out += fmt::format("    pruned {}: {}\n", n, why);
+  }
   double best = 0;
   for (const auto& c : choices) {
     if (c.status.ok() && !c.partial) {
@@ -20,7 +25,8 @@ std::string TuneReport::table(int top) const {
     }
   }
   int shown = 0;
-  out += fmt::format("  {:<64} {:>10} {:>7} {:>16} {:>5}  {}\n", "choice", "median us", "% best", "p10-p90 us", "runs", "");
+  out += fmt::format("  {:<64} {:>10} {:>7} {:>16} {:>5} {:>5}  {}\n", "choice", "median us", "% best", "p10-p90 us", "runs",
+                     "model", "");
   for (const auto& c : choices) {
     if (!c.status.ok() || shown >= top) continue;
     ++shown;
@@ -29,8 +35,9 @@ std::string TuneReport::table(int top) const {
     if (c.partial) flags += "dropped-early ";
     if (c.from_cache) flags += "cached ";
     if (c.graph) flags += "graph ";
-    out += fmt::format("  {:<64} {:>10.2f} {:>6.1f}% {:>7.2f}-{:<8.2f} {:>5}  {}\n", c.name.substr(0, 64), c.median_us,
-                       best > 0 ? 100.0 * best / c.median_us : 0.0, c.p10_us, c.p90_us, c.reps, flags);
+    out += fmt::format("  {:<64} {:>10.2f} {:>6.1f}% {:>7.2f}-{:<8.2f} {:>5} {:>5}  {}\n", c.name.substr(0, 64), c.median_us,
+                       best > 0 ? 100.0 * best / c.median_us : 0.0, c.p10_us, c.p90_us, c.reps,
+                       c.model_rank >= 0 ? std::to_string(c.model_rank) : std::string("-"), flags);
   }
   for (const auto& c : choices) {
     if (c.status.ok()) continue;
@@ -53,6 +60,13 @@ std::string TuneReport::json() const {
   j["load_seconds"] = load_seconds;
   j["total_seconds"] = total_seconds;
   if (!note.empty()) j["note"] = note;
+  j["effort"] = effort;
+  j["measured"] = measured;
+  j["pruned"] = pruned;
+  j["pruned_reasons"] = pruned_reasons;
+  j["pruned_examples"] = pruned_examples;
+  j["widenings"] = widenings;
+  j["chosen_model_rank"] = chosen_model_rank;
   j["choices"] = nlohmann::json::array();
   for (const auto& c : choices) {
     nlohmann::json cj{{"name", c.name}, {"kind", choice_kind_name(c.kind)}, {"ok", c.status.ok()}};
@@ -66,6 +80,10 @@ std::string TuneReport::json() const {
       cj["from_cache"] = c.from_cache;
       cj["graph"] = c.graph;
       cj["relative_error"] = c.error;
+      if (c.model_rank >= 0) {
+        cj["model_rank"] = c.model_rank;
+        cj["model_us"] = c.model_us;
+      }
     } else {
       cj["error"] = c.status.to_string();
     }

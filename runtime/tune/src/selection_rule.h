@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,5 +18,29 @@ double tie_window(const ChoiceResult& best, double tie_fraction);
 /// within tie_window() of it, the lowest `rank`, then the lowest name. -1 when none succeeded.
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
                 double tie_fraction);
+
+}  // namespace kiln::runtime::detail
+
+namespace kiln::runtime::detail {
+
+/// Which choices a tune compiles and measures first, and which it holds back, from the model's order.
+struct TunePlan {
+  std::vector<ChoicePtr> first;    // the externs and other choices the model cannot judge, the reference, and
+                                   // the top `keep` of the model's order
+  std::vector<ChoicePtr> reserve;  // the rest of the model's order, best first: what widening takes from
+  std::map<std::string, std::pair<int, double>> model;  // by name: model rank and estimate (us)
+  int kept_ranked = 0;             // how many of `first` the model ranked
+};
+/// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything.
+TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
+                      const std::string& reference, int keep);
+
+/// Effort none: the model's top choice, else (no choice the model can judge) the reference; null if neither.
+ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
+                     const std::string& reference);
+
+/// Whether the measurements disagree enough with the model to measure more: the best measured model-ranked
+/// choice sits among the last quarter (at least the last one) of the `kept` ranks.
+bool should_widen(int best_model_rank, int kept);
 
 }  // namespace kiln::runtime::detail

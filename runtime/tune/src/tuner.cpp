@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <list>
 #include <set>
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 
 #include "kiln/runtime/build_claims.h"
 #include "kiln/runtime/measure.h"
+#include "kiln/runtime/perf_model.h"
 #include "selection_rule.h"
 #include "kiln/cache/store.h"
 #include "kiln/jit/driver.h"
@@ -50,6 +52,9 @@ struct Tuner::Impl {
   cache::DeviceFingerprint fingerprint;
   cache::VersionStamp versions;
   CUcontext context = nullptr;
+  Effort effort = Effort::kDefault;
+  EffortPolicy policy;
+  DevicePeaks peaks;
 
   std::mutex bench_mu;  // one benchmark at a time on the device
   std::unique_ptr<BenchRunner> bench;
@@ -71,6 +76,9 @@ struct Tuner::Impl {
   }
   Result<std::shared_ptr<Selection>> finish(const Problem& problem, ChoicePtr choice, TuneReport report,
                                             const std::string& key);
+  /// The model's order of `choices`, refined by the cache's timings of the same choices on the neighbouring
+  /// sizes of the dynamic dimension (half and double).
+  std::vector<RankedChoice> ranked(const Problem& problem, const std::vector<ChoicePtr>& choices) const;
   Result<std::shared_ptr<Selection>> run_tune(const Problem& problem, const std::string& key,
                                               std::shared_ptr<const OpDef> def, std::vector<ChoicePtr> choices,
                                               TuneReport report, Clock::time_point start);
@@ -86,7 +94,16 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices s
   auto impl = std::make_unique<Impl>();
   KILN_ASSIGN_OR_RETURN(impl->context, ensure_context(options.device));
   KILN_ASSIGN_OR_RETURN(impl->ctx, choice_context(options.device));
-  impl->ctx.max_template_configs = options.max_template_configs;
+  if (options.effort) {
+    impl->effort = *options.effort;
+  } else {
+    KILN_ASSIGN_OR_RETURN(impl->effort, effort_from_env());
+  }
+  impl->policy = effort_policy(impl->effort);
+  impl->peaks = impl->ctx.has_device ? DevicePeaks::from_device(impl->ctx.device)
+                                     : DevicePeaks::for_arch(impl->ctx.target.arch);
+  impl->ctx.max_template_configs =
+      options.max_template_configs > 0 ? options.max_template_configs : impl->policy.sample_per_template;
   impl->ctx.max_cublas_algos = options.max_cublas_algos;
   impl->ctx.split_k = options.split_k;
   impl->ctx.families = options.families;
@@ -114,6 +131,10 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices s
   }
   KILN_ASSIGN_OR_RETURN(impl->gate, make_cached_gate(impl->cache, impl->executor));
   impl->options = std::move(options);
+  // Resolved, so that whoever reads the options (the isolation sandbox regenerating choices in its worker,
+  // Tuner::options()) sees the sample and effort this tuner really uses.
+  impl->options.effort = impl->effort;
+  impl->options.max_template_configs = impl->ctx.max_template_configs;
   impl->services = std::move(services);
   return std::unique_ptr<Tuner>(new Tuner(std::move(impl)));
 }
@@ -124,6 +145,37 @@ cache::TuningCache& Tuner::cache() const { return *impl_->cache; }
 PrecompileGate& Tuner::gate() const { return *impl_->gate; }
 const TuneOptions& Tuner::options() const { return impl_->options; }
 const OpRegistry& Tuner::ops() const { return *impl_->services.ops; }
+Effort Tuner::effort() const { return impl_->effort; }
+const DevicePeaks& Tuner::peaks() const { return impl_->peaks; }
+
+std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std::vector<ChoicePtr>& choices) const {
+  std::vector<NeighbourTiming> neighbours;
+  const int64_t size = problem.dynamic_size();
+  std::map<std::string, const Choice*> by_name;
+  for (const auto& c : choices) by_name[c->name()] = c.get();
+  for (int64_t n : {size / 2, size * 2}) {
+    if (n <= 0 || n == size || n > (int64_t{1} << 31) - 1) continue;
+    const Problem other = problem.with_dynamic_size(n);
+    for (const auto& t : cache->timings(key_of(other))) {
+      auto it = by_name.find(t.choice);
+      if (!t.ok || t.median_us <= 0 || it == by_name.end()) continue;
+      neighbours.push_back({other, t.choice, it->second->parameters(), it->second->kind(), t.median_us});
+    }
+  }
+  return rank(problem, choices, peaks, calibrate(neighbours, peaks));
+}
+
+Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) const {
+  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
+  KILN_ASSIGN_OR_RETURN(auto def, impl_->services.ops->find(problem.op));
+  const auto order = impl_->ranked(problem, choices);
+  if (!impl_->policy.measure) {
+    ChoicePtr pick = detail::model_pick(choices, order, def->reference(problem));
+    if (!pick) return std::vector<ChoicePtr>{};
+    return std::vector<ChoicePtr>{pick};
+  }
+  return detail::plan_choices(choices, order, def->reference(problem), impl_->policy.keep).first;
+}
 
 std::vector<TuneReport> Tuner::reports() const {
   std::lock_guard lock(impl_->mu);
@@ -208,6 +260,39 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
     }
   }
   KILN_RETURN_IF_ERROR(generate());
+  report.effort = std::string(effort_name(s.effort));
+  if (!s.policy.measure && s.cache->mode() != cache::TuneMode::kStrict) {
+    // Effort none: the model's pick, compiled and prepared, nothing measured. No decision is stored, so
+    // that a later tune at a higher effort measures instead of trusting an unmeasured pick.
+    const auto order = s.ranked(problem, choices);
+    ChoicePtr pick = detail::model_pick(choices, order, report.reference);
+    if (!pick) return make_error(ErrorCode::kInternal, fmt::format("{} has no reference choice", report.problem));
+    auto binaries = s.compile(*pick, Priority::kOnDemand);
+    Status ready = binaries.ok() ? pick->prepare(*binaries) : binaries.status();
+    if (!ready.ok() && pick->name() != report.reference) {
+      spdlog::warn("kiln: the model's pick {} for {} cannot be used ({}); using the reference", pick->name(),
+                   report.problem, ready.to_string());
+      pick = by_name(report.reference);
+      if (!pick) return make_error(ErrorCode::kInternal, fmt::format("{} has no reference choice", report.problem));
+      KILN_ASSIGN_OR_RETURN(Binaries b, s.compile(*pick, Priority::kOnDemand));
+      KILN_RETURN_IF_ERROR(pick->prepare(b));
+    } else if (!ready.ok()) {
+      return ready;
+    }
+    int rank = 0;
+    for (const auto& r : order) {
+      if (!r.estimate.known) continue;
+      if (choices[r.index] == pick) report.chosen_model_rank = rank;
+      ++rank;
+    }
+    report.measured = false;
+    report.pruned = static_cast<int>(choices.size()) - 1;
+    if (report.pruned > 0) report.pruned_reasons["effort none: not measured"] = report.pruned;
+    report.chosen = pick->name();
+    report.note = "effort none: the performance model's pick, not measured (no decision stored)";
+    report.total_seconds = seconds_since(start);
+    return s.finish(problem, pick, std::move(report), key);
+  }
   if (s.cache->mode() == cache::TuneMode::kUse || s.cache->mode() == cache::TuneMode::kStrict) {
     ChoicePtr ref = by_name(report.reference);
     if (!ref) return make_error(ErrorCode::kInternal, fmt::format("{} has no reference choice", report.problem));
@@ -225,19 +310,29 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
                                                           std::shared_ptr<const OpDef> def,
                                                           std::vector<ChoicePtr> choices, TuneReport report,
                                                           Clock::time_point start) {
-  // Every choice that needs measuring starts compiling now; benchmarking takes them as they arrive.
+  // The model's plan: the choices ranked near the top (and every choice it cannot judge: the extern libraries,
+  // the reference) start compiling now; benchmarking takes them as they arrive. The rest wait in model order
+  // for a widening, and are reported as pruned if none comes.
+  const std::vector<RankedChoice> order = ranked(problem, choices);
+  detail::TunePlan plan = detail::plan_choices(choices, order, report.reference, policy.keep);
+  std::set<const Choice*> first;
+  for (const auto& c : plan.first) first.insert(c.get());
   std::vector<ChoicePtr> to_measure;
   std::vector<Future<Binaries>> futures;
   std::vector<ChoiceResult> results;
+  std::vector<ChoicePtr> reserve;
   ChoicePtr reference;
   for (const auto& c : choices) {
     if (c->name() == report.reference) reference = c;
-    if (cache->should_measure(key, c->name())) {
+    if (!cache->should_measure(key, c->name())) {
+      if (auto t = cache->cached_timing(key, c->name())) results.push_back(cached_result(*c, *t));
+    } else if (first.count(c.get())) {
       to_measure.push_back(c);
       futures.push_back(c->precompile(*gate, Priority::kNormal));
-    } else if (auto t = cache->cached_timing(key, c->name())) {
-      results.push_back(cached_result(*c, *t));
     }
+  }
+  for (const auto& c : plan.reserve) {
+    if (cache->should_measure(key, c->name())) reserve.push_back(c);
   }
   if (!reference) return make_error(ErrorCode::kInternal, fmt::format("{} has no reference choice", report.problem));
 
@@ -289,7 +384,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   std::unique_ptr<BenchSession> isolated;
   if (options.isolation == Isolation::kIsolated && !to_measure.empty()) {
     KILN_ASSIGN_OR_RETURN(Binaries reference_binaries, compile(*reference, Priority::kOnDemand));
-    KILN_ASSIGN_OR_RETURN(isolated, sandbox->begin(options, problem, *reference, reference_binaries, to_measure));
+    // The reserve too: a widening's choices are measured in the worker like the first ones.
+    std::vector<ChoicePtr> session_choices = to_measure;
+    session_choices.insert(session_choices.end(), reserve.begin(), reserve.end());
+    KILN_ASSIGN_OR_RETURN(isolated, sandbox->begin(options, problem, *reference, reference_binaries, session_choices));
   }
 
   TuneProgress progress_state{report.problem, 0, 0, 0, static_cast<int>(to_measure.size())};
@@ -298,19 +396,22 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     if (r.status.ok() && !r.partial && (best_us == 0 || r.median_us < best_us)) best_us = r.median_us;
   }
   std::vector<ChoicePtr> measured_choices;  // prepared, measured successfully, in results order
-  auto order = in_completion_order(futures);
+  bool stopped = false;
+  // Measures `batch` (its `batch_futures` already started) in the order its compiles complete.
+  auto measure_batch = [&](const std::vector<ChoicePtr>& batch, std::vector<Future<Binaries>>& batch_futures) -> Status {
+  auto completion = in_completion_order(batch_futures);
   for (;;) {
     auto t = Clock::now();
-    std::optional<size_t> next = order.next();
+    std::optional<size_t> next = completion.next();
     compile_wait += seconds_since(t);
     if (!next) break;
-    const ChoicePtr& c = to_measure[*next];
+    const ChoicePtr& c = batch[*next];
     ChoiceResult r;
     r.name = c->name();
     r.kind = c->kind();
     r.parameters = c->parameters();
     ++progress_state.compiled;
-    const Result<Binaries>& binaries = futures[*next].get();
+    const Result<Binaries>& binaries = batch_futures[*next].get();
     Status status = binaries.status();
     const bool in_worker = status.ok() && isolated && isolated->covers(*c);  // Isolation
     Result<Samples> samples = make_error(ErrorCode::kInternal, "not measured");
@@ -358,12 +459,48 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
         // Nothing more can run in this context: stop here, with what was measured.
         results.push_back(std::move(r));
         report.note = "stopped early: a choice left the CUDA context unusable";
-        for (auto& f : futures) f.cancel();
+        for (auto& f : batch_futures) f.cancel();
+        stopped = true;
         break;
       }
     }
     results.push_back(std::move(r));
     progress(progress_state);
+  }
+  return Status();
+  };
+  KILN_RETURN_IF_ERROR(measure_batch(to_measure, futures));
+  // Widening: where the measured best of the model's choices sits at the end of what was kept, the model
+  // disagrees with the device here: measure the next ranks too.
+  int kept = plan.kept_ranked;
+  std::list<std::vector<Future<Binaries>>> widened_futures;
+  while (!stopped && report.widenings < policy.max_widenings && !reserve.empty()) {
+    int best_rank = -1;
+    double best_median = 0;
+    for (const auto& r : results) {
+      auto m = plan.model.find(r.name);
+      if (!r.status.ok() || r.partial || m == plan.model.end()) continue;
+      if (best_rank < 0 || r.median_us < best_median) best_rank = m->second.first, best_median = r.median_us;
+    }
+    if (!detail::should_widen(best_rank, kept)) break;
+    const size_t n = std::min<size_t>(reserve.size(), static_cast<size_t>(std::max(1, policy.widen)));
+    std::vector<ChoicePtr> batch(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(n));
+    reserve.erase(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(n));
+    // Kept to the end of the tune: an isolated session may send a widened choice's binaries again.
+    std::vector<Future<Binaries>>& batch_futures = widened_futures.emplace_back();
+    for (const auto& c : batch) batch_futures.push_back(c->precompile(*gate, Priority::kOnDemand));
+    progress_state.total += static_cast<int>(n);
+    kept += static_cast<int>(n);
+    ++report.widenings;
+    KILN_RETURN_IF_ERROR(measure_batch(batch, batch_futures));
+  }
+  report.pruned = static_cast<int>(reserve.size());
+  if (report.pruned > 0) {
+    report.pruned_reasons[fmt::format("below the model's top {} ({} effort)", kept, effort_name(effort))] = report.pruned;
+    for (size_t i = 0; i < std::min<size_t>(3, reserve.size()); ++i) {
+      const auto& m = plan.model[reserve[i]->name()];
+      report.pruned_examples.push_back(fmt::format("{} (rank {}, model {:.1f} us)", reserve[i]->name(), m.first, m.second));
+    }
   }
 
   // Near-ties: re-measure the choices within noise of the best, interleaved, so drift hits them alike.
@@ -423,6 +560,9 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   const int pick = detail::pick_winner(
       results, [&](const std::string& name) { return choice_by_name[name]->tie_rank(); }, options.bench.tie_fraction);
   if (pick >= 0) winner = choice_by_name[results[pick].name];
+  for (auto& r : results) {
+    if (auto m = plan.model.find(r.name); m != plan.model.end()) r.model_rank = m->second.first, r.model_us = m->second.second;
+  }
   report.failures = static_cast<int>(std::count_if(results.begin(), results.end(), [](const ChoiceResult& r) { return !r.status.ok(); }));
   report.choices = std::move(results);
   if (!winner) {
@@ -438,6 +578,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     KILN_RETURN_IF_ERROR(winner->prepare(b));
   }
   report.chosen = winner->name();
+  if (auto m = plan.model.find(winner->name()); m != plan.model.end()) report.chosen_model_rank = m->second.first;
   cache::Decision decision;
   decision.problem = key;
   decision.choice = winner->name();
@@ -453,7 +594,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
 
 Result<std::shared_ptr<DeferredSelection>> Tuner::defer(const Problem& problem) {
   KILN_RETURN_IF_ERROR(problem.validate());
-  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
+  // The effort's share of the choices (the model's kept set for the problem's own size, and the externs).
+  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, planned_choices(problem));
   // Sizes are run-time arguments of the templates, so these binaries serve every hint: start them now.
   for (const auto& c : choices) (void)c->precompile(*impl_->gate, Priority::kBackground);
   return std::make_shared<DeferredSelection>(this, problem);
@@ -520,14 +662,43 @@ Status finish_cache_writes(cache::TuningCache& cache) {
 
 // ---- precompile without a GPU
 
+int template_sample(const TuneOptions& options, Effort effort) {
+  return options.max_template_configs > 0 ? options.max_template_configs : effort_policy(effort).sample_per_template;
+}
+
+Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Problem& problem,
+                                               std::vector<ChoicePtr> choices, Effort effort, const DevicePeaks& peaks) {
+  const EffortPolicy policy = effort_policy(effort);
+  if (policy.measure && policy.keep <= 0) return choices;
+  KILN_ASSIGN_OR_RETURN(auto def, ops.find(problem.op));
+  const std::string reference = def->reference(problem);
+  const auto order = rank(problem, choices, peaks);
+  if (!policy.measure) {
+    ChoicePtr pick = detail::model_pick(choices, order, reference);
+    return pick ? std::vector<ChoicePtr>{pick} : std::vector<ChoicePtr>{};
+  }
+  detail::TunePlan plan = detail::plan_choices(choices, order, reference, policy.keep);
+  const size_t extra = std::min<size_t>(plan.reserve.size(), static_cast<size_t>(policy.widen));
+  plan.first.insert(plan.first.end(), plan.reserve.begin(), plan.reserve.begin() + static_cast<std::ptrdiff_t>(extra));
+  return plan.first;
+}
+
 Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem& problem, const Target& arch,
                                             PrecompileGate& gate, const TuneOptions& options) {
   const Clock::time_point start = Clock::now();
   KILN_ASSIGN_OR_RETURN(ChoiceContext ctx, choice_context_for_arch(arch));
-  ctx.max_template_configs = options.max_template_configs;
+  Effort effort = Effort::kDefault;
+  if (options.effort) {
+    effort = *options.effort;
+  } else {
+    KILN_ASSIGN_OR_RETURN(effort, effort_from_env());
+  }
+  ctx.max_template_configs = template_sample(options, effort);
   ctx.split_k = options.split_k;
   ctx.families = options.families;
-  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, ops.choices(problem, ctx));
+  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> all, ops.choices(problem, ctx));
+  KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices,
+                        precompile_plan(ops, problem, std::move(all), effort, DevicePeaks::for_arch(arch.arch)));
   PrecompileReport report;
   report.problem = problem.describe();
   std::vector<Future<Binary>> futures;

@@ -35,7 +35,27 @@ struct BenchmarkOptions {
   bool flush_l2 = true;
   /// Choices estimated under this many microseconds are timed as CUDA-graph replays (launch-bound). Default 20.
   double graph_below_us = 20;
+  /// Adaptive repetitions: timed runs come in rounds of min_reps and stop (judge()) once the median's 95%
+  /// confidence interval is within `precision` of it, or lies clearly (tie_fraction) above or below the best
+  /// so far; at the latest at the budget's count. false: the budget's count, as before. Default true, 0.5%.
+  bool adaptive = true;
+  double precision = 0.005;
+  /// Early abandonment: a choice whose fastest short-estimate run is over abandon_factor x the best median
+  /// so far stops there (partial), besides the drop_factor rule on the estimate's median. Default 1.15.
+  double abandon_factor = 1.15;
 };
+
+/// The nonparametric 95% confidence interval of the median of `us` (order statistics n/2 -+ 0.98 sqrt(n)).
+struct MedianInterval {
+  double low = 0, median = 0, high = 0;
+};
+MedianInterval median_interval(std::vector<double> us);
+
+/// Adaptive repetitions' stopping rule on the timed runs so far. kMore: measure another round; kEnough: the
+/// median is known well enough (precise, or clearly ahead of `best_us`) or the count reached `max_reps`;
+/// kSlower: clearly slower than `best_us` (> 0): the interval's low end is over (1 + tie_fraction) x best.
+enum class Verdict { kMore, kEnough, kSlower };
+Verdict judge(const std::vector<double>& us, double best_us, int max_reps, const BenchmarkOptions& options);
 
 
 struct Samples {

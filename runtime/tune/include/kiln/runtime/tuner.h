@@ -34,6 +34,7 @@
 #include "kiln/runtime/isolation.h"
 #include "kiln/runtime/measure.h"
 #include "kiln/runtime/ops.h"
+#include "kiln/runtime/perf_model.h"
 #include "kiln/runtime/problem.h"
 #include "kiln/runtime/sandbox.h"
 #include "kiln/status.h"
@@ -50,6 +51,30 @@ namespace kiln::runtime {
 /// process per GPU, so that a kernel that faults or hangs cannot poison this process's CUDA context; see
 /// docs/runtime.md for the cost and which choices it covers.
 enum class Isolation { kInProcess, kIsolated };
+
+/// How hard tune() searches (--effort, $KILN_TUNE_EFFORT; docs/tuning.md):
+///   kNone:       the performance model's pick (or the op's reference where the model knows no choice), compiled
+///                and prepared, nothing measured and no decision stored (a later tune measures);
+///   kQuick:      the model's top 4 template choices plus the extern library choices, widened once;
+///   kDefault:    the model's top 12 plus the externs, widened while the measured best sits in the last ranks kept;
+///   kExhaustive: every choice of the whole (pruned) parameter space, no model pruning.
+enum class Effort { kNone, kQuick, kDefault, kExhaustive };
+/// "none", "quick", "default", "exhaustive".
+std::string_view effort_name(Effort effort);
+/// Parses an effort name. kInvalidArgument naming the value and listing the names.
+Result<Effort> parse_effort(std::string_view name);
+/// $KILN_TUNE_EFFORT when set (an invalid value is an error naming it), else `fallback`.
+Result<Effort> effort_from_env(Effort fallback = Effort::kDefault);
+
+/// What an effort level means in numbers.
+struct EffortPolicy {
+  bool measure = true;        // false: the model's pick, unmeasured
+  int keep = 0;               // template/subgraph choices kept in model order (0: all of them)
+  int widen = 0;              // how many more ranks each widening adds
+  int max_widenings = 0;
+  int sample_per_template = 0;  // configurations generated per template before the model ranks them
+};
+EffortPolicy effort_policy(Effort effort);
 
 /// How tune() reports progress on long tunes.
 struct TuneProgress {
@@ -71,7 +96,11 @@ struct TuneOptions {
   Isolation isolation = Isolation::kInProcess;
   /// kIsolated: the bench worker, its timeouts and an observer (kiln/runtime/isolation.h).
   IsolationOptions isolation_options;
-  int max_template_configs = 24;  // per template, a deterministic sample covering every parameter value
+  /// How hard to search; unset (the default): $KILN_TUNE_EFFORT, else Effort::kDefault.
+  std::optional<Effort> effort;
+  /// Per template, a deterministic sample covering every parameter value; 0 (the default): the effort's
+  /// (64 for none/quick/default, ranked by the performance model; the whole space for exhaustive).
+  int max_template_configs = 0;
   int max_cublas_algos = 8;
   bool split_k = true;
   /// Superseded template families to try anyway (ChoiceContext::families), e.g. {"gemm_mma_sm80"} or {"all"}.
@@ -93,6 +122,8 @@ struct ChoiceResult {
   bool from_cache = false;       // the timing was cached, not measured now
   bool graph = false;            // timed as CUDA-graph replays
   double error = 0;              // relative error against the reference
+  int model_rank = -1;           // position in the performance model's order (-1: the model cannot judge it)
+  double model_us = 0;           // the model's estimate (ordering only)
   std::map<std::string, std::string> parameters;
 };
 
@@ -104,6 +135,15 @@ struct TuneReport {
   std::vector<ChoiceResult> choices;  // sorted: successful by median, then failures
   int candidates = 0;
   int failures = 0;
+  std::string effort;                 // effort_name() of the tune
+  /// Choices the performance model ranked too low to compile and measure, and why, by reason
+  /// (e.g. "below the model's top 12": 80); pruned_examples names a few of them.
+  int pruned = 0;
+  std::map<std::string, int> pruned_reasons;
+  std::vector<std::string> pruned_examples;
+  int widenings = 0;                  // times the kept set grew because the measured best was near its end
+  int chosen_model_rank = -1;         // the winner's position in the model's order (-1: an extern or unknown)
+  bool measured = true;               // false for effort none: the pick was not benchmarked
   bool decision_from_cache = false;
   double compile_wait_seconds = 0;    // time spent waiting for binaries (compiles overlap benchmarking)
   double benchmark_seconds = 0;
@@ -208,6 +248,14 @@ class Tuner {
   /// Deferred selection. The choices of the problem's own size start compiling now in the background.
   Result<std::shared_ptr<DeferredSelection>> defer(const Problem& problem);
 
+  /// The choices a tune of `problem` at this tuner's effort compiles first, in the model's order (the
+  /// extern library choices and the reference included): what a workload precompiles in the background.
+  Result<std::vector<ChoicePtr>> planned_choices(const Problem& problem) const;
+  /// The effort this tuner searches with.
+  Effort effort() const;
+  /// The performance model's device figures.
+  const DevicePeaks& peaks() const;
+
   /// The problem's canonical cache key on this tuner's device, with its versions.
   std::string key(const Problem& problem) const;
 
@@ -248,6 +296,14 @@ struct PrecompileReport {
   std::vector<std::string> failures;
   double seconds = 0;
 };
+/// The choices of `problem` worth compiling ahead at `effort` with no GPU at hand: the model's kept set plus
+/// one widening's worth of the next ranks (every choice at exhaustive effort; the model's pick at none).
+/// `ops` gives the reference choice. Used by precompile_problem() and `kiln precompile`.
+Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Problem& problem,
+                                               std::vector<ChoicePtr> choices, Effort effort, const DevicePeaks& peaks);
+/// The template sample per template a context gets from TuneOptions (max_template_configs, else the effort's).
+int template_sample(const TuneOptions& options, Effort effort);
+
 Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem& problem, const Target& arch,
                                             PrecompileGate& gate, const TuneOptions& options);
 

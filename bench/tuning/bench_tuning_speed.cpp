@@ -1,0 +1,395 @@
+// Tuning speed (issue 16), each a phase of this program so that cold and warm runs can be separate processes:
+//   suite    [--part i/N] [--shapes FILTER] --json FILE
+//            the public GEMM suite (bench/gemm suite_shapes) plus the Llama-3-8B workload's rmsnorm and softmax
+//            problems, tuned at default and at exhaustive effort in the same process, each effort from its own
+//            empty cache (compiles included; problems of one effort share that cache as `kiln tune` of a
+//            workload does, and the effort's planned kernels start compiling in the background up front). Then
+//            the two chosen kernels of every problem are re-timed side by side, interleaved, on the same buffers:
+//            default_us / exhaustive_us. Per problem: problem, default_s, exhaustive_s, default_us,
+//            exhaustive_us (+ choices, pruned, widenings).
+//   merge    --out-dir bench/results PART.json...   joins the parts into
+//            tuning-speed-<device>-<date>-<commit>.json with the summary (mean default_s, fraction within 1%,
+//            max ratio) and prints the table.
+//   gemm4096 --cache-dir EMPTY --json FILE          one cold 4096^3 bf16 tune at --effort (default: default).
+//   workload --workload examples/llama3-8b.json --cache-dir D --json FILE
+//            every problem of the workload at --effort as `kiln tune` does it: cold with an empty D, warm with
+//            the D a previous run filled.
+//   plan     [--part i/N] [--sample N]            no GPU: how many distinct kernels each effort compiles for the
+//            suite part, and an estimate of their NVRTC time from compiling a sample of them here.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_util.h"
+#include "kiln/cache/tuning.h"
+#include "kiln/jit/compiler.h"
+#include "kiln/jit/driver.h"
+#include "kiln/pool/gate.h"
+#include "kiln/runtime.h"
+#include "kiln/runtime/measure.h"
+#include "kiln/runtime/workload.h"
+#include "suite_shapes.h"
+
+namespace {
+
+using kiln::bench::Clock;
+using kiln::bench::seconds_since;
+using namespace kiln;
+using namespace kiln::runtime;
+using json = nlohmann::json;
+
+struct Part {
+  size_t index = 0, count = 1;
+};
+
+Part parse_part(const std::string& s) {
+  Part p;
+  if (s.empty()) return p;
+  if (std::sscanf(s.c_str(), "%zu/%zu", &p.index, &p.count) != 2 || p.count == 0 || p.index >= p.count) {
+    bench::fail(make_error(ErrorCode::kInvalidArgument, fmt::format("--part '{}': give i/N with 0 <= i < N", s)));
+  }
+  return p;
+}
+
+struct Named {
+  std::string id;
+  Problem problem;
+};
+
+// The suite's GEMMs and the workload's norms and softmax, in a fixed order; the part's share of them.
+std::vector<Named> suite_problems(const std::string& filter, const std::string& workload, Part part) {
+  std::vector<Named> all;
+  for (const auto& s : bench::suite::filter_shapes(bench::suite::suite_shapes(), filter)) {
+    GemmProblem g;
+    g.m = s.m, g.n = s.n, g.k = s.k;
+    g.a = g.b = s.dtype;
+    g.b_layout = s.layout_b;
+    g.epilogue.out = s.dtype;
+    all.push_back({s.id(), Problem::gemm(g)});
+  }
+  auto w = bench::must(load_workload(workload), "the workload");
+  for (size_t i = 0; i < w.problems.size(); ++i) {
+    if (w.problems[i].op == "gemm") continue;
+    all.push_back({w.labels[i] + " " + w.problems[i].describe(), w.problems[i]});
+  }
+  std::vector<Named> out;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i % part.count == part.index) out.push_back(std::move(all[i]));
+  }
+  return out;
+}
+
+std::shared_ptr<cache::TuningCache> fresh_cache(const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  cache::StoreOptions store;
+  store.dir = dir;
+  return bench::must(cache::TuningCache::open(cache::TuneMode::kTune, store), "opening the cache");
+}
+
+std::unique_ptr<Tuner> tuner_for(std::shared_ptr<cache::TuningCache> c, std::shared_ptr<Executor> executor, Effort effort,
+                                 int configs = 0) {
+  TuneOptions o;
+  o.cache = std::move(c);
+  o.executor = std::move(executor);
+  o.effort = effort;
+  o.max_template_configs = configs;
+  return bench::must(make_tuner(o), "make_tuner");
+}
+
+// Starts the planned kernels of every problem compiling in the background, as `kiln tune` does.
+void precompile_planned(Tuner& tuner, const std::vector<Named>& problems) {
+  for (const auto& p : problems) {
+    auto choices = tuner.planned_choices(p.problem);
+    if (!choices.ok()) continue;
+    for (const auto& c : *choices) (void)c->precompile(tuner.gate(), Priority::kBackground);
+  }
+}
+
+struct Tuned {
+  double seconds = 0;
+  std::shared_ptr<Selection> selection;
+  Status status;
+};
+
+// Re-times two selections of one problem side by side: `rounds` rounds of `runs` each, interleaved, medians.
+std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& problem, const Selection& a,
+                                       const Selection& b, int rounds = 5, int runs = 10) {
+  auto def = bench::must(tuner.ops().find(problem.op));
+  OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
+  auto d = bench::must(driver());
+  bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+  DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>({a.choice()->workspace_bytes(),
+                                                                          b.choice()->workspace_bytes(), 256})));
+  BenchmarkOptions o;
+  o.adaptive = false;
+  auto runner = bench::must(BenchRunner::create(o, tuner.context().device), "bench runner");
+  std::vector<double> ta, tb;
+  for (int r = 0; r < rounds; ++r) {
+    for (auto [sel, out] : {std::pair{&a, &ta}, std::pair{&b, &tb}}) {
+      // Graph replays for short kernels, as the tuner times them.
+      auto s = runner->time_runs(*sel->choice(), buffers.args, ws.ptr(), runs, true);
+      if (s.ok()) out->insert(out->end(), s->us.begin(), s->us.end());
+    }
+  }
+  return {summarize(ta).median, summarize(tb).median};
+}
+
+int phase_suite(const std::string& part_text, const std::string& filter, const std::string& workload,
+                const std::string& cache_root, int exhaustive_configs, const std::string& json_path) {
+  bench::check(ensure_context(0).status(), "no GPU");
+  const Part part = parse_part(part_text);
+  const std::vector<Named> problems = suite_problems(filter, workload, part);
+  auto executor = bench::must(make_executor(), "executor");
+  fmt::print("tuning speed: {} problems (part {}/{}), default and exhaustive effort, {} compile workers ({})\n",
+             problems.size(), part.index, part.count, executor->concurrency(), executor->kind());
+  std::map<Effort, std::vector<Tuned>> tuned;
+  std::map<Effort, std::unique_ptr<Tuner>> tuners;
+  std::map<Effort, double> totals;
+  for (Effort effort : {Effort::kDefault, Effort::kExhaustive}) {
+    const std::string dir = fmt::format("{}/{}-{}", cache_root, effort_name(effort), part.index);
+    auto tuner = tuner_for(fresh_cache(dir), executor, effort, effort == Effort::kExhaustive ? exhaustive_configs : 0);
+    const auto start = Clock::now();
+    precompile_planned(*tuner, problems);
+    for (const auto& p : problems) {
+      const auto t0 = Clock::now();
+      auto sel = tuner->tune(p.problem);
+      Tuned t;
+      t.seconds = seconds_since(t0);
+      if (sel.ok()) t.selection = *sel;
+      else t.status = sel.status();
+      tuned[effort].push_back(std::move(t));
+      fmt::print(stderr, "{} {}: {:.3f} s{}\n", effort_name(effort), p.id, tuned[effort].back().seconds,
+                 sel.ok() ? " " + (*sel)->choice_name() : " FAILED " + sel.status().to_string());
+    }
+    totals[effort] = seconds_since(start);
+    tuners[effort] = std::move(tuner);
+  }
+  json rows = json::array();
+  bench::Table table({"problem", "default s", "exhaustive s", "default us", "exhaustive us", "ratio", "pruned", "chosen (default)"});
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const Tuned& d = tuned[Effort::kDefault][i];
+    const Tuned& x = tuned[Effort::kExhaustive][i];
+    json row{{"problem", problems[i].id}, {"default_s", d.seconds}, {"exhaustive_s", x.seconds}};
+    if (!d.selection || !x.selection) {
+      row["error"] = (!d.selection ? d.status : x.status).to_string();
+      rows.push_back(row);
+      continue;
+    }
+    auto [dus, xus] = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection, *x.selection);
+    const TuneReport& dr = d.selection->report();
+    const TuneReport& xr = x.selection->report();
+    row["default_us"] = dus;
+    row["exhaustive_us"] = xus;
+    row["default_choice"] = dr.chosen;
+    row["exhaustive_choice"] = xr.chosen;
+    row["default_candidates"] = dr.candidates;
+    row["exhaustive_candidates"] = xr.candidates;
+    row["default_pruned"] = dr.pruned;
+    row["default_widenings"] = dr.widenings;
+    row["exhaustive_chosen_model_rank"] = xr.chosen_model_rank;
+    rows.push_back(row);
+    table.add({problems[i].id.substr(0, 44), fmt::format("{:.3f}", d.seconds), fmt::format("{:.3f}", x.seconds),
+               fmt::format("{:.2f}", dus), fmt::format("{:.2f}", xus), fmt::format("{:.3f}", dus / xus),
+               std::to_string(dr.pruned), dr.chosen.substr(0, 40)});
+  }
+  fmt::print("{}", table.str());
+  fmt::print("part totals: default {:.1f} s, exhaustive {:.1f} s for {} problems\n", totals[Effort::kDefault],
+             totals[Effort::kExhaustive], problems.size());
+  json out{{"environment", bench::environment()}, {"part", fmt::format("{}/{}", part.index, part.count)},
+           {"default_total_s", totals[Effort::kDefault]}, {"exhaustive_total_s", totals[Effort::kExhaustive]},
+           {"exhaustive_configs", exhaustive_configs}, {"problems", rows}};
+  return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
+}
+
+int phase_merge(const std::vector<std::string>& parts, const std::string& out_dir) {
+  json merged = json::array();
+  json env;
+  double default_total = 0, exhaustive_total = 0;
+  for (const auto& path : parts) {
+    std::ifstream in(path);
+    if (!in) bench::fail(make_error(ErrorCode::kNotFound, fmt::format("cannot read '{}'", path)));
+    json j = json::parse(in);
+    if (env.is_null()) env = j["environment"];
+    default_total += j.value("default_total_s", 0.0);
+    exhaustive_total += j.value("exhaustive_total_s", 0.0);
+    for (auto& r : j["problems"]) merged.push_back(r);
+  }
+  int n = 0, within1 = 0, within3 = 0, errors = 0;
+  double sum_default = 0, max_ratio = 0;
+  for (const auto& r : merged) {
+    if (!r.contains("default_us")) {
+      ++errors;
+      continue;
+    }
+    ++n;
+    sum_default += r["default_s"].get<double>();
+    const double ratio = r["default_us"].get<double>() / r["exhaustive_us"].get<double>();
+    max_ratio = std::max(max_ratio, ratio);
+    within1 += ratio <= 1.01;
+    within3 += ratio <= 1.03;
+  }
+  json summary{{"problems", n},
+               {"errors", errors},
+               {"mean_default_s", n ? sum_default / n : 0},
+               {"default_total_s", default_total},
+               {"exhaustive_total_s", exhaustive_total},
+               {"fraction_within_1pct", n ? double(within1) / n : 0},
+               {"fraction_within_3pct", n ? double(within3) / n : 0},
+               {"max_ratio", max_ratio},
+               {"targets", {{"mean_default_s", 0.15}, {"fraction_within_1pct", 0.95}, {"max_ratio", 1.03}}}};
+  std::string device = env.value("machine", std::string());
+  if (device.empty()) device = "device";
+  std::string date = env.value("date", std::string("date"));
+  date = date.substr(0, 10);
+  const std::string commit = env.value("commit", std::string("commit")).substr(0, 7);
+  const std::string path = fmt::format("{}/tuning-speed-{}-{}-{}.json", out_dir, device, date, commit);
+  fmt::print("{} problems ({} errors): mean default {:.3f} s/problem (target 0.15), within 1% of exhaustive {:.1f}% "
+             "(target 95%), within 3% {:.1f}%, max ratio {:.3f} (target 1.03)\n",
+             n, errors, n ? sum_default / n : 0, n ? 100.0 * within1 / n : 0, n ? 100.0 * within3 / n : 0, max_ratio);
+  json out{{"environment", env}, {"summary", summary}, {"problems", merged}};
+  return bench::write_json(path, out) ? (fmt::print("wrote {}\n", path), 0) : 1;
+}
+
+int phase_gemm4096(const std::string& cache_dir, Effort effort, const std::string& json_path) {
+  bench::check(ensure_context(0).status(), "no GPU");
+  const auto start = Clock::now();
+  auto tuner = tuner_for(fresh_cache(cache_dir), nullptr, effort);
+  const double create_s = seconds_since(start);
+  GemmProblem g;
+  g.m = g.n = g.k = 4096;
+  const auto t0 = Clock::now();
+  auto sel = bench::must(tuner->tune(Problem::gemm(g)), "tune");
+  const double tune_s = seconds_since(t0);
+  const TuneReport& r = sel->report();
+  fmt::print("{}", r.table(8));
+  fmt::print("4096^3 bf16 cold at {} effort: tune {:.3f} s (target 0.3), + {:.3f} s making the tuner\n",
+             effort_name(effort), tune_s, create_s);
+  json out{{"environment", bench::environment()}, {"effort", effort_name(effort)}, {"tune_s", tune_s},
+           {"create_s", create_s}, {"report", json::parse(r.json())}};
+  return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
+}
+
+int phase_workload(const std::string& workload, const std::string& cache_dir, Effort effort, const std::string& json_path) {
+  const auto start = Clock::now();
+  bench::check(ensure_context(0).status(), "no GPU");
+  auto w = bench::must(load_workload(workload), "the workload");
+  cache::StoreOptions store;
+  store.dir = cache_dir;
+  auto c = bench::must(cache::TuningCache::open(cache::TuneMode::kTune, store), "opening the cache");
+  std::shared_ptr<cache::TuningCache> shared = std::move(c);
+  auto tuner = tuner_for(shared, nullptr, effort);
+  std::vector<Named> named;
+  for (size_t i = 0; i < w.problems.size(); ++i) {
+    auto decided = shared->lookup_decision(tuner->key(w.problems[i]));
+    if (decided.ok() && *decided) continue;
+    named.push_back({w.labels[i], w.problems[i]});
+  }
+  precompile_planned(*tuner, named);
+  int cached = 0, errors = 0;
+  for (const auto& p : w.problems) {
+    auto sel = tuner->tune(p);
+    if (!sel.ok()) ++errors;
+    else cached += (*sel)->report().decision_from_cache;
+  }
+  bench::check(finish_cache_writes(*shared), "storing");
+  const double secs = seconds_since(start);
+  fmt::print("workload {} ({} problems) at {} effort: {:.3f} s, {} from cached decisions, {} errors "
+             "(targets: cold 10 s, warm 0.05 s)\n", w.name, w.problems.size(), effort_name(effort), secs, cached, errors);
+  json out{{"environment", bench::environment()}, {"workload", w.name}, {"effort", effort_name(effort)},
+           {"problems", w.problems.size()}, {"seconds", secs}, {"cached_decisions", cached}, {"errors", errors}};
+  return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
+}
+
+// No GPU: distinct kernels per effort for the part, and their compile time estimated from a sample here.
+int phase_plan(const std::string& part_text, const std::string& filter, const std::string& workload, int sample,
+               int exhaustive_configs) {
+  const Part part = parse_part(part_text);
+  const std::vector<Named> problems = suite_problems(filter, workload, part);
+  const Target target{"sm_90a"};
+  const DevicePeaks peaks = DevicePeaks::for_arch(target.arch);
+  for (Effort effort : {Effort::kQuick, Effort::kDefault, Effort::kExhaustive}) {
+    ChoiceContext ctx = bench::must(choice_context_for_arch(target));
+    TuneOptions o;
+    o.max_template_configs = effort == Effort::kExhaustive ? exhaustive_configs : 0;
+    ctx.max_template_configs = template_sample(o, effort);
+    std::unordered_map<KernelKey, CompileRequest> kernels;
+    size_t choices = 0, planned = 0;
+    const auto t0 = Clock::now();
+    for (const auto& p : problems) {
+      auto all = bench::must(default_ops().choices(p.problem, ctx), p.id);
+      choices += all.size();
+      auto kept = bench::must(precompile_plan(default_ops(), p.problem, std::move(all), effort, peaks));
+      planned += kept.size();
+      for (const auto& c : kept) {
+        for (auto& k : c->kernels()) kernels.emplace(make_key(k.source, k.target), k);
+      }
+    }
+    const double plan_s = seconds_since(t0);
+    std::vector<double> compile_s;
+    int n = 0;
+    for (const auto& [key, k] : kernels) {
+      if (n++ >= sample) break;
+      const auto c0 = Clock::now();
+      auto b = compile(k.source, k.target);
+      if (b.ok()) compile_s.push_back(seconds_since(c0));
+    }
+    const double mean = compile_s.empty() ? 0 : bench::stats(compile_s).mean;
+    fmt::print("{:<10} {} problems: {} choices generated, {} planned (compiled ahead), {} distinct kernels; "
+               "planning {:.2f} s; NVRTC {:.2f} s/kernel here (sample {}) -> ~{:.0f} s on 1 core, ~{:.0f} s on 16\n",
+               effort_name(effort), problems.size(), choices, planned, kernels.size(), plan_s, mean, compile_s.size(),
+               mean * kernels.size(), mean * kernels.size() / 16);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln tuning speed: default vs exhaustive effort, cold and warm"};
+  app.require_subcommand(1);
+  std::string part, filter, json_path, cache_dir = "/tmp/kiln-tuning-speed", out_dir = "bench/results";
+  std::string workload = std::string(KILN_SOURCE_DIR) + "/examples/llama3-8b.json";
+  std::string effort_text = "default";
+  int exhaustive_configs = 0, sample = 4;
+  std::vector<std::string> parts;
+  auto* suite = app.add_subcommand("suite", "default vs exhaustive over the suite (a part of it)");
+  auto* merge = app.add_subcommand("merge", "join suite parts into bench/results/tuning-speed-...json");
+  auto* g4096 = app.add_subcommand("gemm4096", "one cold 4096^3 tune");
+  auto* work = app.add_subcommand("workload", "a workload as kiln tune runs it (cold or warm)");
+  auto* plan = app.add_subcommand("plan", "no GPU: kernels per effort and their estimated compile time");
+  for (auto* s : {suite, plan}) {
+    s->add_option("--part", part, "i/N: every N-th problem from the i-th");
+    s->add_option("--shapes", filter, "suite filter (bench/gemm suite_shapes.h)");
+    s->add_option("--workload", workload, "the workload whose norms and softmax join the suite");
+    s->add_option("--exhaustive-configs", exhaustive_configs, "exhaustive's sample per template (default: all)");
+  }
+  suite->add_option("--cache-root", cache_dir, "where the empty caches go");
+  plan->add_option("--sample", sample, "kernels to compile here for the estimate");
+  merge->add_option("parts", parts, "part JSON files")->required();
+  merge->add_option("--out-dir", out_dir, "results folder");
+  for (auto* s : {g4096, work}) {
+    s->add_option("--cache-dir", cache_dir, "the cache (empty for a cold run)");
+    s->add_option("--effort", effort_text, "none | quick | default | exhaustive")->check([](const std::string& e) {
+      auto p = parse_effort(e);
+      return p.ok() ? std::string() : p.status().message();
+    });
+  }
+  work->add_option("--workload", workload, "workload JSON");
+  for (auto* s : {suite, g4096, work}) s->add_option("--json", json_path, "write JSON here");
+  CLI11_PARSE(app, argc, argv);
+  const Effort effort = bench::must(parse_effort(effort_text));
+  if (suite->parsed()) return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path);
+  if (merge->parsed()) return phase_merge(parts, out_dir);
+  if (g4096->parsed()) return phase_gemm4096(cache_dir, effort, json_path);
+  if (work->parsed()) return phase_workload(workload, cache_dir, effort, json_path);
+  return phase_plan(part, filter, workload, sample, exhaustive_configs);
+}

@@ -1,0 +1,88 @@
+// Effort levels and what they mean in numbers; the model's plan of what a tune measures first.
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "kiln/runtime/tuner.h"
+#include "selection_rule.h"
+
+namespace kiln::runtime {
+
+std::string_view effort_name(Effort effort) {
+  switch (effort) {
+    case Effort::kNone: return "none";
+    case Effort::kQuick: return "quick";
+    case Effort::kDefault: return "default";
+    case Effort::kExhaustive: return "exhaustive";
+  }
+  return "?";
+}
+
+Result<Effort> parse_effort(std::string_view name) {
+  for (Effort e : {Effort::kNone, Effort::kQuick, Effort::kDefault, Effort::kExhaustive}) {
+    if (name == effort_name(e)) return e;
+  }
+  return make_error(ErrorCode::kInvalidArgument,
+                    fmt::format("unknown effort '{}' (give none, quick, default or exhaustive)", name));
+}
+
+Result<Effort> effort_from_env(Effort fallback) {
+  const char* v = std::getenv("KILN_TUNE_EFFORT");
+  if (v == nullptr || *v == '\0') return fallback;
+  return parse_effort(v).with_context("reading KILN_TUNE_EFFORT");
+}
+
+// The sample of 64 per template gives the model every value of every axis to rank (the seeds come first);
+// 12 kept plus widening met the 1%-of-exhaustive target in the model's calibration runs (docs/tuning.md).
+EffortPolicy effort_policy(Effort effort) {
+  switch (effort) {
+    case Effort::kNone: return {.measure = false, .keep = 1, .widen = 0, .max_widenings = 0, .sample_per_template = 64};
+    case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 64};
+    case Effort::kDefault: return {.measure = true, .keep = 12, .widen = 6, .max_widenings = 3, .sample_per_template = 64};
+    case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
+  }
+  return {};
+}
+
+namespace detail {
+
+TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
+                      const std::string& reference, int keep) {
+  TunePlan plan;
+  int rank = 0;
+  for (const RankedChoice& r : ranked) {
+    const ChoicePtr& c = choices[r.index];
+    if (!r.estimate.known) {
+      plan.first.push_back(c);
+      continue;
+    }
+    plan.model[c->name()] = {rank, r.score_us};
+    if (keep <= 0 || rank < keep || c->name() == reference) {
+      plan.first.push_back(c);
+      ++plan.kept_ranked;
+    } else {
+      plan.reserve.push_back(c);
+    }
+    ++rank;
+  }
+  return plan;
+}
+
+ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
+                     const std::string& reference) {
+  for (const RankedChoice& r : ranked) {
+    if (r.estimate.known) return choices[r.index];
+  }
+  for (const auto& c : choices) {
+    if (c->name() == reference) return c;
+  }
+  return nullptr;
+}
+
+bool should_widen(int best_model_rank, int kept) {
+  if (best_model_rank < 0 || kept <= 0) return false;
+  return best_model_rank >= kept - std::max(1, kept / 4);
+}
+
+}  // namespace detail
+}  // namespace kiln::runtime

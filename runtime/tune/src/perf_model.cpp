@@ -1,0 +1,297 @@
+#include "kiln/runtime/perf_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "kiln/templates/template.h"
+
+namespace kiln::runtime {
+namespace {
+
+using Params = std::map<std::string, std::string>;
+
+int64_t num(const Params& p, const std::string& key, int64_t fallback) {
+  auto it = p.find(key);
+  if (it == p.end() || it->second.empty()) return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  return *end == '\0' ? v : fallback;
+}
+bool flag(const Params& p, const std::string& key) {
+  auto it = p.find(key);
+  return it != p.end() && (it->second == "true" || it->second == "1");
+}
+std::string text(const Params& p, const std::string& key) {
+  auto it = p.find(key);
+  return it == p.end() ? std::string() : it->second;
+}
+int64_t ceil_div(int64_t a, int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
+
+// The same parameters with "step0." taken off (the GEMM step of a split-K or unfused subgraph).
+Params step_params(const Params& p, const std::string& prefix) {
+  Params out;
+  for (const auto& [k, v] : p) {
+    if (k.rfind(prefix, 0) == 0) out[k.substr(prefix.size())] = v;
+  }
+  return out;
+}
+
+// How much of the tensor peak a tile sustains: the FLOPs it does per byte it loads from L2 grow with
+// bm*bn/(bm+bn); at 64 (a 128x128 tile) wgmma is fed from shared memory fast enough to run near peak. Deeper
+// pipelines hide more latency, two consumer warpgroups overlap one's epilogue with the other's MMAs.
+double tile_efficiency(int64_t bm, int64_t bn, int64_t stages, int64_t consumers) {
+  const double intensity = static_cast<double>(bm * bn) / static_cast<double>(bm + bn);
+  double eff = std::min(1.0, 0.35 + 0.65 * intensity / 85.0);  // 128x256 tile (85) at peak
+  eff *= std::min(1.0, 0.7 + 0.1 * static_cast<double>(stages));  // 3 stages: full
+  if (consumers >= 2) eff *= 1.05;
+  return std::min(eff, 0.92);  // the best measured wgmma tiles reach ~0.9 of cuBLAS, itself ~0.8 of peak
+}
+
+// DRAM bandwidth the resident blocks can pull: each SM sustains at most ~1.5x its even share of the device's
+// bandwidth, and only as many bytes as it has in flight per memory round trip (Little's law).
+double reachable_gbps(const DevicePeaks& d, int64_t active_sms, double bytes_in_flight_per_sm) {
+  const double per_sm_cap = 1.5 * d.hbm_gbps / std::max(1, d.sms);
+  const double littles = bytes_in_flight_per_sm / (d.memory_latency_us * 1e-6) / 1e9;
+  return std::min(d.hbm_gbps, static_cast<double>(active_sms) * std::min(per_sm_cap, littles));
+}
+
+struct GemmTile {
+  int64_t bm = 0, bn = 0, stages = 2, consumers = 1, occupancy = 1, stage_bytes = 0;
+  bool swap_ab = false, persistent = false, tensor_cores_async = true;
+  int64_t splits = 1;  // cluster_k or subgraph slices
+};
+
+// The tile a GEMM template configuration runs, or nothing for a family the model does not know.
+std::optional<GemmTile> gemm_tile(const Params& p, const DevicePeaks& d) {
+  const std::string t = text(p, "template");
+  GemmTile g;
+  g.bm = num(p, "bm", 0);
+  g.bn = num(p, "bn", 0);
+  if (g.bm <= 0 || g.bn <= 0) return std::nullopt;
+  g.stages = std::max<int64_t>(2, num(p, "stages", 2));
+  if (t == "gemm_wgmma_sm90") {
+    g.consumers = num(p, "consumers", 1);
+    g.occupancy = std::max<int64_t>(1, num(p, "blocks_per_sm", 1));
+    g.swap_ab = flag(p, "swap_ab");
+    g.persistent = flag(p, "persistent");
+    g.splits = std::max<int64_t>(1, num(p, "cluster_k", 1));
+    g.stage_bytes = (g.bm + g.bn) * 64 * 2;
+  } else if (t == "gemm_mma_sm80") {
+    const int64_t bk = num(p, "bk", 32), threads = 32 * num(p, "warps_m", 1) * num(p, "warps_n", 1);
+    g.tensor_cores_async = false;
+    g.consumers = 1;
+    g.stage_bytes = (g.bm + g.bn) * bk * 2;
+    const int64_t smem = std::max<int64_t>(1, g.stages * g.stage_bytes);
+    const int64_t wm = g.bm / std::max<int64_t>(1, num(p, "warps_m", 1)), wn = g.bn / std::max<int64_t>(1, num(p, "warps_n", 1));
+    const int64_t regs = wm * wn / 32 + 2 * ((wm / 16) * 4 + (wn / 8) * 2) + 40;
+    g.occupancy = std::max<int64_t>(1, std::min({static_cast<int64_t>(d.smem_per_sm) / smem,
+                                                 static_cast<int64_t>(d.max_threads_per_sm) / std::max<int64_t>(32, threads),
+                                                 static_cast<int64_t>(d.regs_per_sm) / std::max<int64_t>(1, regs * threads),
+                                                 int64_t{8}}));
+  } else {
+    return std::nullopt;
+  }
+  return g;
+}
+
+ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const DevicePeaks& d, int64_t subgraph_slices,
+                            bool unfused) {
+  ModelEstimate e;
+  e.known = true;
+  const int64_t splits = subgraph_slices > 1 ? subgraph_slices : g.splits;
+  // With swap_ab the kernel computes D^T: its M side (bm) covers N and its N side (bn) covers M.
+  const int64_t rows = g.swap_ab ? p.n : p.m, cols = g.swap_ab ? p.m : p.n;
+  const int64_t tiles = ceil_div(rows, g.bm) * ceil_div(cols, g.bn);
+  e.blocks = tiles * splits;
+  e.occupancy = static_cast<int>(g.occupancy);
+  const int64_t slots = static_cast<int64_t>(d.sms) * g.occupancy;
+  e.waves = static_cast<double>(e.blocks) / static_cast<double>(std::max<int64_t>(1, slots));
+  // A persistent grid loops over the tiles with the next tile's loads under this one's epilogue: no launch
+  // tail between waves, the same quantisation.
+  const double full_waves = std::ceil(e.waves - 1e-9);
+  const double per_sm_tflops = d.tensor_tflops / d.sms * (g.tensor_cores_async ? 1.0 : 0.6);
+  double eff = tile_efficiency(g.bm, g.bn, g.stages, g.consumers);
+  if (g.persistent) eff *= 1.04;
+  // One block's FLOPs (padding included: a 64-row tile over M = 16 computes 64 rows) at its share of the SM.
+  const double k_per_block = static_cast<double>(ceil_div(p.k, splits));
+  const double block_flops = 2.0 * static_cast<double>(g.bm * g.bn) * k_per_block;
+  const double block_us = block_flops / (per_sm_tflops * 1e12 * eff / static_cast<double>(g.occupancy)) * 1e6;
+  e.compute_us = full_waves * block_us;
+
+  // Bytes: operands once from DRAM (L2 holds reuse across tiles), the output once, and for splits the fp32
+  // partials (a subgraph writes and reads them in DRAM; a cluster reduces them in distributed shared memory).
+  const double in_bytes = static_cast<double>(templates::dtype_bytes(p.a));
+  const double out_bytes = static_cast<double>(templates::dtype_bytes(p.epilogue.out));
+  double bytes = (static_cast<double>(p.m) * p.k + static_cast<double>(p.k) * p.n) * in_bytes +
+                 static_cast<double>(p.m) * p.n * out_bytes;
+  if (subgraph_slices > 1 || unfused) bytes += 2.0 * static_cast<double>(p.m) * p.n * 4 * std::max<int64_t>(1, subgraph_slices);
+  // L2 to SM traffic: every tile loads its A and B panels.
+  const double l2_bytes = static_cast<double>(tiles) * static_cast<double>(g.bm + g.bn) * static_cast<double>(p.k) * in_bytes;
+  // The blocks of a K-split cluster stream their slices of one tile's panels side by side, but a cluster must
+  // be co-scheduled within a GPC and ends in a reduction through distributed shared memory: fitted to the
+  // GEMM suite's measured candidates (bench/results/gemm-suite-nvidia-h100-2026-11-25-24c0899.json), a split
+  // over a cluster pulls no more DRAM bandwidth than its tile alone, and costs ~1 us per extra block.
+  const double cluster_streams = g.splits > 1 && subgraph_slices <= 1 ? 1.0 : static_cast<double>(splits);
+  const int64_t active_sms = std::min<int64_t>(d.sms, ceil_div(static_cast<int64_t>(std::ceil(static_cast<double>(tiles) * cluster_streams)), g.occupancy));
+  const double in_flight = static_cast<double>(g.occupancy * g.stages * g.stage_bytes);
+  const double gbps = reachable_gbps(d, active_sms, in_flight);
+  e.memory_us = std::max(bytes / (gbps * 1e3), l2_bytes / (d.l2_gbps * 1e3 * std::min(1.0, active_sms / double(d.sms)) + 1e-9));
+  // The loads and the MMAs overlap, though not perfectly.
+  e.us = std::max(e.compute_us, e.memory_us) + 0.15 * std::min(e.compute_us, e.memory_us);
+  e.bound = e.compute_us >= e.memory_us ? "compute" : "memory";
+  // Pipeline fill and drain per block, and the cluster reduction through distributed shared memory.
+  e.us += 1.0;
+  if (g.splits > 1 && subgraph_slices <= 1) e.us += 1.0 * static_cast<double>(g.splits - 1);
+  if (subgraph_slices > 1 || unfused) e.us += d.launch_us;
+  return e;
+}
+
+// Norms and softmax: one pass over the rows (two when a row does not fit the registers a block keeps).
+ModelEstimate row_estimate(const Problem& problem, const Params& p, const DevicePeaks& d) {
+  ModelEstimate e;
+  int64_t rows = 0, cols = 0;
+  double elem = 2, passes_bytes = 2;  // read x, write y
+  if (const auto* n = std::get_if<NormProblem>(&problem.desc)) {
+    rows = n->rows, cols = n->cols;
+    elem = templates::dtype_bytes(n->dtype);
+    if (n->residual) passes_bytes += 2;  // read residual, write residual_out
+  } else if (const auto* s = std::get_if<SoftmaxProblem>(&problem.desc)) {
+    rows = s->rows, cols = s->cols;
+    elem = templates::dtype_bytes(s->dtype);
+  } else {
+    return e;
+  }
+  const std::string t = text(p, "template");
+  const int64_t threads = num(p, "threads", 0), vec = std::max<int64_t>(1, num(p, "vec", 1)),
+                items = std::max<int64_t>(1, num(p, "items", 1));
+  if (threads <= 0) return e;
+  e.known = true;
+  int64_t rows_per_block = 1, blocks_per_row = 1;
+  if (t == "softmax_cluster") blocks_per_row = std::max<int64_t>(1, num(p, "cluster", 2));
+  else rows_per_block = std::max<int64_t>(1, num(p, "rows_per_block", 1));
+  const int64_t row_threads = std::max<int64_t>(1, threads / rows_per_block) * blocks_per_row;
+  const int64_t kept = row_threads * vec * items;  // elements of a row held in registers
+  // A row longer than the registers hold is read again for the second pass (normalise after the reduction).
+  const double rereads = cols > kept ? 1.0 : 0.0;
+  const double bytes = static_cast<double>(rows) * cols * elem * (passes_bytes + rereads);
+  e.blocks = ceil_div(rows, rows_per_block) * blocks_per_row;
+  e.occupancy = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(d.max_threads_per_sm / threads, 32)));
+  const int64_t slots = static_cast<int64_t>(d.sms) * e.occupancy;
+  e.waves = static_cast<double>(e.blocks) / static_cast<double>(slots);
+  const int64_t active_sms = std::min<int64_t>(d.sms, ceil_div(e.blocks, e.occupancy));
+  // Bytes in flight per SM: every resident thread's vector loads of one sweep (items of them, issued together).
+  const double in_flight = static_cast<double>(std::min<int64_t>(e.blocks, e.occupancy) * threads) *
+                           static_cast<double>(vec * items) * elem;
+  e.memory_us = bytes / (reachable_gbps(d, active_sms, in_flight) * 1e3);
+  // Latency of one block: its sweeps over the row and log-depth reductions (two: max/sum or sum/sum-of-squares),
+  // paid once per wave; a cluster adds its distributed shared memory exchange.
+  const double per_thread_vectors = std::ceil(static_cast<double>(cols) / static_cast<double>(row_threads * vec));
+  const double reduce_us = 2 * 0.05 * std::log2(static_cast<double>(std::max<int64_t>(2, row_threads / 32))) + 0.2 +
+                           (blocks_per_row > 1 ? 0.5 : 0.0);
+  const double block_us = per_thread_vectors * 0.01 + reduce_us + d.memory_latency_us;
+  e.compute_us = std::ceil(e.waves - 1e-9) * block_us;
+  e.us = std::max(e.memory_us, e.compute_us) + 0.1 * std::min(e.memory_us, e.compute_us);
+  e.bound = e.memory_us >= e.compute_us ? "memory" : "latency";
+  return e;
+}
+
+}  // namespace
+
+DevicePeaks DevicePeaks::for_arch(const std::string& arch) {
+  DevicePeaks d;
+  d.arch = arch;
+  const int cc = Target{arch}.compute_capability();
+  if (cc >= 90) return d;  // H100 SXM figures (the defaults)
+  if (cc == 86) {
+    d.sms = 84, d.tensor_tflops = 142, d.hbm_gbps = 936, d.l2_gbps = 3000, d.smem_per_sm = 102400, d.max_threads_per_sm = 1536;
+  } else if (cc == 89) {
+    d.sms = 128, d.tensor_tflops = 330, d.hbm_gbps = 1008, d.l2_gbps = 4000, d.smem_per_sm = 102400, d.max_threads_per_sm = 1536;
+  } else if (cc >= 80) {
+    d.sms = 108, d.tensor_tflops = 312, d.hbm_gbps = 2039, d.l2_gbps = 6000, d.smem_per_sm = 167936;
+  }
+  return d;
+}
+
+DevicePeaks DevicePeaks::from_device(const DeviceInfo& device) {
+  DevicePeaks d = for_arch(device.arch());
+  const DevicePeaks table = d;
+  if (device.sm_count > 0) {
+    d.sms = device.sm_count;
+    d.tensor_tflops = table.tensor_tflops * device.sm_count / table.sms;
+  }
+  if (device.max_shared_per_sm > 0) d.smem_per_sm = device.max_shared_per_sm;
+  // Memory clock (kHz) x bus width (bits) / 8 x 2 (double data rate). HBM3 on H100 SXM: 2619 MHz x 5120 bits
+  // = 3.35 TB/s; HBM3e on H200: 3201 MHz x 6144 bits = 4.9 TB/s.
+  if (device.memory_clock_khz > 0 && device.memory_bus_bits > 0) {
+    d.hbm_gbps = 2.0 * device.memory_clock_khz * 1e3 * (device.memory_bus_bits / 8.0) / 1e9;
+    d.l2_gbps = std::max(table.l2_gbps, 2.5 * d.hbm_gbps);
+  }
+  d.measured = true;
+  return d;
+}
+
+ModelEstimate estimate(const Problem& problem, ChoiceKind kind, const Params& params, const DevicePeaks& peaks) {
+  if (kind == ChoiceKind::kExtern || kind == ChoiceKind::kUser) return {};
+  if (const auto* g = std::get_if<GemmProblem>(&problem.desc)) {
+    if (kind == ChoiceKind::kSubgraph) {
+      if (text(params, "subgraph") != "splitk") return {};
+      auto tile = gemm_tile(step_params(params, "step0."), peaks);
+      if (!tile) return {};
+      const int64_t slices = std::max<int64_t>(1, num(params, "slices", 1));
+      return gemm_estimate(*g, *tile, peaks, slices, slices == 1);
+    }
+    auto tile = gemm_tile(params, peaks);
+    if (!tile) return {};
+    return gemm_estimate(*g, *tile, peaks, 1, false);
+  }
+  if (kind != ChoiceKind::kTemplate) return {};
+  return row_estimate(problem, params, peaks);
+}
+
+std::vector<RankedChoice> rank(const Problem& problem, const std::vector<ChoicePtr>& choices, const DevicePeaks& peaks,
+                               const std::map<std::string, double>& calibration) {
+  std::vector<RankedChoice> known, unknown;
+  double overall = 1;
+  if (auto it = calibration.find("*"); it != calibration.end()) overall = it->second;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    RankedChoice r;
+    r.index = i;
+    r.estimate = estimate(problem, *choices[i], peaks);
+    if (!r.estimate.known) {
+      unknown.push_back(std::move(r));
+      continue;
+    }
+    auto it = calibration.find(choices[i]->name());
+    r.calibration = it != calibration.end() ? it->second : overall;
+    r.score_us = r.estimate.us * r.calibration;
+    known.push_back(std::move(r));
+  }
+  std::stable_sort(known.begin(), known.end(), [](const RankedChoice& a, const RankedChoice& b) {
+    return a.score_us < b.score_us;
+  });
+  known.insert(known.end(), unknown.begin(), unknown.end());
+  return known;
+}
+
+std::map<std::string, double> calibrate(const std::vector<NeighbourTiming>& timings, const DevicePeaks& peaks) {
+  std::map<std::string, std::pair<double, int>> logs;  // sum of log ratios, count
+  double all = 0;
+  int n = 0;
+  for (const auto& t : timings) {
+    if (t.median_us <= 0) continue;
+    ModelEstimate e = estimate(t.problem, t.kind, t.parameters, peaks);
+    if (!e.known || e.us <= 0) continue;
+    const double lr = std::log(std::clamp(t.median_us / e.us, 0.25, 4.0));
+    logs[t.choice].first += lr;
+    logs[t.choice].second += 1;
+    all += lr;
+    ++n;
+  }
+  std::map<std::string, double> out;
+  for (const auto& [name, s] : logs) out[name] = std::exp(s.first / s.second);
+  if (n > 0) out["*"] = std::exp(all / n);
+  return out;
+}
+
+}  // namespace kiln::runtime

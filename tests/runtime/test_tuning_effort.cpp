@@ -1,0 +1,333 @@
+// The performance model's ranking, effort plans, widening, adaptive repetitions and the workload budget:
+// CPU-only (fake choices with template parameters, synthetic samples, a fake clock).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/runtime/budget.h"
+#include "kiln/runtime/measure.h"
+#include "kiln/runtime/perf_model.h"
+#include "kiln/runtime/tuner.h"
+#include "selection_rule.h"
+
+namespace kiln::runtime {
+namespace {
+
+using Params = std::map<std::string, std::string>;
+
+// A choice that is only its name, kind and parameters: what the model and the planner look at.
+class FakeChoice final : public Choice {
+ public:
+  FakeChoice(std::string name, ChoiceKind kind, Params p) : name_(std::move(name)), kind_(kind), params_(std::move(p)) {}
+  const std::string& name() const override { return name_; }
+  ChoiceKind kind() const override { return kind_; }
+  Status prepare(const Binaries&) override { return Status(); }
+  Status run(const OpArgs&, CUdeviceptr, CUstream) const override { return Status(); }
+  std::map<std::string, std::string> parameters() const override { return params_; }
+
+ private:
+  std::string name_;
+  ChoiceKind kind_;
+  Params params_;
+};
+
+Params wgmma(int bm, int bn, int consumers = 2, int stages = 4, int cluster_k = 1, bool swap_ab = false,
+             bool persistent = false, int blocks_per_sm = 1) {
+  return {{"template", "gemm_wgmma_sm90"}, {"bm", std::to_string(bm)}, {"bn", std::to_string(bn)},
+          {"consumers", std::to_string(consumers)}, {"stages", std::to_string(stages)},
+          {"cluster_k", std::to_string(cluster_k)}, {"swap_ab", swap_ab ? "true" : "false"},
+          {"persistent", persistent ? "true" : "false"}, {"blocks_per_sm", std::to_string(blocks_per_sm)},
+          {"group_m", "8"}};
+}
+
+Problem gemm(int64_t m, int64_t n, int64_t k) { return Problem::gemm({.m = m, .n = n, .k = k}); }
+
+const DevicePeaks kH100 = DevicePeaks::for_arch("sm_90a");
+
+TEST(PerfModel, OneFullWaveBeatsAWaveAndAFewBlocksForTheSameWork) {
+  // 128x128 tiles: 12 x 11 = 132 tiles fill the 132 SMs once; 12 x 11.6 (139 tiles) need a second wave.
+  const Problem one_wave = gemm(12 * 128, 11 * 128, 4096);
+  const Problem tail = gemm(12 * 128, 11 * 128 + 80, 4096);
+  const ModelEstimate a = estimate(one_wave, ChoiceKind::kTemplate, wgmma(128, 128), kH100);
+  const ModelEstimate b = estimate(tail, ChoiceKind::kTemplate, wgmma(128, 128), kH100);
+  ASSERT_TRUE(a.known && b.known);
+  EXPECT_NEAR(a.waves, 1.0, 1e-9);
+  EXPECT_GT(b.waves, 1.0);
+  EXPECT_LT(b.waves, 1.1);
+  EXPECT_GT(b.us, 1.5 * a.us) << "a second, nearly empty wave costs nearly a whole wave";
+
+  // On one problem: the tile giving exactly one wave ranks above a smaller-count-but-1.05-wave tile.
+  const Problem p = gemm(12 * 128, 11 * 256, 4096);  // 128x256: 132 tiles; 128x192: 12x15 = 180 (1.36 waves)
+  std::vector<ChoicePtr> choices{std::make_shared<FakeChoice>("t128x192", ChoiceKind::kTemplate, wgmma(128, 192)),
+                                 std::make_shared<FakeChoice>("t128x256", ChoiceKind::kTemplate, wgmma(128, 256))};
+  auto order = rank(p, choices, kH100);
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(choices[order[0].index]->name(), "t128x256");
+}
+
+TEST(PerfModel, DecodeShapesPreferSplitKAndSwapAB) {
+  const Problem decode = gemm(16, 4096, 4096);
+  std::vector<ChoicePtr> choices{
+      std::make_shared<FakeChoice>("plain_128x128", ChoiceKind::kTemplate, wgmma(128, 128)),
+      std::make_shared<FakeChoice>("plain_128x256", ChoiceKind::kTemplate, wgmma(128, 256)),
+      std::make_shared<FakeChoice>("swap_64x16", ChoiceKind::kTemplate, wgmma(64, 16, 1, 8, 1, true)),
+      std::make_shared<FakeChoice>("ck2_64x64", ChoiceKind::kTemplate, wgmma(64, 64, 1, 8, 2)),
+      std::make_shared<FakeChoice>("cublas_default", ChoiceKind::kExtern, Params{}),
+  };
+  auto order = rank(decode, choices, kH100);
+  ASSERT_EQ(order.size(), choices.size());
+  const std::string top = choices[order[0].index]->name();
+  EXPECT_TRUE(top == "swap_64x16" || top == "ck2_64x64") << top;
+  EXPECT_EQ(order[0].estimate.bound, "memory");
+  // The big tiles leave most SMs idle on M = 16: they come last among the templates.
+  EXPECT_EQ(choices[order[3].index]->name(), "plain_128x256");
+  // The extern is not judged: it comes last, unknown.
+  EXPECT_EQ(choices[order.back().index]->name(), "cublas_default");
+  EXPECT_FALSE(order.back().estimate.known);
+  // Split-K as a subgraph is judged too (its GEMM step's tile, more blocks, the partials' bytes).
+  Params sub{{"subgraph", "splitk"}, {"slices", "4"}};
+  for (const auto& [k, v] : wgmma(64, 64, 1, 6)) sub["step0." + k] = v;
+  const ModelEstimate split = estimate(decode, ChoiceKind::kSubgraph, sub, kH100);
+  const ModelEstimate whole = estimate(decode, ChoiceKind::kTemplate, wgmma(64, 64, 1, 6), kH100);
+  ASSERT_TRUE(split.known);
+  EXPECT_EQ(split.blocks, 4 * whole.blocks);
+}
+
+TEST(PerfModel, LargeSquareGemmIsComputeBoundAndPrefersBigTiles) {
+  const Problem p = gemm(4096, 4096, 4096);
+  const ModelEstimate big = estimate(p, ChoiceKind::kTemplate, wgmma(128, 256, 2, 4, 1, false, true), kH100);
+  const ModelEstimate small = estimate(p, ChoiceKind::kTemplate, wgmma(64, 64, 1, 4), kH100);
+  EXPECT_EQ(big.bound, "compute");
+  EXPECT_LT(big.us, small.us);
+  // About 2*4096^3 / 989 TFLOP/s = 139 us at peak: the model is in the right range.
+  EXPECT_GT(big.us, 139);
+  EXPECT_LT(big.us, 300);
+}
+
+TEST(PerfModel, NormsAreBandwidthBoundAndMoreBlocksHelpFewRows) {
+  const Problem p = Problem::norm({.rows = 4096, .cols = 4096});
+  Params many{{"template", "rmsnorm"}, {"threads", "256"}, {"rows_per_block", "1"}, {"vec", "8"}, {"items", "2"}};
+  const ModelEstimate e = estimate(p, ChoiceKind::kTemplate, many, kH100);
+  ASSERT_TRUE(e.known);
+  EXPECT_EQ(e.bound, "memory");
+  // 4096 x 4096 bf16 read and written: 64 MiB at 3.35 TB/s is ~20 us.
+  EXPECT_GT(e.us, 18);
+  EXPECT_LT(e.us, 40);
+  // A row too long for the registers is read twice.
+  Params short_regs = many;
+  short_regs["vec"] = "1";
+  short_regs["items"] = "1";
+  EXPECT_GT(estimate(p, ChoiceKind::kTemplate, short_regs, kH100).memory_us, e.memory_us);
+  // Softmax over a 128256-wide row on one cluster per row vs one block per row.
+  const Problem sm = Problem::softmax({.rows = 1, .cols = 128256});
+  Params cluster{{"template", "softmax_cluster"}, {"threads", "1024"}, {"vec", "8"}, {"items", "2"}, {"cluster", "8"}};
+  Params block{{"template", "softmax"}, {"threads", "1024"}, {"rows_per_block", "1"}, {"vec", "8"}, {"items", "8"}};
+  EXPECT_LT(estimate(sm, ChoiceKind::kTemplate, cluster, kH100).us, estimate(sm, ChoiceKind::kTemplate, block, kH100).us);
+}
+
+TEST(PerfModel, PeaksFromADeviceReadItsBandwidth) {
+  DeviceInfo h200;
+  h200.cc_major = 9;
+  h200.sm_count = 132;
+  h200.memory_clock_khz = 3201000;
+  h200.memory_bus_bits = 6144;
+  h200.max_shared_per_sm = 233472;
+  const DevicePeaks d = DevicePeaks::from_device(h200);
+  EXPECT_TRUE(d.measured);
+  EXPECT_NEAR(d.hbm_gbps, 4917, 5);
+  EXPECT_NEAR(d.tensor_tflops, 989, 1);
+  EXPECT_EQ(DevicePeaks::for_arch("sm_80").sms, 108);
+}
+
+TEST(PerfModel, CalibrationFromNeighboursReordersChoices) {
+  const Problem p = gemm(64, 4096, 4096);
+  std::vector<ChoicePtr> choices{std::make_shared<FakeChoice>("a", ChoiceKind::kTemplate, wgmma(64, 64, 1, 8, 2)),
+                                 std::make_shared<FakeChoice>("b", ChoiceKind::kTemplate, wgmma(128, 128))};
+  auto plain = rank(p, choices, kH100);
+  const std::string first = choices[plain[0].index]->name();
+  const std::string second = choices[plain[1].index]->name();
+  // The neighbouring shape measured the model's first choice 4x slower than modelled, the second as modelled.
+  const Problem near = gemm(128, 4096, 4096);
+  std::vector<NeighbourTiming> t;
+  for (const auto& c : choices) {
+    const double modelled = estimate(near, *c, kH100).us;
+    t.push_back({near, c->name(), c->parameters(), c->kind(), c->name() == first ? 4 * modelled : modelled});
+  }
+  auto cal = calibrate(t, kH100);
+  EXPECT_NEAR(cal[first], 4.0, 1e-6);
+  EXPECT_NEAR(cal[second], 1.0, 1e-6);
+  auto refined = rank(p, choices, kH100, cal);
+  EXPECT_EQ(choices[refined[0].index]->name(), second);
+}
+
+// The model against the device: the GEMM suite's recorded candidates on an H100 (bench/results, 111 shapes, 8-12
+// measured wgmma configurations each). Kept to the model's top 4, the best kept must be within 1% of the
+// measured best on >= 95% of the shapes and within 3.5% on all.
+TEST(PerfModel, RanksTheRecordedSuiteCandidatesLikeTheDevice) {
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/bench/results/gemm-suite-nvidia-h100-2026-11-25-24c0899.json");
+  ASSERT_TRUE(in) << "the recorded suite results are part of the repository";
+  const nlohmann::json shapes = nlohmann::json::parse(in);
+  const std::regex name(R"(gemm_wgmma(_swab)?_(\d+)x(\d+)x64_c(\d)_s(\d)_g(\d+)(_p)?(_ck(\d))?(_b(\d))?_.*)");
+  int n = 0, within1 = 0;
+  double worst = 1;
+  for (const auto& s : shapes) {
+    const Problem p = gemm(s["m"], s["n"], s["k"]);
+    std::vector<std::pair<double, double>> model_measured;
+    for (const auto& c : s["kiln_candidates"]) {
+      std::smatch m;
+      const std::string config = c["config"];
+      ASSERT_TRUE(std::regex_match(config, m, name)) << config;
+      Params params = wgmma(std::stoi(m[2]), std::stoi(m[3]), std::stoi(m[4]), std::stoi(m[5]),
+                            m[9].matched ? std::stoi(m[9]) : 1, m[1].matched, m[7].matched,
+                            m[11].matched ? std::stoi(m[11]) : 1);
+      const ModelEstimate e = estimate(p, ChoiceKind::kTemplate, params, kH100);
+      ASSERT_TRUE(e.known) << config;
+      model_measured.push_back({e.us, c["us"].get<double>()});
+    }
+    std::stable_sort(model_measured.begin(), model_measured.end());
+    double best = 1e300, kept = 1e300;
+    for (size_t i = 0; i < model_measured.size(); ++i) {
+      best = std::min(best, model_measured[i].second);
+      if (i < 4) kept = std::min(kept, model_measured[i].second);
+    }
+    ++n;
+    within1 += kept <= 1.01 * best;
+    worst = std::max(worst, kept / best);
+  }
+  EXPECT_EQ(n, 111);
+  EXPECT_GE(within1, 0.95 * n);
+  EXPECT_LE(worst, 1.035);
+}
+
+std::vector<ChoicePtr> mixed_choices(int templates) {
+  std::vector<ChoicePtr> out;
+  for (int i = 0; i < templates; ++i) {
+    // Larger tiles model faster on this square problem: t0 (64 wide) is last, the widest is first.
+    out.push_back(std::make_shared<FakeChoice>("t" + std::to_string(i), ChoiceKind::kTemplate, wgmma(128, 64 + 8 * i)));
+  }
+  out.push_back(std::make_shared<FakeChoice>("cublas_default", ChoiceKind::kExtern, Params{}));
+  out.push_back(std::make_shared<FakeChoice>("cublaslt_a0", ChoiceKind::kExtern, Params{}));
+  return out;
+}
+
+TEST(EffortPlan, KeepsTheModelsTopAndEveryExternAndCountsThePruned) {
+  const Problem p = gemm(4096, 4096, 4096);
+  auto choices = mixed_choices(20);
+  auto order = rank(p, choices, kH100);
+  auto plan = detail::plan_choices(choices, order, "cublas_default", effort_policy(Effort::kDefault).keep);
+  EXPECT_EQ(plan.kept_ranked, 12);
+  EXPECT_EQ(plan.first.size(), 14u);  // 12 templates + 2 externs
+  EXPECT_EQ(plan.reserve.size(), 8u);
+  int externs = 0;
+  for (const auto& c : plan.first) externs += c->kind() == ChoiceKind::kExtern;
+  EXPECT_EQ(externs, 2);
+  // The reserve holds the model's lower ranks, best first.
+  for (size_t i = 1; i < plan.reserve.size(); ++i) {
+    EXPECT_LT(plan.model[plan.reserve[i - 1]->name()].first, plan.model[plan.reserve[i]->name()].first);
+  }
+  // Exhaustive keeps everything.
+  auto all = detail::plan_choices(choices, order, "cublas_default", effort_policy(Effort::kExhaustive).keep);
+  EXPECT_EQ(all.first.size(), choices.size());
+  EXPECT_TRUE(all.reserve.empty());
+  // Quick keeps 4.
+  EXPECT_EQ(detail::plan_choices(choices, order, "cublas_default", effort_policy(Effort::kQuick).keep).kept_ranked, 4);
+}
+
+TEST(EffortPlan, NonePicksTheModelsTopWithoutMeasuring) {
+  const Problem p = gemm(4096, 4096, 4096);
+  auto choices = mixed_choices(6);
+  auto order = rank(p, choices, kH100);
+  EXPECT_FALSE(effort_policy(Effort::kNone).measure);
+  ChoicePtr pick = detail::model_pick(choices, order, "cublas_default");
+  ASSERT_TRUE(pick);
+  EXPECT_EQ(pick, choices[order[0].index]);
+  EXPECT_EQ(pick->kind(), ChoiceKind::kTemplate);
+  // Nothing the model can judge: the reference (the library default).
+  std::vector<ChoicePtr> externs{choices[6], choices[7]};
+  EXPECT_EQ(detail::model_pick(externs, rank(p, externs, kH100), "cublas_default")->name(), "cublas_default");
+}
+
+TEST(EffortPlan, WidensWhenTheMeasuredBestIsAtTheEndOfTheKeptRanks) {
+  EXPECT_FALSE(detail::should_widen(0, 12));
+  EXPECT_FALSE(detail::should_widen(8, 12));
+  EXPECT_TRUE(detail::should_widen(9, 12));   // the last quarter
+  EXPECT_TRUE(detail::should_widen(11, 12));
+  EXPECT_TRUE(detail::should_widen(3, 4));    // quick: the last one
+  EXPECT_FALSE(detail::should_widen(2, 4));
+  EXPECT_FALSE(detail::should_widen(-1, 12));  // an extern won: the model had nothing to say
+}
+
+TEST(EffortNames, ParseAndEnvironment) {
+  for (auto e : {Effort::kNone, Effort::kQuick, Effort::kDefault, Effort::kExhaustive}) {
+    auto parsed = parse_effort(effort_name(e));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, e);
+  }
+  auto bad = parse_effort("turbo");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'turbo'"), std::string::npos);
+  setenv("KILN_TUNE_EFFORT", "quick", 1);
+  EXPECT_EQ(*effort_from_env(), Effort::kQuick);
+  setenv("KILN_TUNE_EFFORT", "fast", 1);
+  auto env_bad = effort_from_env();
+  ASSERT_FALSE(env_bad.ok());
+  EXPECT_NE(env_bad.status().to_string().find("KILN_TUNE_EFFORT"), std::string::npos);
+  unsetenv("KILN_TUNE_EFFORT");
+  EXPECT_EQ(*effort_from_env(), Effort::kDefault);
+  EXPECT_GT(effort_policy(Effort::kExhaustive).sample_per_template, effort_policy(Effort::kDefault).sample_per_template);
+}
+
+TEST(AdaptiveRepetitions, StopsWhenPreciseOrSeparatedFromTheLeader) {
+  BenchmarkOptions o;  // min_reps 5, precision 0.5%, tie 2%
+  // Too few runs: more.
+  EXPECT_EQ(judge({10, 10, 10}, 0, 100, o), Verdict::kMore);
+  // Tight samples: enough after one round.
+  EXPECT_EQ(judge({10.00, 10.01, 9.99, 10.0, 10.02}, 0, 100, o), Verdict::kEnough);
+  // Noisy samples near the leader: more.
+  std::vector<double> noisy{10, 11, 9, 10.5, 9.5, 10.8, 9.2};
+  EXPECT_EQ(judge(noisy, 10.1, 100, o), Verdict::kMore);
+  // The same noise far above the leader: clearly slower (abandoned).
+  EXPECT_EQ(judge(noisy, 7.0, 100, o), Verdict::kSlower);
+  // Far below the leader: a clear new leader, enough.
+  EXPECT_EQ(judge(noisy, 14.0, 100, o), Verdict::kEnough);
+  // The count reached: enough whatever the noise.
+  EXPECT_EQ(judge(noisy, 10.1, 7, o), Verdict::kEnough);
+  // The interval contains the median and narrows with more samples.
+  std::vector<double> many;
+  for (int i = 0; i < 60; ++i) many.push_back(10 + (i % 7) * 0.1);
+  const MedianInterval wide = median_interval(std::vector<double>(many.begin(), many.begin() + 10));
+  const MedianInterval narrow = median_interval(many);
+  EXPECT_LE(narrow.low, narrow.median);
+  EXPECT_GE(narrow.high, narrow.median);
+  EXPECT_LE(narrow.high - narrow.low, wide.high - wide.low);
+}
+
+TEST(WorkloadBudget, OrdersByGainPerSecondAndStopsWhenSpent) {
+  double now = 100;
+  TuneBudget budget(1.0, [&] { return now; });
+  EXPECT_TRUE(budget.limited());
+  std::vector<BudgetItem> items{{0, 10, 0.1}, {1, 1000, 0.1}, {2, 1000, 1.0}, {3, 10, 0.1}};
+  EXPECT_EQ(TuneBudget::order(items), (std::vector<size_t>{1, 2, 0, 3}));
+  EXPECT_DOUBLE_EQ(budget.expected_cost(0.15), 0.15);
+  EXPECT_TRUE(budget.fits(0.15));
+  now += 0.4;
+  budget.spent(0.4);
+  now += 0.4;
+  budget.spent(0.4);
+  EXPECT_DOUBLE_EQ(budget.expected_cost(0.15), 0.4);
+  EXPECT_NEAR(budget.left_s(), 0.2, 1e-9);
+  EXPECT_FALSE(budget.fits(budget.expected_cost(0.15)));
+  TuneBudget unlimited(0, [&] { return now; });
+  EXPECT_TRUE(unlimited.fits(1e9));
+  // The roofline of a GEMM is its FLOPs at peak; of a norm its bytes at bandwidth.
+  EXPECT_NEAR(roofline_us(gemm(4096, 4096, 4096), kH100), 2.0 * 4096 * 4096 * 4096 / 989e6, 1);
+  EXPECT_GT(roofline_us(Problem::norm({.rows = 4096, .cols = 4096}), kH100), 19);
+}
+
+}  // namespace
+}  // namespace kiln::runtime
