@@ -130,15 +130,11 @@ struct AllReduce::Impl {
   bool tuned = false;                         // some table was installed (tune_fused() needs one)
   KilnAllReduceArgs base{};                   // the arguments every launch shares (peer pointers), made once
   // The symmetric heap: its memory on every rank, the allocations (the same on every rank), and per allocation
-  // the events of its last use on each stream (free() waits for them before the range is reused).
+  // the streams calls used it on (free() records an event on each and the range's next allocate() waits for them).
   std::unique_ptr<PeerBuffers> heap;
   mutable std::mutex heap_mu;
   detail::SymmetricHeap heap_map{0};
-  struct Use {
-    CUstream stream;
-    Event done;
-  };
-  mutable std::map<size_t, std::vector<Use>> uses;
+  mutable std::map<size_t, std::vector<CUstream>> uses;
   // What measure_allreduce() measures: the kind of call, and a symmetric call's input (a heap tensor or the
   // staging buffer).
   AllReduceCall measuring = AllReduceCall::kStaged;
