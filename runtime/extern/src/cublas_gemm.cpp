@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 
 #include <cstdio>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -175,6 +176,7 @@ Result<CUcontext> lt_current_context() {
 struct LtStarter {
   std::mutex mu;
   std::thread thread;
+  std::atomic<bool> running{false};  // a start is under way: later callers return at once, never join it
   ~LtStarter() {
     std::lock_guard lock(mu);
     if (thread.joinable()) thread.join();
@@ -209,8 +211,13 @@ void start_lt_context() {
   if (!ctx.ok() || lt_context_ready()) return;
   static LtStarter starter;
   std::lock_guard lock(starter.mu);
-  if (starter.thread.joinable()) starter.thread.join();  // an earlier start (another context): done or nearly
+  if (starter.running.load()) return;
+  if (starter.thread.joinable()) starter.thread.join();  // an earlier start that has finished
+  starter.running = true;
   starter.thread = std::thread([c = *ctx] {
+    struct Done {
+      ~Done() { starter.running = false; }
+    } done;
     auto d = driver();
     if (!d.ok() || (*d)->cuCtxSetCurrent(c) != CUDA_SUCCESS) return;
     // Relaxed: a graph capture on another thread neither sees nor forbids the handle's allocations.
