@@ -9,7 +9,7 @@ Grid = Union[int, Sequence[int]]
 
 class Tuner:
     def __init__(self, cache_dir: Optional[str] = None, mode: Optional[str] = None,
-                 executor: Optional[str] = None, configs: int = 24, *, remote: Optional[str] = None,
+                 executor: Optional[str] = None, configs: int = 0, *, remote: Optional[str] = None,
                  key_file: Optional[str] = None, allow_unsigned: bool = False) -> None: ...
     @property
     def mode(self) -> str: ...

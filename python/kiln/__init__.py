@@ -196,7 +196,7 @@ def _warn_if_all_failed(op, report):
                    f"{report.get('chosen')!r} runs unchecked. First failure: {first}{hint}", RuntimeWarning, stacklevel=3)
 
 
-def precompile(workload, arch="sm_90a", cache_dir=None, *, configs=24, executor=None):
+def precompile(workload, arch="sm_90a", cache_dir=None, *, configs=0, executor=None):
     """Compiles every choice of a workload for ``arch`` into the cache, with no GPU (``kiln precompile``).
 
     Returns a dict: problems, kernels, cached (already there), compiled, failed, failures, seconds, cache_dir.

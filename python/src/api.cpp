@@ -194,14 +194,14 @@ std::shared_ptr<PyTuner> current_tuner() {
 
 void bind_api(nb::module_& m) {
   nb::class_<PyTuner>(m, "Tuner",
-                      "Tuner(cache_dir=None, mode=None, executor=None, configs=24, remote=None, key_file=None,\n"
+                      "Tuner(cache_dir=None, mode=None, executor=None, configs=0, remote=None, key_file=None,\n"
                       "      allow_unsigned=False)\n\n"
                       "Where kiln's ops get their kernels: a cache folder seen through a tune mode.\n"
                       "mode: 'tune' measures what the cache lacks; 'use' never measures (cached decision, else the\n"
                       "op's default choice); 'strict' never measures and a missing decision raises\n"
                       "kiln.NotFoundError; 'off' keeps results in memory. Default: $KILN_TUNE_MODE, else 'tune'.\n"
                       "cache_dir: default $KILN_CACHE_DIR, else ~/.cache/kiln. executor: 'inline', 'arena' or\n"
-                      "'process' (kiln's default otherwise). configs: template configurations per template.\n"
+                      "'process' (kiln's default otherwise). configs: template configurations per template (0: the tune's effort's sample, as `kiln tune` and `kiln precompile`, so a cache they built serves this tuner without compiling).\n"
                       "remote: the fleet's remote cache behind the local one, 'redis://[user:password@]host:port/db'\n"
                       "or 'unix:///path?db=N' (default $KILN_REMOTE_CACHE; '' none): a local miss asks it, what this\n"
                       "tuner records is published to it, and a slow or dead remote costs bounded misses only.\n"
@@ -218,7 +218,7 @@ void bind_api(nb::module_& m) {
              return make(std::move(o));
            }),
            nb::arg("cache_dir").none() = nb::none(), nb::arg("mode").none() = nb::none(),
-           nb::arg("executor").none() = nb::none(), nb::arg("configs") = 24, nb::kw_only(),
+           nb::arg("executor").none() = nb::none(), nb::arg("configs") = 0, nb::kw_only(),
            nb::arg("remote").none() = nb::none(), nb::arg("key_file").none() = nb::none(),
            nb::arg("allow_unsigned") = false)
       .def_prop_ro("mode", [](const PyTuner& t) { return std::string(cache::tune_mode_name(t.mode())); })

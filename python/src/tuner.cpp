@@ -238,7 +238,9 @@ Result<std::shared_ptr<PyTuner>> PyTuner::create(TunerOptions options) {
     KILN_ASSIGN_OR_RETURN(mode, cache::parse_tune_mode(options.mode));
   }
   if (!options.executor.empty()) KILN_RETURN_IF_ERROR(parse_executor_kind(options.executor));
-  if (options.configs < 1) return make_error(ErrorCode::kInvalidArgument, "configs must be at least 1");
+  if (options.configs < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "configs must be 0 (the effort's sample) or more");
+  }
   // The remote is checked now (URL, key file), so a mistake is said at construction; it connects lazily.
   std::shared_ptr<cache::RedisTier> remote;
   if (mode != cache::TuneMode::kOff) {

@@ -54,7 +54,7 @@ struct TunerOptions {
   std::string cache_dir;  // empty: the default folder
   std::string mode;       // empty: $KILN_TUNE_MODE, else tune
   std::string executor;   // empty: kiln's default
-  int configs = 24;
+  int configs = 0;  // template configurations per template; 0: the effort's sample (as kiln tune)
   std::optional<std::string> remote;    // the fleet's remote cache; nullopt: $KILN_REMOTE_CACHE; "": none
   std::optional<std::string> key_file;  // the fleet key; nullopt: $KILN_CACHE_KEY_FILE; "": none
   bool allow_unsigned = false;          // true: without a key, unsigned binaries travel (else the environment's)

@@ -62,3 +62,11 @@ def test_bad_arch():
 def test_bad_workload_names_the_field(cache_dir):
     with pytest.raises(kiln.InvalidArgumentError, match="op"):
         kiln.precompile([{"m": 1}], arch="sm_90", cache_dir=cache_dir)
+
+
+def test_tuner_configs_default_to_the_efforts_sample_and_refuse_negatives(tmp_path):
+    # 0 (the default) is the tune's effort's sample, as kiln tune and kiln precompile use: a cache they built
+    # serves this tuner without compiling (python/tests/test_warmup.py::test_serving_recipe on a GPU).
+    kiln.Tuner(cache_dir=str(tmp_path), configs=0)
+    with pytest.raises(kiln.InvalidArgumentError, match="configs"):
+        kiln.Tuner(cache_dir=str(tmp_path), configs=-1)
