@@ -678,7 +678,11 @@ Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Prob
     return pick ? std::vector<ChoicePtr>{pick} : std::vector<ChoicePtr>{};
   }
   detail::TunePlan plan = detail::plan_choices(choices, order, reference, policy.keep);
-  const size_t extra = std::min<size_t>(plan.reserve.size(), static_cast<size_t>(policy.widen));
+  // Every rank a tune at this effort may reach by widening, and a margin for the order moving on the GPU
+  // machine (its measured peaks and the cache's calibration rank a little differently than the arch's table):
+  // a cache precompiled on a build machine should serve the tune with nothing left to compile.
+  const size_t extra = std::min<size_t>(plan.reserve.size(),
+                                        static_cast<size_t>(policy.widen) * static_cast<size_t>(policy.max_widenings + 1));
   plan.first.insert(plan.first.end(), plan.reserve.begin(), plan.reserve.begin() + static_cast<std::ptrdiff_t>(extra));
   return plan.first;
 }
