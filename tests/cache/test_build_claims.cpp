@@ -215,9 +215,9 @@ TEST(BuildClaims, LeftoversOfACrashedRunAreCleanedAtOpen) {
     // Kept reachable from a static (no renewal thread runs in these options), so LeakSanitizer does not count
     // them as leaks.
     w.kill(100);
-    static std::vector<ClaimDir*> killed;
-    killed.push_back(crashed.release());
-    killed.push_back(live.release());
+    static auto* killed = new std::vector<ClaimDir*>();  // never destroyed: still reachable at exit
+    killed->push_back(crashed.release());
+    killed->push_back(live.release());
   }
   // A half-written temporary file from an hour ago, and a claim file that is no claim.
   const fs::path junk_tmp = fs::path(tmp.path()) / ".tmp-100-dead-0";
