@@ -22,6 +22,7 @@
 #include "errors.h"
 #include "kiln/jit/device.h"
 #include "kiln/runtime/collective.h"
+#include "dlpack.h"
 #include "tensor.h"
 #include "text.h"
 #include "tuner.h"
@@ -353,23 +354,6 @@ std::vector<std::string> report_texts(const std::vector<runtime::CollectiveRepor
 
 // ---- the heap: tensors made through DLPack, freed (deferred by kiln past the calls using them) by the deleter
 
-struct DLDevice { int32_t device_type; int32_t device_id; };
-struct DLDataType { uint8_t code; uint8_t bits; uint16_t lanes; };
-struct DLTensor {
-  void* data;
-  DLDevice device;
-  int32_t ndim;
-  DLDataType dtype;
-  int64_t* shape;
-  int64_t* strides;
-  uint64_t byte_offset;
-};
-struct DLManagedTensor {
-  DLTensor dl_tensor;
-  void* manager_ctx;
-  void (*deleter)(DLManagedTensor*);
-};
-constexpr int32_t kDLCUDA = 2;
 
 struct HeapBlock {
   std::shared_ptr<Collective> owner;
