@@ -151,6 +151,28 @@ TEST(CollectiveGpu, EveryChoiceMatchesTheCpuReduction) {
   EXPECT_GT(std::atoi(agreed.c_str()), 8);  // NCCL and several templates at each size
 }
 
+// The push one-shot serves messages up to one slot of its area (push_area_bytes / (2 world)): 8 MiB here (the
+// staging bound), the 6 MiB message above included; a smaller area leaves it out above its slot, 0 everywhere.
+TEST(CollectiveGpu, PushAreaBoundsThePushChoices) {
+  KILN_NEED_TWO_GPUS();
+  const std::string agreed = agreed_on_two_gpus([](int, Communicator* comm) -> Result<std::string> {
+    auto pushes = [](const std::vector<std::string>& names) {
+      return std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.find("_push_") != std::string::npos; });
+    };
+    std::string out;
+    for (size_t area : {size_t{128} << 20, size_t{16} << 20, size_t{0}}) {
+      AllReduceOptions o = small_options();
+      o.push_area_bytes = area;
+      KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
+      out += fmt::format("{}:{}/{} ", area >> 20, pushes(ar->choice_names(int64_t{3} << 20)) > 0,
+                         pushes(ar->choice_names(1024)) > 0);
+    }
+    return out;
+  });
+  // 128 MiB: 32 MiB slots (bounded by max_bytes 8 MiB); 16 MiB: 4 MiB slots (not 6 MiB); 0: none.
+  EXPECT_EQ(agreed, "128:1/1 16:0/1 0:0/0 ");
+}
+
 TEST(CollectiveGpu, RanksAgreeWhenOneRanksTimingsAreDistorted) {
   KILN_NEED_TWO_GPUS();
   const std::string agreed = agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {

@@ -50,8 +50,11 @@ Result<std::unique_ptr<AllReduce>> AllReduce::create(Communicator& comm, AllRedu
   KILN_RETURN_IF_ERROR(impl->make_current());
   KILN_ASSIGN_OR_RETURN(impl->staging, PeerBuffers::create(comm, impl->options.max_bytes));
   KILN_ASSIGN_OR_RETURN(impl->signals, PeerBuffers::create(comm, KILN_AR_SIGNAL_WORDS * sizeof(unsigned)));
-  impl->push_slot_bytes = std::min<size_t>(impl->options.max_bytes, size_t{4} << 20) / 256 * 256;
-  KILN_ASSIGN_OR_RETURN(impl->push, PeerBuffers::create(comm, 2 * comm.world() * impl->push_slot_bytes));
+  impl->push_slot_bytes =
+      std::min<size_t>(impl->options.max_bytes, impl->options.push_area_bytes / (2 * comm.world())) / 256 * 256;
+  if (impl->push_slot_bytes > 0) {
+    KILN_ASSIGN_OR_RETURN(impl->push, PeerBuffers::create(comm, 2 * comm.world() * impl->push_slot_bytes));
+  }
   if (impl->options.heap_bytes > 0) {
     KILN_ASSIGN_OR_RETURN(impl->heap, PeerBuffers::create(comm, impl->options.heap_bytes));
     impl->heap_map = SymmetricHeap(impl->options.heap_bytes);

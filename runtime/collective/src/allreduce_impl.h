@@ -111,8 +111,8 @@ struct AllReduce::Impl {
   AllReduceOptions options;
   int elem_bytes = 2;
   std::unique_ptr<PeerBuffers> staging, signals;
-  // algo=push's areas: 2 (launch parity) x world slots of push_slot_bytes on every rank. Push serves messages up
-  // to one slot; larger ones are bandwidth-bound, where the other algorithms win anyway.
+  // algo=push's areas: 2 (launch parity) x world slots of push_slot_bytes on every rank (options.push_area_bytes;
+  // none when 0). Push serves messages up to one slot.
   std::unique_ptr<PeerBuffers> push;
   size_t push_slot_bytes = 0;
   detail::SymmetricWindowPtr window;  // "nccl_symmetric"'s; null: no such choice

@@ -80,6 +80,11 @@ struct AllReduceOptions {
   /// max_bytes) from a window of that size registered with NCCL_WIN_COLL_SYMMETRIC; it copies the input into
   /// the window and the result out of it. 0, or an NCCL older than 2.27: no such choice. Default 32 MiB.
   size_t symmetric_bytes = size_t{32} << 20;
+  /// The push one-shot's area on each rank: two sets (by launch parity) of world slots, so it serves messages up
+  /// to push_area_bytes / (2 world) bytes (and at most max_bytes): 32 MiB on 2 ranks, 16 MiB on 4, 8 MiB on 8
+  /// with the default 128 MiB. On 2 ranks the push (remote writes only, one barrier) beats the read-based
+  /// two-shot up to tens of MiB. 0: no push choice.
+  size_t push_area_bytes = size_t{128} << 20;
   /// Tests only: rewrites this rank's measured microseconds for a choice before they are exchanged.
   std::function<double(int rank, const std::string& choice, double us)> distort;
 };
