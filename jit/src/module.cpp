@@ -135,15 +135,25 @@ Status Kernel::launch(const LaunchConfig& c, void** args) const {
         fmt::format("raising the dynamic shared memory of '{}' to {} bytes", name_, c.shared_bytes)));
   }
   CUresult rc;
-  if (c.cluster.x * c.cluster.y * c.cluster.z == 1) {
+  const bool clustered = c.cluster.x * c.cluster.y * c.cluster.z != 1;
+  if (!clustered && !c.programmatic) {
     rc = d->cuLaunchKernel(function_, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y, c.block.z, c.shared_bytes,
                            c.stream, args, nullptr);
   } else {
-    CUlaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = c.cluster.x;
-    attr.value.clusterDim.y = c.cluster.y;
-    attr.value.clusterDim.z = c.cluster.z;
+    CUlaunchAttribute attrs[2]{};
+    unsigned n = 0;
+    if (clustered) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attrs[n].value.clusterDim.x = c.cluster.x;
+      attrs[n].value.clusterDim.y = c.cluster.y;
+      attrs[n].value.clusterDim.z = c.cluster.z;
+      ++n;
+    }
+    if (c.programmatic) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[n].value.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
     CUlaunchConfig lc{};
     lc.gridDimX = c.grid.x;
     lc.gridDimY = c.grid.y;
@@ -153,8 +163,8 @@ Status Kernel::launch(const LaunchConfig& c, void** args) const {
     lc.blockDimZ = c.block.z;
     lc.sharedMemBytes = c.shared_bytes;
     lc.hStream = c.stream;
-    lc.attrs = &attr;
-    lc.numAttrs = 1;
+    lc.attrs = attrs;
+    lc.numAttrs = n;
     rc = d->cuLaunchKernelEx(&lc, function_, args, nullptr);
   }
   if (rc != CUDA_SUCCESS) {

@@ -68,6 +68,7 @@ Result<std::unique_ptr<AllReduce>> AllReduce::create(Communicator& comm, AllRedu
   }
   KILN_ASSIGN_OR_RETURN(DeviceInfo info, device_info(comm.device()));
   KILN_ASSIGN_OR_RETURN(impl->target, Target::parse(info.arch()));
+  impl->programmatic = impl->options.programmatic_launch && impl->target.compute_capability() >= 90;
   impl->limits = templates::DeviceLimits::from_device(info, impl->target);
   std::shared_ptr<Executor> executor = impl->options.executor;
   if (!executor) {

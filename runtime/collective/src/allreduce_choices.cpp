@@ -224,7 +224,7 @@ Status AllReduce::Impl::launch_template(const TemplateChoice& c, const Operand& 
   KILN_RETURN_IF_ERROR(stage_input(c, where, in_place, in, bytes, stream, a));
   a.out = reinterpret_cast<void*>(static_cast<uintptr_t>(out));
   a.count = static_cast<int>(count);
-  return (*c.kernel)(c.launch.config(stream), a);
+  return (*c.kernel)(launch_config(c.launch, stream), a);
 }
 
 // NCCL's symmetric kernels need both buffers in the registered window: the input is copied in and the result

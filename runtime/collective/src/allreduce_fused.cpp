@@ -78,7 +78,7 @@ Status AllReduce::run_fused_choice(const std::string& name, const FusedArgs& a, 
   k.rows = static_cast<int>(a.rows);
   k.cols = static_cast<int>(a.cols);
   k.eps = a.eps;
-  return (*c->kernel)(c->launch.config(stream), k);
+  return (*c->kernel)(impl_->launch_config(c->launch, stream), k);
 }
 
 Result<std::vector<CollectiveReport>> AllReduce::tune_fused(int64_t cols, std::vector<int64_t> rows) {

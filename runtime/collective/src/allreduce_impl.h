@@ -119,6 +119,13 @@ struct AllReduce::Impl {
   std::unique_ptr<PrecompileGate> gate;
   templates::DeviceLimits limits;
   Target target;
+  bool programmatic = false;  // options.programmatic_launch on an sm_90+ device
+  // The launch of a template choice on `stream`.
+  LaunchConfig launch_config(const templates::Launch& l, CUstream stream) const {
+    LaunchConfig c = l.config(stream);
+    c.programmatic = programmatic;
+    return c;
+  }
   std::vector<TemplateChoice> choices;        // all-reduce configurations
   std::vector<TemplateChoice> fused_choices;  // all-reduce + RMSNorm configurations
   Stream work;

@@ -28,6 +28,10 @@ struct LaunchConfig {
   unsigned shared_bytes = 0;  // dynamic shared memory; above 48 KiB the kernel's limit is raised automatically
   CUstream stream = nullptr;  // the caller's stream; nullptr is the legacy default stream
   Dim3 cluster;               // thread-block cluster shape (sm_90+); {1,1,1} launches without clusters
+  // Programmatic dependent launch (sm_90+): the kernel may be scheduled while the previous kernel in the stream
+  // still runs, so its launch latency hides behind that kernel's tail. Only for kernels that execute
+  // griddepcontrol.wait before touching memory the previous work writes.
+  bool programmatic = false;
 };
 
 /// What the compiler gave a kernel, as the driver reports it.

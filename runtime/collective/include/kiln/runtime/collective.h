@@ -85,6 +85,10 @@ struct AllReduceOptions {
   /// with the default 128 MiB. On 2 ranks the push (remote writes only, one barrier) beats the read-based
   /// two-shot up to tens of MiB. 0: no push choice.
   size_t push_area_bytes = size_t{128} << 20;
+  /// Launch the templates with programmatic dependent launch (sm_90+; ignored before): a call's kernel is
+  /// scheduled while the previous kernel of the stream still runs and waits on the device for it, so back-to-back
+  /// eager calls do not pay the launch latency between them. Default true.
+  bool programmatic_launch = true;
   /// Tests only: rewrites this rank's measured microseconds for a choice before they are exchanged.
   std::function<double(int rank, const std::string& choice, double us)> distort;
 };
