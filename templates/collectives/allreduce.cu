@@ -12,6 +12,13 @@ ${if twoshot}
 // itself, except for a symmetric input reduced out of place, which must not be overwritten: then it is the
 // staging buffers. Each rank reads and writes (world - 1) / world of the data remotely.
 ${endif}
+${if push2}
+// Two-shot push (writes only; in-place calls on peer-mapped tensors): rank r writes chunk c of its input into its
+// slot of rank c's push area, meets the others, sums chunk r (its own input and the peers' slots) and writes the
+// sum into chunk r of every rank's tensor, then meets them again. Each rank writes 2 (world - 1) / world of the
+// data remotely and reads nothing remotely: posted writes move more bytes per second over NVLink than the
+// read-based two-shot's mix of remote reads and writes. The slots alternate by launch parity as in the push.
+${endif}
 ${if push}
 // One-shot push: every rank writes its input (read where the caller has it) into its slot of every rank's push
 // area (remote writes, posted), meets the others once, then sums the world slots in its own memory. The slots
@@ -20,8 +27,10 @@ ${if push}
 ${endif}
 ${if !twoshot}
 ${if !push}
+${if !push2}
 // One-shot: every rank reads all ranks' staging buffers and sums them. Each rank moves (world - 1) x the data;
 // the fewest steps, so the lowest latency for small messages.
+${endif}
 ${endif}
 ${endif}
 ${endif}
@@ -39,6 +48,7 @@ constexpr int kVec = ${vec};
 constexpr int kThreads = ${threads};
 constexpr bool kTwoShot = ${twoshot};
 constexpr bool kPush = ${push};
+constexpr bool kPush2 = ${push2};
 constexpr bool kFused = ${fused};
 constexpr int kItems = ${items};
 typedef KilnVec<T, kVec> V;
@@ -184,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
   __syncthreads();
   const unsigned epoch = epoch_s;
 
-  if constexpr (!kPush) {
+  if constexpr (!kPush && !kPush2) {
     if (a.in) kiln_ar_copy_in(a);  // a staged call: its input into this rank's staging, no copy launch
     kiln_ar_barrier(a, 0, epoch);  // every rank's staging (or symmetric input) holds its input
   }
@@ -243,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
       }
     }
     if constexpr (!kPush) kiln_ar_barrier(a, 1, epoch);  // no rank reuses its staging before every peer read it
-  } else if constexpr (!kTwoShot && !kPush) {
+  } else if constexpr (!kTwoShot && !kPush && !kPush2) {
     const long long nvec = a.count / kVec;
     T* out = static_cast<T*>(a.out);
     for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < nvec; i += (long long)gridDim.x * kThreads) {
@@ -252,6 +262,47 @@ extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const Kiln
       kiln_store_vec(out + i * kVec, kiln_ar_pack(acc));
     }
     kiln_ar_barrier(a, 1, epoch);
+  } else if constexpr (kPush2) {
+    const long long nvec = a.count / kVec;
+    const long long chunk = (nvec + kWorld - 1) / kWorld;
+    const long long stride = (long long)gridDim.x * kThreads;
+    const long long t0 = (long long)blockIdx.x * kThreads + threadIdx.x;
+    const T* in = static_cast<const T*>(a.in);
+    // Chunk c of this rank's input goes to slot (set, rank) of rank c's push area, at offsets relative to the
+    // chunk's start: the partition of a chunk's offsets over blocks is the same in both phases.
+#pragma unroll
+    for (int k = 1; k < kWorld; ++k) {
+      const int c = (a.rank + k) % kWorld;
+      const long long begin = c * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
+      T* slot = static_cast<T*>(a.push[c]) + (set + a.rank) * a.slot;
+      for (long long i = begin + t0; i < end; i += stride) {
+        kiln_store_vec(slot + (i - begin) * kVec, kiln_load_vec<T, kVec>(in + i * kVec));
+      }
+    }
+    kiln_ar_barrier(a, 0, epoch);  // every peer's share of chunk `rank` is in this rank's push area
+    {
+      const T* area = static_cast<const T*>(a.push[a.rank]);
+      const long long begin = a.rank * chunk, end = begin + chunk < nvec ? begin + chunk : nvec;
+      for (long long i = begin + t0; i < end; i += stride) {
+        float acc[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+#pragma unroll
+        for (int r = 0; r < kWorld; ++r) {
+          const V v = r == a.rank ? kiln_load_vec<T, kVec>(in + i * kVec)
+                                  : kiln_ar_load(area + (set + r) * a.slot + (i - begin) * kVec);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) acc[j] += kiln_to_f32(v.v[j]);
+        }
+        const V packed = kiln_ar_pack(acc);
+#pragma unroll
+        for (int k = 0; k < kWorld; ++k) {
+          const int r = (a.rank + k) % kWorld;  // this rank's own tensor first, then the peers', rotated
+          kiln_store_vec(static_cast<T*>(a.gather[r]) + i * kVec, packed);
+        }
+      }
+    }
+    kiln_ar_barrier(a, 1, epoch);  // the peers' sums are in this rank's tensor
   } else if constexpr (kPush) {
     const long long nvec = a.count / kVec;
     const long long stride = (long long)gridDim.x * kThreads;

@@ -52,9 +52,10 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
         int_param("world", ParamRole::kProblem, {2, 4, 8}, "w", "ranks taking part"),
     };
     if (!fused) {
-      d.params.push_back(enum_param("algo", ParamRole::kTunable, {"oneshot", "twoshot", "push"}, "",
-                                    "one-shot (read every peer), two-shot (reduce-scatter, pushed all-gather) or "
-                                    "push (write to every peer, one barrier)"));
+      d.params.push_back(enum_param("algo", ParamRole::kTunable, {"oneshot", "twoshot", "push", "push2"}, "",
+                                    "one-shot (read every peer), two-shot (reduce-scatter, pushed all-gather), "
+                                    "push (write to every peer, one barrier) or push2 (two-shot by writes only; "
+                                    "in-place calls on peer-mapped tensors)"));
     } else {
       d.params.push_back(enum_param("algo", ParamRole::kTunable, {"oneshot", "push"}, "",
                                     "read every peer's rows, or push this rank's rows to every peer (one barrier)"));
@@ -69,9 +70,11 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
                                    "vectors per thread kept in registers: rows up to threads*vec*items columns"));
       d.params.push_back(derived_param("twoshot", ParamKind::kBool, "always false when fused"));
       d.params.push_back(derived_param("push", ParamKind::kBool, "algo == push"));
+      d.params.push_back(derived_param("push2", ParamKind::kBool, "always false when fused"));
     } else {
       d.params.push_back(derived_param("twoshot", ParamKind::kBool, "algo == twoshot"));
       d.params.push_back(derived_param("push", ParamKind::kBool, "algo == push"));
+      d.params.push_back(derived_param("push2", ParamKind::kBool, "algo == push2"));
       d.params.push_back(derived_param("items", ParamKind::kInt, "1 (rows are a fused-only notion)"));
     }
     d.params.push_back(derived_param("fused", ParamKind::kBool, "the fused residual + RMSNorm variant"));
@@ -81,9 +84,11 @@ void add_allreduce_templates(std::vector<TemplateDef>& out) {
       if (fused) {
         o.emplace("twoshot", Value::boolean(false));
         o.emplace("push", Value::boolean(get_enum(p, "algo") == "push"));
+        o.emplace("push2", Value::boolean(false));
       } else {
         o.emplace("twoshot", Value::boolean(get_enum(p, "algo") == "twoshot"));
         o.emplace("push", Value::boolean(get_enum(p, "algo") == "push"));
+        o.emplace("push2", Value::boolean(get_enum(p, "algo") == "push2"));
         o.emplace("items", Value::integer(1));
       }
       return o;

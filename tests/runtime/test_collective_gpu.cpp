@@ -164,8 +164,8 @@ TEST(CollectiveGpu, PushAreaBoundsThePushChoices) {
       AllReduceOptions o = small_options();
       o.push_area_bytes = area;
       KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
-      out += fmt::format("{}:{}/{} ", area >> 20, pushes(ar->choice_names(int64_t{3} << 20)) > 0,
-                         pushes(ar->choice_names(1024)) > 0);
+      out += fmt::format("{}:{}/{} ", area >> 20, int{pushes(ar->choice_names(int64_t{3} << 20)) > 0},
+                         int{pushes(ar->choice_names(1024)) > 0});
     }
     return out;
   });
@@ -276,6 +276,57 @@ TEST(CollectiveGpu, InPlaceTuningLeavesOutTheReadOneShotAndReducesInPlace) {
     }
     return picks;
   });
+}
+
+// The writes-only two-shot (push2) serves in-place calls on peer-mapped memory: heap tensors and the staging
+// buffer, back to back without a sync (its slots alternate by launch parity), at sizes whose chunks are not whole
+// tiles of the grid; an out-of-place call is refused on every rank before anything is launched.
+TEST(CollectiveGpu, WritesOnlyTwoShotReducesInPlaceBackToBack) {
+  KILN_NEED_TWO_GPUS();
+  const std::string agreed = agreed_on_two_gpus([](int rank, Communicator* comm) -> Result<std::string> {
+    AllReduceOptions o = small_options();
+    o.in_place = true;
+    KILN_ASSIGN_OR_RETURN(auto ar, AllReduce::create(*comm, o));
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    int checked = 0;
+    for (int64_t count : {int64_t{8}, int64_t{1000}, int64_t{65544}, int64_t{3 << 20}}) {
+      const size_t bytes = static_cast<size_t>(count) * 2;
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(bytes));
+      KILN_ASSIGN_OR_RETURN(DeviceBuffer got, DeviceBuffer::allocate(bytes));
+      KILN_RETURN_IF_ERROR(fill_rank_input(in, rank, count));
+      std::vector<CUdeviceptr> xs;
+      for (int i = 0; i < 3; ++i) {
+        KILN_ASSIGN_OR_RETURN(CUdeviceptr x, ar->allocate(bytes));
+        xs.push_back(x);
+      }
+      int push2 = 0;
+      for (const auto& name : ar->choice_names(count)) {
+        if (name.find("_push2_") == std::string::npos) continue;
+        ++push2;
+        for (CUdeviceptr x : xs) KILN_CHECK(d->cuMemcpyDtoD(x, in.ptr(), bytes));
+        for (CUdeviceptr x : xs) KILN_RETURN_IF_ERROR(ar->run_choice(name, x, x, count, nullptr));
+        KILN_CHECK(d->cuCtxSynchronize());
+        for (size_t i = 0; i < xs.size(); ++i) {
+          KILN_CHECK(d->cuMemcpyDtoD(got.ptr(), xs[i], bytes));
+          KILN_RETURN_IF_ERROR(check_sum(got, comm->world(), count, fmt::format("{} (heap, call {})", name, i)));
+        }
+        KILN_CHECK(d->cuMemcpyDtoD(ar->input_buffer(), in.ptr(), bytes));
+        KILN_RETURN_IF_ERROR(ar->run_choice(name, ar->input_buffer(), ar->input_buffer(), count, nullptr));
+        KILN_CHECK(d->cuCtxSynchronize());
+        KILN_CHECK(d->cuMemcpyDtoD(got.ptr(), ar->input_buffer(), bytes));
+        KILN_RETURN_IF_ERROR(check_sum(got, comm->world(), count, name + " (staging, in place)"));
+        Status out_of_place = ar->run_choice(name, xs[0], xs[1], count, nullptr);
+        if (out_of_place.code() != ErrorCode::kInvalidArgument) {
+          return make_error(ErrorCode::kInternal, name + " accepted an out-of-place call: " + out_of_place.to_string());
+        }
+        ++checked;
+      }
+      if (push2 == 0) return make_error(ErrorCode::kInternal, fmt::format("no push2 choice at {} elements", count));
+      for (CUdeviceptr x : xs) KILN_RETURN_IF_ERROR(ar->free(x));
+    }
+    return std::to_string(checked);
+  });
+  EXPECT_GE(std::atoi(agreed.c_str()), 8);
 }
 
 TEST(CollectiveGpu, FusedAllReduceResidualRmsNormMatchesAndRanksAgree) {

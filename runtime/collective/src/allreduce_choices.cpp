@@ -45,6 +45,7 @@ Result<std::vector<TemplateChoice>> detail::render_choices(const std::string& na
     c.name = r->config_name;
     c.params = r->params;
     c.push = templates::get_enum(c.params, "algo") == "push";
+    c.push2 = templates::get_enum(c.params, "algo") == "push2";
     c.in_place = name != "allreduce" || templates::get_enum(c.params, "algo") != "oneshot";
     // The launch geometry does not depend on the sizes; ask with a shape every configuration can serve.
     const int64_t vec = templates::get_int(c.params, "vec");
@@ -106,6 +107,7 @@ std::vector<std::string> AllReduce::Impl::names_for(int64_t count, AllReduceCall
   if (window && bytes <= window->bytes) out.push_back(kNcclSymmetric);
   for (const auto& c : choices) {
     if (!c.kernel || (c.push && bytes > push_slot_bytes) || (in_place_call && !c.in_place)) continue;
+    if (c.push2 && (!in_place_call || push2_chunk_bytes(c, count) > push_slot_bytes)) continue;
     if (c.tmpl->check_problem(c.params, templates::Shape{.m = count}).ok()) out.push_back(c.name);
   }
   return out;
@@ -153,6 +155,23 @@ KilnAllReduceArgs AllReduce::Impl::base_args() const {
 
 Status AllReduce::Impl::stage_input(const TemplateChoice& c, const Operand& where, bool in_place, CUdeviceptr in,
                                     size_t bytes, CUstream stream, KilnAllReduceArgs& a) const {
+  if (c.push2) {
+    // The sums go straight into every rank's tensor: the call must be in place on peer-mapped memory.
+    if (!in_place || !where.region) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("{} reduces in place on symmetric (heap or staging) tensors only", c.name));
+    }
+    const int64_t count = static_cast<int64_t>(bytes / elem_bytes);
+    if (push2_chunk_bytes(c, count) > push_slot_bytes) {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: chunks of {} bytes exceed its {}-byte slots",
+                                                                 c.name, push2_chunk_bytes(c, count), push_slot_bytes));
+    }
+    a.in = reinterpret_cast<const void*>(static_cast<uintptr_t>(in));
+    for (int r = 0; r < comm->world(); ++r) {
+      a.gather[r] = reinterpret_cast<void*>(static_cast<uintptr_t>(where.region->ptr(r) + where.offset));
+    }
+    return Status();
+  }
   if (c.push) {
     if (bytes > push_slot_bytes) {
       return make_error(ErrorCode::kInvalidArgument,

@@ -46,6 +46,7 @@ inline constexpr char kUnfused[] = "unfused:";   // the prefix of the fused step
 struct TemplateChoice {
   std::string name;
   bool push = false;  // algo=push: reads the input where it is, writes into the peers' push areas
+  bool push2 = false;  // algo=push2: like push, a chunk per slot; in-place calls on peer-mapped tensors only
   bool in_place = true;  // can reduce the staging buffer in place (not the read one-shot: its peers read it)
   int64_t vec = 1;       // elements per access: a count must be a multiple (checked per call without the template)
   templates::Params params;
@@ -120,6 +121,11 @@ struct AllReduce::Impl {
   templates::DeviceLimits limits;
   Target target;
   bool programmatic = false;  // options.programmatic_launch on an sm_90+ device
+  // algo=push2's slot use: one chunk (count / world, rounded up to whole vectors).
+  size_t push2_chunk_bytes(const TemplateChoice& c, int64_t count) const {
+    const int64_t vectors = count / c.vec, chunk = (vectors + comm->world() - 1) / comm->world();
+    return static_cast<size_t>(chunk * c.vec) * elem_bytes;
+  }
   // The launch of a template choice on `stream`.
   LaunchConfig launch_config(const templates::Launch& l, CUstream stream) const {
     LaunchConfig c = l.config(stream);
