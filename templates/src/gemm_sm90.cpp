@@ -41,18 +41,23 @@ namespace {
 
 struct Sm90Config {
   int64_t bm, bn, consumers, stages, cluster_k, blocks_per_sm;
-  bool swap_ab;
+  bool swap_ab, epi_smem;
   int64_t wg_m() const { return bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
   int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
-  // The stages, 1 KiB of slack to align them to 1024 bytes (128-byte swizzle), and two mbarriers per stage.
-  int64_t smem_bytes() const { return stages * stage_bytes() + 1024 + stages * 16; }
+  // epi=smem: a buffer of 128-byte rows, bm in all (wgmma_sm90.cu's EPI_BYTES), after the barriers.
+  int64_t epi_bytes() const { return epi_smem ? bm * 128 : 0; }
+  // The stages, 1 KiB of slack to align them to 1024 bytes (128-byte swizzle), and two mbarriers per stage
+  // (rounded up to 128 bytes when a staging buffer follows them).
+  int64_t smem_bytes() const {
+    return stages * stage_bytes() + 1024 + (epi_smem ? (stages * 16 + 127) / 128 * 128 + epi_bytes() : stages * 16);
+  }
   int64_t acc_regs() const { return (wg_m() / 64) * bn / 2; }
 };
 
 Sm90Config config_of(const Params& p) {
   return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
-          get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab")};
+          get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab"), get_enum(p, "epi") == "smem"};
 }
 
 // The kernel's own operands. Without swap_ab they are A and B; with it the kernel computes D^T = B^T . A^T, so
@@ -119,6 +124,10 @@ Status constraints(const Params& p, const DeviceLimits& l) {
                                                       c.smem_bytes(), l.smem_per_sm));
     }
   }
+  if (c.epi_smem && c.swap_ab) {
+    // swap_ab tiles are decode-sized (few outputs): their transposed stores stay direct.
+    return fail(ErrorCode::kInvalidArgument, "epi smem stages the kernel's own orientation: not with swap_ab");
+  }
   if (c.cluster_k < 1 || c.cluster_k > 8) return fail(ErrorCode::kOutOfRange, "cluster_k must be in [1, 8] (portable clusters)");
   if (c.cluster_k > 1) {
     if (get_bool(p, "persistent") || get_bool(p, "partials")) {
@@ -167,10 +176,11 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
 
 std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
-  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn, c.consumers,
+  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn, c.consumers,
                      c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
                      c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
-                     c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", gemm_problem_suffix(p));
+                     c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", c.epi_smem ? "_es" : "",
+                     gemm_problem_suffix(p));
 }
 
 // The SM count of each device, read once (persistent grids are sized by it).
@@ -275,6 +285,12 @@ TemplateDef gemm_wgmma_sm90_def() {
   d.params.push_back(bool_param("swap_ab", ParamRole::kTunable, "swab",
                                 "compute D^T = B^T . A^T: N fills wgmma's 64-row side and a small M is the tile's bn "
                                 "(decode); D is stored transposed back"));
+  // Added after configurations were stored: a set without it means the direct epilogue it always had.
+  ParamSpec epi = enum_param("epi", ParamRole::kTunable, {"direct", "smem"}, "epi",
+                             "direct: fragment-layout stores from registers; smem: the epilogue's output staged in "
+                             "shared memory (bm x 128 bytes more), written out as coalesced 16-byte stores");
+  epi.default_value = Value::enumeration("direct");
+  d.params.push_back(std::move(epi));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "
