@@ -119,6 +119,12 @@ Status constraints(const Params& p, const DeviceLimits& l) {
       return fail(ErrorCode::kOutOfRange, fmt::format("blocks_per_sm 2 allows 64 accumulators per thread, the tile "
                                                       "needs {}", c.acc_regs()));
     }
+    // Measured (H200, NVRTC): swab 128x64 c1 b2 with partials' transposed stores left 8 bytes in local memory
+    // at the 128-register cap; 32 accumulators leave room.
+    if (c.swap_ab && get_bool(p, "partials") && c.acc_regs() > 32) {
+      return fail(ErrorCode::kOutOfRange, fmt::format("blocks_per_sm 2 with swap_ab and partials allows 32 accumulators "
+                                                      "per thread, the tile needs {}", c.acc_regs()));
+    }
     if (2 * (c.smem_bytes() + 1024) > l.smem_per_sm) {
       return fail(ErrorCode::kOutOfRange, fmt::format("two blocks of {} bytes of shared memory exceed the SM's {}",
                                                       c.smem_bytes(), l.smem_per_sm));

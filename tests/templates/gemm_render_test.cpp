@@ -152,6 +152,7 @@ TEST(GemmTemplates, ConstraintsPruneWithReasons) {
 // same name); smem adds its staging buffer to the shared memory it asks for and to the name, and is refused with
 // swap_ab and where the buffer no longer fits.
 TEST(GemmTemplates, WgmmaStagedEpilogueParameter) {
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
   auto sm90 = *find_template("gemm_wgmma_sm90");
   const ParamSpec* epi = sm90->param("epi");
   ASSERT_NE(epi, nullptr);
@@ -194,6 +195,13 @@ TEST(GemmTemplates, WgmmaStagedEpilogueParameter) {
   EXPECT_TRUE(sm90->check(swab, limits("sm_90a")).ok());
   swab.insert_or_assign("epi", Value::enumeration("smem"));
   EXPECT_EQ(sm90->check(swab, limits("sm_90a")).code(), ErrorCode::kInvalidArgument);
+  // Two blocks per SM with swap_ab and partials: at most 32 accumulators (64 spilled on the device's NVRTC).
+  Params two = sm90_params(128, 64, 1, 4, true, DType::kF16, C, R, true, "", DType::kF32);
+  two.insert_or_assign("swap_ab", Value::boolean(true));
+  two.insert_or_assign("blocks_per_sm", Value::integer(2));
+  EXPECT_EQ(sm90->check(two, limits("sm_90a")).code(), ErrorCode::kOutOfRange);
+  two.insert_or_assign("bm", Value::integer(64));
+  EXPECT_TRUE(sm90->check(two, limits("sm_90a")).ok());
   Params bad = old;
   bad.insert_or_assign("epi", Value::enumeration("tma"));
   EXPECT_FALSE(sm90->render(bad).ok());
