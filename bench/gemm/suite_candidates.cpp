@@ -24,9 +24,14 @@ struct Wgmma {
   int64_t cluster_k, blocks_per_sm;
   bool swap_ab;
   bool epi_smem = false;  // epi=smem: the staged epilogue (bm x 128 bytes of shared memory more)
+  int64_t mcast = 1;      // 2: clusters of two blocks sharing A through TMA multicast
 };
 Wgmma staged(Wgmma w) {
   w.epi_smem = true;
+  return w;
+}
+Wgmma multicast(Wgmma w) {
+  w.mcast = 2;
   return w;
 }
 
@@ -78,6 +83,7 @@ std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
   if (s.m <= 1024) {
     out.push_back({128, 128, 2, 6, 8, true, 1, 1, false});
     out.push_back(staged({128, 128, 2, 6, 8, true, 1, 1, false}));
+    out.push_back(multicast(staged({128, 128, 2, 6, 8, true, 1, 1, false})));
     out.push_back({64, 256, 1, fit_stages(l, 64, 256, 6), 8, true, 1, 1, false});
     if (few) out.push_back({128, 128, 2, 6, 1, false, cluster_for(tiles(128, 128, false), s.k, sms), 1, false});
     out.push_back({128, 256, 2, 4, 8, true, 1, 1, false});
@@ -91,10 +97,13 @@ std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
   // the staged epilogue, next to it so that --max-configs keeps both.
   out.push_back({128, 256, 2, 4, 16, true, 1, 1, false});
   out.push_back(staged({128, 256, 2, 4, 16, true, 1, 1, false}));
+  out.push_back(multicast(staged({128, 256, 2, 4, 16, true, 1, 1, false})));
+  out.push_back(multicast(staged({128, 256, 2, 4, 8, false, 1, 1, false})));
   out.push_back({128, 256, 2, 4, 8, true, 1, 1, false});
   out.push_back(staged({128, 256, 2, 4, 8, true, 1, 1, false}));
   out.push_back({256, 128, 2, 4, 8, true, 1, 1, false});
   out.push_back(staged({256, 128, 2, 4, 8, true, 1, 1, false}));
+  out.push_back(multicast(staged({256, 128, 2, 4, 8, true, 1, 1, false})));
   out.push_back({128, 192, 2, 5, 8, true, 1, 1, false});
   out.push_back(staged({128, 192, 2, 5, 8, true, 1, 1, false}));
   out.push_back({128, 256, 2, 3, 8, false, 1, 1, false});
@@ -117,6 +126,7 @@ Params wgmma_params(const Params& base, const Wgmma& w) {
   p.insert_or_assign("blocks_per_sm", Value::integer(w.blocks_per_sm));
   p.insert_or_assign("swap_ab", Value::boolean(w.swap_ab));
   p.insert_or_assign("epi", Value::enumeration(w.epi_smem ? "smem" : "direct"));
+  p.insert_or_assign("mcast", Value::integer(w.mcast));
   return p;
 }
 

@@ -23,6 +23,11 @@
 // column chunk at a time, 16-byte units XOR-swizzled by row so the fragment writes and the row reads are free of
 // bank conflicts), then writes whole 128-byte row segments with 16-byte stores. The buffer is its own region
 // (not a pipeline stage), so in persistent mode the producer keeps loading the next tile meanwhile.
+// With mcast = ${mcast} = 2, blocks run in clusters of two that take horizontally adjacent tiles (same rows of A):
+// each block's producer loads half of the A tile and multicasts it into both blocks' stage (TMA .multicast::cluster),
+// halving A's L2-to-SM traffic; a stage is refilled only when the consumers of both blocks have released it (each
+// consumer warp arrives on its own and on the peer's "empty" mbarrier). With an odd number of tile columns the
+// last pair's second block computes a tile past N (B zero-filled, nothing stored) so that its half of A arrives.
 #include "common/kiln_device.cuh"
 #include "kiln/templates/kernel_args.h"
 ${epilogue}
@@ -48,6 +53,7 @@ constexpr bool B_COL = SWAP_AB ? ${layout_a.row} : ${layout_b.col};
 constexpr bool PARTIALS = ${partials};
 constexpr int CLUSTER_K = ${cluster_k};
 constexpr int BLOCKS_PER_SM = ${blocks_per_sm};
+constexpr int MCAST = ${mcast};
 enum class Epi { direct, smem };
 constexpr bool EPI_SMEM = Epi::${epi} == Epi::smem;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
@@ -56,6 +62,8 @@ constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int CHUNK_BYTES = 64 * BK * 2;  // one 64 (M or N) x 64 (K) box of an MN-major operand
 static_assert(WG_M % 64 == 0 && BN % 8 == 0 && (B_COL || BN % 64 == 0), "tile shape");
 static_assert(!EPI_SMEM || !SWAP_AB, "the staged epilogue stores the kernel's own orientation");
+static_assert(MCAST == 1 || (MCAST == 2 && CLUSTER_K == 1 && !SWAP_AB && (A_COL ? BM % 128 == 0 : BM % 16 == 0)),
+              "multicast: a cluster of two along N, each loading half of A (whole 64-row boxes when MN-major)");
 // The staged epilogue's buffer: per consumer, WG_M rows of 128 bytes, after the stages and their mbarriers.
 constexpr int EPI_ROW_BYTES = 128;
 constexpr int EPI_BYTES = EPI_SMEM ? CONSUMERS * WG_M * EPI_ROW_BYTES : 0;
@@ -93,6 +101,21 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int
       "[%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+
+// The same box into the same shared-memory offset of every block in cta_mask (complete_tx on each one's mbarrier
+// at `bar`'s offset).
+__device__ __forceinline__ void tma_load_multicast(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar,
+                                                   unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+// An arrival on an mbarrier of another block of the cluster (`remote` from mapa).
+__device__ __forceinline__ void mbar_arrive_remote(unsigned remote) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // A wgmma shared-memory matrix descriptor with 128-byte swizzle. K-major tiles are rows of 64 elements
@@ -253,6 +276,19 @@ struct Work {
 // takes its share of the tile's K blocks.
 __device__ __forceinline__ Work work_of(const KilnGemmArgs& args, int w, int tiles_m, int tiles_n) {
   Work r;
+  if constexpr (MCAST == 2) {
+    // Work unit w: block w % 2 of the pair w / 2, which covers tile columns 2p and 2p + 1 of one tile row.
+    const int pairs_n = (tiles_n + 1) / 2, per_slice = tiles_m * pairs_n, pair = w / 2;
+    r.z = pair / per_slice;
+    int tm, tp;
+    kiln_tile_of(pair - r.z * per_slice, tiles_m, pairs_n, GROUP_M, tm, tp);
+    r.m0 = tm * BM;
+    r.n0 = (2 * tp + (w & 1)) * BN;
+    int k_end;
+    kiln_k_range(args, r.z, r.k_begin, k_end);
+    r.k_blocks = (k_end - r.k_begin + BK - 1) / BK;
+    return r;
+  }
   int tile = w, part = 0;
   if constexpr (CLUSTER_K > 1) {
     tile = w / CLUSTER_K;
@@ -292,16 +328,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, CONSUMERS * 4);  // one arrival per consumer warp
+      mbar_init(empty_bar + 8 * s, CONSUMERS * 4 * MCAST);  // one arrival per consumer warp (of both blocks)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (MCAST > 1) {
+    cluster_sync();  // the peer's barriers exist before anything is multicast or arrives on them
+  } else {
+    __syncthreads();
+  }
+  // mcast: this block's rank in its pair (the grid is even, so w % 2 == blockIdx.x % 2 for every work unit).
+  const unsigned peer = (blockIdx.x & 1) ^ 1;
 
   const int tiles_m = (args.m + BM - 1) / BM, tiles_n = (args.n + BN - 1) / BN;
   const int slices = PARTIALS ? args.split_k : 1;
-  const int total = tiles_m * tiles_n * slices * CLUSTER_K;
+  const int total = (MCAST == 2 ? 2 * tiles_m * ((tiles_n + 1) / 2) : tiles_m * tiles_n) * slices * CLUSTER_K;
 
   if (wg == 0) {
     // One block per SM: registers move from the producer to the consumers. Two per SM: everyone keeps the
@@ -320,7 +362,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
           mbar_expect_tx(full, STAGE_BYTES);
           const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
           const int k = wk.k_begin + kb * BK;
-          if constexpr (!A_COL) {
+          if constexpr (MCAST == 2) {
+            // This block's half of A, into both blocks (the tensor map's box is BM / 2 rows when K-major).
+            const int half = static_cast<int>(peer ^ 1);
+            if constexpr (!A_COL) {
+              tma_load_multicast(sa + half * (A_STAGE_BYTES / 2), &tma_a, k, wk.m0 + half * (BM / 2), full, 3);
+            } else {
+#pragma unroll
+              for (int j = half * (BM / 128); j < (half + 1) * (BM / 128); ++j)
+                tma_load_multicast(sa + j * CHUNK_BYTES, &tma_a, wk.m0 + 64 * j, k, full, 3);
+            }
+          } else if constexpr (!A_COL) {
             tma_load(sa, &tma_a, k, wk.m0, full);
           } else {
 #pragma unroll
@@ -349,6 +401,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     int stage = 0;
     unsigned phase = 0;
+    // A stage is free again for this block's producer, and with mcast for the peer's (which writes its half of A
+    // into this block's stage).
+    auto release = [&](int s) {
+      mbar_arrive(empty_bar + 8 * s);
+      if constexpr (MCAST > 1) mbar_arrive_remote(cluster_addr(empty_bar + 8 * s, peer));
+    };
     float acc[MW][BN / 2];
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
       const Work wk = work_of(args, w, tiles_m, tiles_n);
@@ -370,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         wgmma_commit();
         // Keep this stage's wgmmas in flight; the previous stage's are done, so its buffers can be refilled.
         wgmma_wait<1>();
-        if (prev >= 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev);
+        if (prev >= 0 && lane == 0) release(prev);
         prev = stage;
         if (++stage == STAGES) {
           stage = 0;
@@ -378,7 +436,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         }
       }
       wgmma_wait<0>();
-      if (prev >= 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev);
+      if (prev >= 0 && lane == 0) release(prev);
 
       if constexpr (CLUSTER_K > 1) {
         // Every block of the cluster parks its accumulators in its (now idle) pipeline memory, as float4s in
@@ -444,4 +502,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
       }
     }
   }
+  if constexpr (MCAST > 1) cluster_sync();  // no block leaves while its peer may still arrive on or write into it
 }

@@ -42,6 +42,7 @@ namespace {
 struct Sm90Config {
   int64_t bm, bn, consumers, stages, cluster_k, blocks_per_sm;
   bool swap_ab, epi_smem;
+  int64_t mcast;
   int64_t wg_m() const { return bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
   int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
@@ -57,7 +58,8 @@ struct Sm90Config {
 
 Sm90Config config_of(const Params& p) {
   return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
-          get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab"), get_enum(p, "epi") == "smem"};
+          get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab"), get_enum(p, "epi") == "smem",
+          get_int(p, "mcast")};
 }
 
 // The kernel's own operands. Without swap_ab they are A and B; with it the kernel computes D^T = B^T . A^T, so
@@ -134,6 +136,20 @@ Status constraints(const Params& p, const DeviceLimits& l) {
     // swap_ab tiles are decode-sized (few outputs): their transposed stores stay direct.
     return fail(ErrorCode::kInvalidArgument, "epi smem stages the kernel's own orientation: not with swap_ab");
   }
+  if (c.mcast != 1 && c.mcast != 2) return fail(ErrorCode::kOutOfRange, "mcast must be 1 or 2");
+  if (c.mcast == 2) {
+    if (c.swap_ab || c.cluster_k > 1 || c.blocks_per_sm > 1) {
+      return fail(ErrorCode::kInvalidArgument, "mcast 2 (a cluster of two sharing A) excludes swap_ab, cluster_k > 1 "
+                                               "and blocks_per_sm 2");
+    }
+    // Each block loads half of A: half a K-major box (a multiple of 8 rows keeps the 128-byte swizzle's 1024-byte
+    // atoms whole), or whole 64-row boxes of an MN-major A.
+    const bool a_mn = kernel_operands(p).a_mn;
+    if (a_mn ? c.bm % 128 : c.bm % 16) {
+      return fail(ErrorCode::kInvalidArgument, fmt::format("mcast 2 splits A's {} rows in two: bm must be a multiple of "
+                                                           "{}", c.bm, a_mn ? 128 : 16));
+    }
+  }
   if (c.cluster_k < 1 || c.cluster_k > 8) return fail(ErrorCode::kOutOfRange, "cluster_k must be in [1, 8] (portable clusters)");
   if (c.cluster_k > 1) {
     if (get_bool(p, "persistent") || get_bool(p, "partials")) {
@@ -168,7 +184,9 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
   Launch l;
   // With swap_ab the kernel's rows are N and its columns M.
   const int64_t rows = c.swap_ab ? s.n : s.m, cols = c.swap_ab ? s.m : s.n;
-  const int64_t work = ((rows + c.bm - 1) / c.bm) * ((cols + c.bn - 1) / c.bn) *
+  // mcast 2: tile columns in pairs (an odd count gets a pair whose second block has no columns).
+  const int64_t tiles_n = (cols + c.bn - 1) / c.bn;
+  const int64_t work = ((rows + c.bm - 1) / c.bm) * (c.mcast == 2 ? (tiles_n + 1) / 2 * 2 : tiles_n) *
                        (get_bool(p, "partials") ? s.splits : 1) * c.cluster_k;
   if (work > INT32_MAX) return make_error(ErrorCode::kInvalidArgument, "gemm: too many tiles");
   // A persistent grid is capped at one block per SM by launch_gemm(), which knows the device.
@@ -176,17 +194,17 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
   if (s.m == 0 || s.n == 0) l.grid.x = 0;
   l.block.x = static_cast<unsigned>(c.threads());
   l.shared_bytes = static_cast<unsigned>(c.smem_bytes());
-  l.cluster.x = static_cast<unsigned>(c.cluster_k);
+  l.cluster.x = static_cast<unsigned>(c.cluster_k * c.mcast);
   return l;
 }
 
 std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
-  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn, c.consumers,
+  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn, c.consumers,
                      c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
                      c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
                      c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", c.epi_smem ? "_es" : "",
-                     gemm_problem_suffix(p));
+                     c.mcast > 1 ? fmt::format("_mc{}", c.mcast) : "", gemm_problem_suffix(p));
 }
 
 // The SM count of each device, read once (persistent grids are sized by it).
@@ -247,8 +265,9 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
   }
   const KernelOperands ops = kernel_operands(params);
   CUtensorMap map_a, map_b;  // the type carries its alignment (64 or 128 by toolkit; clang refuses a smaller alignas)
-  if (!ops.a_mn) {  // [M][K]: one box of BM rows per stage
-    KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, k.a, k.m, k.k, k.lda, 64, static_cast<unsigned>(c.bm)));
+  if (!ops.a_mn) {  // [M][K]: one box of BM rows per stage (BM / 2 from each block of an mcast pair)
+    KILN_RETURN_IF_ERROR(
+        encode_map(&map_a, api, dtype, k.a, k.m, k.k, k.lda, 64, static_cast<unsigned>(c.bm / c.mcast)));
   } else {  // [K][M]: BM / 64 boxes of 64 M x 64 K per stage
     KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, k.a, k.k, k.m, k.lda, 64, 64));
   }
@@ -262,6 +281,7 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
   if (get_bool(params, "persistent")) {
     KILN_ASSIGN_OR_RETURN(int sms, sm_count_of_current_device());
     cfg.grid.x = std::min<unsigned>(cfg.grid.x, static_cast<unsigned>(sms));
+    if (c.mcast == 2) cfg.grid.x &= ~1u;  // whole pairs: a block and its peer walk the same tile rows
   }
   void* ptrs[] = {&k, &map_a, &map_b, nullptr};
   return kernel.launch(cfg, ptrs);
@@ -297,6 +317,11 @@ TemplateDef gemm_wgmma_sm90_def() {
                              "shared memory (bm x 128 bytes more), written out as coalesced 16-byte stores");
   epi.default_value = Value::enumeration("direct");
   d.params.push_back(std::move(epi));
+  ParamSpec mcast = int_param("mcast", ParamRole::kTunable, {1, 2}, "mc",
+                              "2: clusters of two blocks on adjacent tile columns, each loading half of the shared A "
+                              "tile and multicasting it to both (TMA .multicast::cluster)");
+  mcast.default_value = Value::integer(1);
+  d.params.push_back(std::move(mcast));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "
