@@ -30,6 +30,8 @@ Wgmma staged(Wgmma w) {
   w.epi_smem = true;
   return w;
 }
+// mcast=2 (TMA multicast of A within a 2-block cluster): on par with the same tile on an H200 so far; measured
+// here on the large shapes so that the suite shows where it wins, if anywhere.
 Wgmma multicast(Wgmma w) {
   w.mcast = 2;
   return w;
@@ -83,7 +85,6 @@ std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
   if (s.m <= 1024) {
     out.push_back({128, 128, 2, 6, 8, true, 1, 1, false});
     out.push_back(staged({128, 128, 2, 6, 8, true, 1, 1, false}));
-    out.push_back(multicast(staged({128, 128, 2, 6, 8, true, 1, 1, false})));
     out.push_back({64, 256, 1, fit_stages(l, 64, 256, 6), 8, true, 1, 1, false});
     if (few) out.push_back({128, 128, 2, 6, 1, false, cluster_for(tiles(128, 128, false), s.k, sms), 1, false});
     out.push_back({128, 256, 2, 4, 8, true, 1, 1, false});
@@ -103,7 +104,6 @@ std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
   out.push_back(staged({128, 256, 2, 4, 8, true, 1, 1, false}));
   out.push_back({256, 128, 2, 4, 8, true, 1, 1, false});
   out.push_back(staged({256, 128, 2, 4, 8, true, 1, 1, false}));
-  out.push_back(multicast(staged({256, 128, 2, 4, 8, true, 1, 1, false})));
   out.push_back({128, 192, 2, 5, 8, true, 1, 1, false});
   out.push_back(staged({128, 192, 2, 5, 8, true, 1, 1, false}));
   out.push_back({128, 256, 2, 3, 8, false, 1, 1, false});

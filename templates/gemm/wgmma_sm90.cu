@@ -113,9 +113,11 @@ __device__ __forceinline__ void tma_load_multicast(unsigned dst, const TensorMap
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
       : "memory");
 }
-// An arrival on an mbarrier of another block of the cluster (`remote` from mapa).
+// An arrival on an mbarrier of another block of the cluster (`remote` from mapa). Default (cta-scope) release
+// semantics, as CUTLASS's ClusterBarrier::arrive: the wgmma reads it vouches for are complete (wgmma wait_group),
+// and a cluster-scope release would also wait for this thread's outstanding global stores on every k step.
 __device__ __forceinline__ void mbar_arrive_remote(unsigned remote) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // A wgmma shared-memory matrix descriptor with 128-byte swizzle. K-major tiles are rows of 64 elements

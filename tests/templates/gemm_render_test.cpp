@@ -195,12 +195,14 @@ TEST(GemmTemplates, WgmmaStagedEpilogueParameter) {
   EXPECT_TRUE(sm90->check(swab, limits("sm_90a")).ok());
   swab.insert_or_assign("epi", Value::enumeration("smem"));
   EXPECT_EQ(sm90->check(swab, limits("sm_90a")).code(), ErrorCode::kInvalidArgument);
-  // Two blocks per SM with swap_ab and partials: at most 32 accumulators (64 spilled on the device's NVRTC).
+  // Two blocks per SM with swap_ab: one m64 row of accumulators per consumer (two spilled on the device's NVRTC).
   Params two = sm90_params(128, 64, 1, 4, true, DType::kF16, C, R, true, "", DType::kF32);
   two.insert_or_assign("swap_ab", Value::boolean(true));
   two.insert_or_assign("blocks_per_sm", Value::integer(2));
   EXPECT_EQ(sm90->check(two, limits("sm_90a")).code(), ErrorCode::kOutOfRange);
   two.insert_or_assign("bm", Value::integer(64));
+  EXPECT_TRUE(sm90->check(two, limits("sm_90a")).ok());
+  two.insert_or_assign("bn", Value::integer(128));  // 64 accumulators in one m64 row: still allowed
   EXPECT_TRUE(sm90->check(two, limits("sm_90a")).ok());
   Params bad = old;
   bad.insert_or_assign("mcast", Value::integer(3));
@@ -220,6 +222,8 @@ TEST(GemmTemplates, WgmmaMulticastParameter) {
   ASSERT_NE(mc, nullptr);
   ASSERT_TRUE(mc->default_value.has_value());
   EXPECT_EQ(*mc->default_value, Value::integer(1));
+  // Not sampled (measured slower so far), but an explicit 2 is a valid configuration.
+  EXPECT_EQ(mc->values, std::vector<Value>{Value::integer(1)});
   const Params old = sm90_params(128, 256, 2, 4, true);
   Params one = old, two = old;
   one.insert_or_assign("mcast", Value::integer(1));
@@ -395,7 +399,7 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
       // mcast=2: pairs of blocks multicasting halves of A (K-major A: half boxes; MN-major A: whole 64-row boxes),
       // with remote arrivals on the peer's empty barriers; with the staged epilogue and with partials.
       {sm90, [&] { Params p = es(sm90_params(128, 256, 2, 4, true)); p.insert_or_assign("mcast", Value::integer(2)); return p; }(),
-       "sm_90a", {"multicast::cluster", "mbarrier.arrive.release.cluster.shared::cluster", "mapa.shared::cluster",
+       "sm_90a", {"multicast::cluster", "mbarrier.arrive.shared::cluster.b64", "mapa.shared::cluster",
                   "barrier.cluster.arrive", "st.global.v4"}},
       {sm90, [&] { Params p = sm90_params(128, 128, 1, 6, false, DType::kF16, C, R, true, "", DType::kF32);
                    p.insert_or_assign("mcast", Value::integer(2)); return p; }(),
