@@ -318,7 +318,7 @@ TemplateDef gemm_wgmma_sm90_def() {
   epi.default_value = Value::enumeration("direct");
   d.params.push_back(std::move(epi));
   // 2 is accepted but left out of the sampled grid: measured on an H200 it is on par with the same tile without it
-  // (4096^3: 175.9 vs 175.1 us, bench/results/gemm-suite-mcast-nvidia-h200-2026-11-26-*.md), not yet a win; the GEMM
+  // (4096^3: 175.9 vs 175.1 us, bench/results/gemm-suite-mcast-nvidia-h200-2026-11-26-20eb7bf.md), not yet a win; the GEMM
   // suite measures it on every large shape. (A first version whose remote arrivals had cluster-scope release ran
   // 1.4-2x slower: that fence waited for the epilogue's global stores on every K step.)
   ParamSpec mcast = int_param("mcast", ParamRole::kTunable, {1}, "mc",
