@@ -11,7 +11,7 @@ source "$(dirname "$0")/../support/device_env.sh" "${PACK:-.device-kernels}"
 log=$OUT/gemm.log
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$log"
 if [[ -z ${SKIP_TESTS:-} ]]; then
-  timeout 150 $D/templates_gemm_gpu_test --gtest_filter='GemmGpu.SwapAb*:GemmGpu.ClusterSplitK*:GemmGpu.WgmmaSm90Sweep' \
+  timeout 150 $D/templates_gemm_gpu_test --gtest_filter='GemmGpu.SwapAb*:GemmGpu.ClusterSplitK*:GemmGpu.WgmmaSm90Sweep:GemmGpu.WgmmaStagedEpilogue:GemmGpu.WgmmaMulticast' \
     > /tmp/gemm_gpu_test.log 2>&1
   echo "templates_gemm_gpu_test rc=$?" | tee -a "$log"; cat /tmp/gemm_gpu_test.log >> "$log"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|configurations,|Failure|relative error|swab" /tmp/gemm_gpu_test.log | head -40

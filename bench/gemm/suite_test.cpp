@@ -72,7 +72,7 @@ TEST(GemmSuite, CandidatesOnHopperAreValidCappedAndSwapForDecode) {
     EXPECT_EQ(f.arch, "sm_90a");
     EXPECT_GE(f.configs.size(), 3u) << s.id();
     EXPECT_LE(f.configs.size(), 12u) << s.id();
-    bool swap = false;
+    bool swap = false, staged = false;
     std::set<std::string> names;
     for (const auto& p : f.configs) {
       EXPECT_TRUE(f.tmpl->check(p, l).ok()) << s.id() << " " << f.tmpl->check(p, l).to_string();
@@ -81,12 +81,15 @@ TEST(GemmSuite, CandidatesOnHopperAreValidCappedAndSwapForDecode) {
       ASSERT_TRUE(name.ok());
       EXPECT_TRUE(names.insert(*name).second) << *name;
       swap |= variant_of(f.family, p) == "swap_ab";
+      staged |= templates::get_enum(p, "epi") == "smem";
       if (templates::get_bool(p, "swap_ab")) {
         EXPECT_GE(templates::get_int(p, "bn"), s.m) << *name << ": bn covers M";
       }
     }
     if (s.m <= 64) EXPECT_TRUE(swap) << s.id() << ": decode shapes get swap-AB tiles";
     if (s.m >= 1000) EXPECT_FALSE(swap) << s.id();
+    // The staged epilogue (epi=smem) is measured beside the direct one wherever the tiles are large.
+    if (s.m > 64) EXPECT_TRUE(staged) << s.id();
   }
 }
 

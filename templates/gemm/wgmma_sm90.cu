@@ -17,6 +17,17 @@
 // aligned rows: lda and ldb multiples of 8 elements. With swap_ab = ${swap_ab} (decode: M small) the kernel
 // computes D^T = B^T . A^T so that N fills wgmma's 64-row M side and M is the tile's bn (any multiple of 8),
 // and stores the transposed tile back to D.
+// Epilogue ${epi}: `direct` stores each accumulator pair (after the epilogue) from the wgmma fragment layout
+// straight to global memory (4-byte stores, 8 rows per warp instruction). `smem` stages the tile, after the
+// epilogue and in the output type, through a per-consumer buffer of ${bm}/${consumers} rows x 128 bytes (one
+// column chunk at a time, 16-byte units XOR-swizzled by row so the fragment writes and the row reads are free of
+// bank conflicts), then writes whole 128-byte row segments with 16-byte stores. The buffer is its own region
+// (not a pipeline stage), so in persistent mode the producer keeps loading the next tile meanwhile.
+// With mcast = ${mcast} = 2, blocks run in clusters of two that take horizontally adjacent tiles (same rows of A):
+// each block's producer loads half of the A tile and multicasts it into both blocks' stage (TMA .multicast::cluster),
+// halving A's L2-to-SM traffic; a stage is refilled only when the consumers of both blocks have released it (each
+// consumer warp arrives on its own and on the peer's "empty" mbarrier). With an odd number of tile columns the
+// last pair's second block computes a tile past N (B zero-filled, nothing stored) so that its half of A arrives.
 #include "common/kiln_device.cuh"
 #include "kiln/templates/kernel_args.h"
 ${epilogue}
@@ -42,11 +53,21 @@ constexpr bool B_COL = SWAP_AB ? ${layout_a.row} : ${layout_b.col};
 constexpr bool PARTIALS = ${partials};
 constexpr int CLUSTER_K = ${cluster_k};
 constexpr int BLOCKS_PER_SM = ${blocks_per_sm};
+constexpr int MCAST = ${mcast};
+enum class Epi { direct, smem };
+constexpr bool EPI_SMEM = Epi::${epi} == Epi::smem;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int CHUNK_BYTES = 64 * BK * 2;  // one 64 (M or N) x 64 (K) box of an MN-major operand
 static_assert(WG_M % 64 == 0 && BN % 8 == 0 && (B_COL || BN % 64 == 0), "tile shape");
+static_assert(!EPI_SMEM || !SWAP_AB, "the staged epilogue stores the kernel's own orientation");
+static_assert(MCAST == 1 || (MCAST == 2 && CLUSTER_K == 1 && !SWAP_AB && (A_COL ? BM % 128 == 0 : BM % 16 == 0)),
+              "multicast: a cluster of two along N, each loading half of A (whole 64-row boxes when MN-major)");
+// The staged epilogue's buffer: per consumer, WG_M rows of 128 bytes, after the stages and their mbarriers.
+constexpr int EPI_ROW_BYTES = 128;
+constexpr int EPI_BYTES = EPI_SMEM ? CONSUMERS * WG_M * EPI_ROW_BYTES : 0;
+constexpr int BARRIER_BYTES = (STAGES * 16 + 127) / 128 * 128;
 static_assert(CLUSTER_K == 1 || (!PARTIALS && CONSUMERS * MW * BN * 128 * 2 <= STAGES * STAGE_BYTES),
               "cluster split-K parks the accumulators in the pipeline's shared memory");
 
@@ -80,6 +101,23 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int
       "[%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+
+// The same box into the same shared-memory offset of every block in cta_mask (complete_tx on each one's mbarrier
+// at `bar`'s offset).
+__device__ __forceinline__ void tma_load_multicast(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar,
+                                                   unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+// An arrival on an mbarrier of another block of the cluster (`remote` from mapa). Default (cta-scope) release
+// semantics, as CUTLASS's ClusterBarrier::arrive: the wgmma reads it vouches for are complete (wgmma wait_group),
+// and a cluster-scope release would also wait for this thread's outstanding global stores on every k step.
+__device__ __forceinline__ void mbar_arrive_remote(unsigned remote) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // A wgmma shared-memory matrix descriptor with 128-byte swizzle. K-major tiles are rows of 64 elements
@@ -127,6 +165,112 @@ __device__ __forceinline__ float4 ld_cluster_f4(unsigned remote) {
   return v;
 }
 
+// ------------------------------------------------------------------------------------------------ staged epilogue
+// What the tile stores: the epilogue's output type, or raw fp32 for split-K partials.
+template <bool P>
+struct StoreType {
+  typedef kiln_epilogue_out_t type;
+};
+template <>
+struct StoreType<true> {
+  typedef float type;
+};
+typedef typename StoreType<PARTIALS>::type Out;
+constexpr int VEC = 16 / sizeof(Out);               // elements per 16-byte unit
+constexpr int CHUNK_COLS = EPI_ROW_BYTES / sizeof(Out);  // columns per staged chunk
+constexpr int CHUNKS = (BN + CHUNK_COLS - 1) / CHUNK_COLS;
+static_assert(!EPI_SMEM || CHUNK_COLS % 8 == 0, "a chunk holds whole 8-column fragment groups");
+
+__device__ __forceinline__ void consumer_bar(int c) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");  // ids 2, 3: one per consumer warpgroup (1 is the cluster's)
+}
+// Byte offset of (row, byte `b` of the row) in a staged chunk: 16-byte unit b / 16 XOR row % 8.
+__device__ __forceinline__ unsigned epi_offset(int row, int b) {
+  return row * EPI_ROW_BYTES + ((((b >> 4) ^ row) & 7) << 4) + (b & 15);
+}
+template <class T>
+__device__ __forceinline__ void st_shared_pair(unsigned addr, T a, T b) {
+  if constexpr (sizeof(T) == 2) {
+    __align__(4) T v[2] = {a, b};
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const unsigned*>(v)) : "memory");
+  } else {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+  }
+}
+// The element the epilogue stores at (row, col), or zero outside [m, n) (never stored; no bias or residual read).
+__device__ __forceinline__ Out epi_value(const KilnGemmArgs& args, int row, int col, float v) {
+  if (row >= args.m || col >= args.n) return kiln_from_f32<Out>(0.f);
+  if constexpr (PARTIALS) {
+    return v;
+  } else {
+    return kiln_epilogue_cast(kiln_epilogue(v, row, col, args.ep));
+  }
+}
+
+// Consumer c's WG_M x BN tile at (m0 + c * WG_M, n0): per chunk of CHUNK_COLS columns, the warpgroup writes its
+// fragments to its staging rows, then each thread writes 16-byte units of whole rows (8 threads per 128-byte
+// row segment: one coalesced transaction per row) to D, or to workspace slice z for partials.
+template <int MWT, int NACC>
+__device__ __forceinline__ void store_tile_staged(const KilnGemmArgs& args, const float (&acc)[MWT][NACC], int z,
+                                                 int m0, int n0, int c, unsigned stage_base) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  Out* out;
+  long long ld;
+  if constexpr (PARTIALS) {
+    out = reinterpret_cast<Out*>(args.workspace + static_cast<long long>(z) * args.m * args.n);  // Out is float
+    ld = args.n;
+  } else {
+    out = static_cast<Out*>(args.d);
+    ld = args.ldd;
+  }
+  // 16-byte stores need a 16-byte aligned D and rows that keep it so.
+  const bool vec_ok = (reinterpret_cast<unsigned long long>(out) % 16 == 0) && (ld % VEC == 0);
+  const int row0 = m0 + c * WG_M;
+#pragma unroll
+  for (int ch = 0; ch < CHUNKS; ++ch) {
+    const int col0 = n0 + ch * CHUNK_COLS;
+    consumer_bar(c);  // the previous chunk (or tile) has been read out of the buffer
+#pragma unroll
+    for (int mi = 0; mi < MWT; ++mi) {
+      const int r = mi * 64 + warp * 16 + lane / 4;
+#pragma unroll
+      for (int jj = 0; jj < CHUNK_COLS / 8; ++jj) {
+        const int j = ch * (CHUNK_COLS / 8) + jj;
+        if (j < BN / 8) {
+          const int cc = jj * 8 + 2 * (lane % 4);  // column in the chunk
+          const int b = cc * static_cast<int>(sizeof(Out));
+          st_shared_pair(stage_base + epi_offset(r, b), epi_value(args, row0 + r, col0 + cc, acc[mi][4 * j]),
+                         epi_value(args, row0 + r, col0 + cc + 1, acc[mi][4 * j + 1]));
+          st_shared_pair(stage_base + epi_offset(r + 8, b), epi_value(args, row0 + r + 8, col0 + cc, acc[mi][4 * j + 2]),
+                         epi_value(args, row0 + r + 8, col0 + cc + 1, acc[mi][4 * j + 3]));
+        }
+      }
+    }
+    consumer_bar(c);  // the chunk is complete
+    const int width = min(CHUNK_COLS, BN - ch * CHUNK_COLS);  // a multiple of 8 columns
+    const int unit = tid % 8, cc = unit * VEC, col = col0 + cc;
+#pragma unroll 4
+    for (int r = tid / 8; r < WG_M; r += 16) {
+      const int row = row0 + r;
+      if (row >= args.m || cc >= width || col >= args.n) continue;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(stage_base + epi_offset(r, unit * 16))
+                   : "memory");
+      Out* p = out + static_cast<long long>(row) * ld + col;
+      if (vec_ok && col + VEC <= args.n) {
+        *reinterpret_cast<uint4*>(p) = v;
+      } else {
+        const Out* e = reinterpret_cast<const Out*>(&v);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i)
+          if (col + i < args.n) p[i] = e[i];
+      }
+    }
+  }
+}
+
 struct Work {
   int z, m0, n0, k_begin, k_blocks;
 };
@@ -134,6 +278,19 @@ struct Work {
 // takes its share of the tile's K blocks.
 __device__ __forceinline__ Work work_of(const KilnGemmArgs& args, int w, int tiles_m, int tiles_n) {
   Work r;
+  if constexpr (MCAST == 2) {
+    // Work unit w: block w % 2 of the pair w / 2, which covers tile columns 2p and 2p + 1 of one tile row.
+    const int pairs_n = (tiles_n + 1) / 2, per_slice = tiles_m * pairs_n, pair = w / 2;
+    r.z = pair / per_slice;
+    int tm, tp;
+    kiln_tile_of(pair - r.z * per_slice, tiles_m, pairs_n, GROUP_M, tm, tp);
+    r.m0 = tm * BM;
+    r.n0 = (2 * tp + (w & 1)) * BN;
+    int k_end;
+    kiln_k_range(args, r.z, r.k_begin, k_end);
+    r.k_blocks = (k_end - r.k_begin + BK - 1) / BK;
+    return r;
+  }
   int tile = w, part = 0;
   if constexpr (CLUSTER_K > 1) {
     tile = w / CLUSTER_K;
@@ -167,21 +324,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
   const unsigned base = (kiln_smem_addr(smem_raw) + 1023u) & ~1023u;
   const unsigned full_bar = base + STAGES * STAGE_BYTES;  // STAGES mbarriers: the stage holds data
   const unsigned empty_bar = full_bar + STAGES * 8;       // STAGES mbarriers: the consumers are done with it
+  const unsigned epi_base = full_bar + BARRIER_BYTES;     // the staged epilogue's buffers (EPI_BYTES)
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, CONSUMERS * 4);  // one arrival per consumer warp
+      mbar_init(empty_bar + 8 * s, CONSUMERS * 4 * MCAST);  // one arrival per consumer warp (of both blocks)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (MCAST > 1) {
+    cluster_sync();  // the peer's barriers exist before anything is multicast or arrives on them
+  } else {
+    __syncthreads();
+  }
+  // mcast: this block's rank in its pair (the grid is even, so w % 2 == blockIdx.x % 2 for every work unit).
+  const unsigned peer = (blockIdx.x & 1) ^ 1;
 
   const int tiles_m = (args.m + BM - 1) / BM, tiles_n = (args.n + BN - 1) / BN;
   const int slices = PARTIALS ? args.split_k : 1;
-  const int total = tiles_m * tiles_n * slices * CLUSTER_K;
+  const int total = (MCAST == 2 ? 2 * tiles_m * ((tiles_n + 1) / 2) : tiles_m * tiles_n) * slices * CLUSTER_K;
 
   if (wg == 0) {
     // One block per SM: registers move from the producer to the consumers. Two per SM: everyone keeps the
@@ -200,7 +364,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
           mbar_expect_tx(full, STAGE_BYTES);
           const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
           const int k = wk.k_begin + kb * BK;
-          if constexpr (!A_COL) {
+          if constexpr (MCAST == 2) {
+            // This block's half of A, into both blocks (the tensor map's box is BM / 2 rows when K-major).
+            const int half = static_cast<int>(peer ^ 1);
+            if constexpr (!A_COL) {
+              tma_load_multicast(sa + half * (A_STAGE_BYTES / 2), &tma_a, k, wk.m0 + half * (BM / 2), full, 3);
+            } else {
+#pragma unroll
+              for (int j = half * (BM / 128); j < (half + 1) * (BM / 128); ++j)
+                tma_load_multicast(sa + j * CHUNK_BYTES, &tma_a, wk.m0 + 64 * j, k, full, 3);
+            }
+          } else if constexpr (!A_COL) {
             tma_load(sa, &tma_a, k, wk.m0, full);
           } else {
 #pragma unroll
@@ -229,6 +403,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     int stage = 0;
     unsigned phase = 0;
+    // A stage is free again for this block's producer, and with mcast for the peer's (which writes its half of A
+    // into this block's stage).
+    auto release = [&](int s) {
+      mbar_arrive(empty_bar + 8 * s);
+      if constexpr (MCAST > 1) mbar_arrive_remote(cluster_addr(empty_bar + 8 * s, peer));
+    };
     float acc[MW][BN / 2];
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
       const Work wk = work_of(args, w, tiles_m, tiles_n);
@@ -250,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         wgmma_commit();
         // Keep this stage's wgmmas in flight; the previous stage's are done, so its buffers can be refilled.
         wgmma_wait<1>();
-        if (prev >= 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev);
+        if (prev >= 0 && lane == 0) release(prev);
         prev = stage;
         if (++stage == STAGES) {
           stage = 0;
@@ -258,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         }
       }
       wgmma_wait<0>();
-      if (prev >= 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev);
+      if (prev >= 0 && lane == 0) release(prev);
 
       if constexpr (CLUSTER_K > 1) {
         // Every block of the cluster parks its accumulators in its (now idle) pipeline memory, as float4s in
@@ -301,23 +481,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         if (rank != 0) continue;
       }
 
-      // Accumulator layout of m64nNk16: warp w of the warpgroup holds rows 16w + lane/4 (+ 8), and
-      // columns 8j + 2 (lane % 4) (+ 1) in registers 4j (+ 1) and, for the row + 8, 4j + 2 (+ 1).
+      if constexpr (EPI_SMEM) {
+        store_tile_staged(args, acc, wk.z, wk.m0, wk.n0, c, epi_base + c * (EPI_BYTES / CONSUMERS));
+      } else {
+        // Accumulator layout of m64nNk16: warp w of the warpgroup holds rows 16w + lane/4 (+ 8), and
+        // columns 8j + 2 (lane % 4) (+ 1) in registers 4j (+ 1) and, for the row + 8, 4j + 2 (+ 1).
 #pragma unroll
-      for (int mi = 0; mi < MW; ++mi) {
-        const int row = wk.m0 + c * WG_M + mi * 64 + warp * 16 + lane / 4;
+        for (int mi = 0; mi < MW; ++mi) {
+          const int row = wk.m0 + c * WG_M + mi * 64 + warp * 16 + lane / 4;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = wk.n0 + j * 8 + 2 * (lane % 4);
-          if constexpr (SWAP_AB) {
-            kiln_gemm_store2_transposed<PARTIALS>(args, wk.z, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
-            kiln_gemm_store2_transposed<PARTIALS>(args, wk.z, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
-          } else {
-            kiln_gemm_store2<PARTIALS>(args, wk.z, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
-            kiln_gemm_store2<PARTIALS>(args, wk.z, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = wk.n0 + j * 8 + 2 * (lane % 4);
+            if constexpr (SWAP_AB) {
+              kiln_gemm_store2_transposed<PARTIALS>(args, wk.z, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
+              kiln_gemm_store2_transposed<PARTIALS>(args, wk.z, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+            } else {
+              kiln_gemm_store2<PARTIALS>(args, wk.z, row, col, acc[mi][4 * j], acc[mi][4 * j + 1]);
+              kiln_gemm_store2<PARTIALS>(args, wk.z, row + 8, col, acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+            }
           }
         }
       }
     }
   }
+  if constexpr (MCAST > 1) cluster_sync();  // no block leaves while its peer may still arrive on or write into it
 }

@@ -41,18 +41,25 @@ namespace {
 
 struct Sm90Config {
   int64_t bm, bn, consumers, stages, cluster_k, blocks_per_sm;
-  bool swap_ab;
+  bool swap_ab, epi_smem;
+  int64_t mcast;
   int64_t wg_m() const { return bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
   int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
-  // The stages, 1 KiB of slack to align them to 1024 bytes (128-byte swizzle), and two mbarriers per stage.
-  int64_t smem_bytes() const { return stages * stage_bytes() + 1024 + stages * 16; }
+  // epi=smem: a buffer of 128-byte rows, bm in all (wgmma_sm90.cu's EPI_BYTES), after the barriers.
+  int64_t epi_bytes() const { return epi_smem ? bm * 128 : 0; }
+  // The stages, 1 KiB of slack to align them to 1024 bytes (128-byte swizzle), and two mbarriers per stage
+  // (rounded up to 128 bytes when a staging buffer follows them).
+  int64_t smem_bytes() const {
+    return stages * stage_bytes() + 1024 + (epi_smem ? (stages * 16 + 127) / 128 * 128 + epi_bytes() : stages * 16);
+  }
   int64_t acc_regs() const { return (wg_m() / 64) * bn / 2; }
 };
 
 Sm90Config config_of(const Params& p) {
   return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
-          get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab")};
+          get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab"), get_enum(p, "epi") == "smem",
+          get_int(p, "mcast")};
 }
 
 // The kernel's own operands. Without swap_ab they are A and B; with it the kernel computes D^T = B^T . A^T, so
@@ -114,9 +121,33 @@ Status constraints(const Params& p, const DeviceLimits& l) {
       return fail(ErrorCode::kOutOfRange, fmt::format("blocks_per_sm 2 allows 64 accumulators per thread, the tile "
                                                       "needs {}", c.acc_regs()));
     }
+    // Measured (H200, NVRTC 13.0): swab 128x64 c1 b2 (two m64 rows of accumulators per consumer) left 8-16 bytes in
+    // local memory at the 128-register cap, with partials and with cluster_k 2; one m64 row stays clear.
+    if (c.swap_ab && c.wg_m() > 64) {
+      return fail(ErrorCode::kOutOfRange, fmt::format("blocks_per_sm 2 with swap_ab allows one m64 row per consumer "
+                                                      "(bm / consumers = 64), the tile has {}", c.wg_m()));
+    }
     if (2 * (c.smem_bytes() + 1024) > l.smem_per_sm) {
       return fail(ErrorCode::kOutOfRange, fmt::format("two blocks of {} bytes of shared memory exceed the SM's {}",
                                                       c.smem_bytes(), l.smem_per_sm));
+    }
+  }
+  if (c.epi_smem && c.swap_ab) {
+    // swap_ab tiles are decode-sized (few outputs): their transposed stores stay direct.
+    return fail(ErrorCode::kInvalidArgument, "epi smem stages the kernel's own orientation: not with swap_ab");
+  }
+  if (c.mcast != 1 && c.mcast != 2) return fail(ErrorCode::kOutOfRange, "mcast must be 1 or 2");
+  if (c.mcast == 2) {
+    if (c.swap_ab || c.cluster_k > 1 || c.blocks_per_sm > 1) {
+      return fail(ErrorCode::kInvalidArgument, "mcast 2 (a cluster of two sharing A) excludes swap_ab, cluster_k > 1 "
+                                               "and blocks_per_sm 2");
+    }
+    // Each block loads half of A: half a K-major box (a multiple of 8 rows keeps the 128-byte swizzle's 1024-byte
+    // atoms whole), or whole 64-row boxes of an MN-major A.
+    const bool a_mn = kernel_operands(p).a_mn;
+    if (a_mn ? c.bm % 128 : c.bm % 16) {
+      return fail(ErrorCode::kInvalidArgument, fmt::format("mcast 2 splits A's {} rows in two: bm must be a multiple of "
+                                                           "{}", c.bm, a_mn ? 128 : 16));
     }
   }
   if (c.cluster_k < 1 || c.cluster_k > 8) return fail(ErrorCode::kOutOfRange, "cluster_k must be in [1, 8] (portable clusters)");
@@ -153,7 +184,9 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
   Launch l;
   // With swap_ab the kernel's rows are N and its columns M.
   const int64_t rows = c.swap_ab ? s.n : s.m, cols = c.swap_ab ? s.m : s.n;
-  const int64_t work = ((rows + c.bm - 1) / c.bm) * ((cols + c.bn - 1) / c.bn) *
+  // mcast 2: tile columns in pairs (an odd count gets a pair whose second block has no columns).
+  const int64_t tiles_n = (cols + c.bn - 1) / c.bn;
+  const int64_t work = ((rows + c.bm - 1) / c.bm) * (c.mcast == 2 ? (tiles_n + 1) / 2 * 2 : tiles_n) *
                        (get_bool(p, "partials") ? s.splits : 1) * c.cluster_k;
   if (work > INT32_MAX) return make_error(ErrorCode::kInvalidArgument, "gemm: too many tiles");
   // A persistent grid is capped at one block per SM by launch_gemm(), which knows the device.
@@ -161,16 +194,17 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
   if (s.m == 0 || s.n == 0) l.grid.x = 0;
   l.block.x = static_cast<unsigned>(c.threads());
   l.shared_bytes = static_cast<unsigned>(c.smem_bytes());
-  l.cluster.x = static_cast<unsigned>(c.cluster_k);
+  l.cluster.x = static_cast<unsigned>(c.cluster_k * c.mcast);
   return l;
 }
 
 std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
-  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn, c.consumers,
+  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn, c.consumers,
                      c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
                      c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
-                     c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", gemm_problem_suffix(p));
+                     c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", c.epi_smem ? "_es" : "",
+                     c.mcast > 1 ? fmt::format("_mc{}", c.mcast) : "", gemm_problem_suffix(p));
 }
 
 // The SM count of each device, read once (persistent grids are sized by it).
@@ -231,8 +265,9 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
   }
   const KernelOperands ops = kernel_operands(params);
   CUtensorMap map_a, map_b;  // the type carries its alignment (64 or 128 by toolkit; clang refuses a smaller alignas)
-  if (!ops.a_mn) {  // [M][K]: one box of BM rows per stage
-    KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, k.a, k.m, k.k, k.lda, 64, static_cast<unsigned>(c.bm)));
+  if (!ops.a_mn) {  // [M][K]: one box of BM rows per stage (BM / 2 from each block of an mcast pair)
+    KILN_RETURN_IF_ERROR(
+        encode_map(&map_a, api, dtype, k.a, k.m, k.k, k.lda, 64, static_cast<unsigned>(c.bm / c.mcast)));
   } else {  // [K][M]: BM / 64 boxes of 64 M x 64 K per stage
     KILN_RETURN_IF_ERROR(encode_map(&map_a, api, dtype, k.a, k.k, k.m, k.lda, 64, 64));
   }
@@ -246,6 +281,7 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
   if (get_bool(params, "persistent")) {
     KILN_ASSIGN_OR_RETURN(int sms, sm_count_of_current_device());
     cfg.grid.x = std::min<unsigned>(cfg.grid.x, static_cast<unsigned>(sms));
+    if (c.mcast == 2) cfg.grid.x &= ~1u;  // whole pairs: a block and its peer walk the same tile rows
   }
   void* ptrs[] = {&k, &map_a, &map_b, nullptr};
   return kernel.launch(cfg, ptrs);
@@ -275,6 +311,21 @@ TemplateDef gemm_wgmma_sm90_def() {
   d.params.push_back(bool_param("swap_ab", ParamRole::kTunable, "swab",
                                 "compute D^T = B^T . A^T: N fills wgmma's 64-row side and a small M is the tile's bn "
                                 "(decode); D is stored transposed back"));
+  // Added after configurations were stored: a set without it means the direct epilogue it always had.
+  ParamSpec epi = enum_param("epi", ParamRole::kTunable, {"direct", "smem"}, "epi",
+                             "direct: fragment-layout stores from registers; smem: the epilogue's output staged in "
+                             "shared memory (bm x 128 bytes more), written out as coalesced 16-byte stores");
+  epi.default_value = Value::enumeration("direct");
+  d.params.push_back(std::move(epi));
+  // 2 is accepted but left out of the sampled grid: measured on an H200 it is on par with the same tile without it
+  // (4096^3: 175.9 vs 175.1 us, bench/results/gemm-suite-mcast-nvidia-h200-2026-11-26-20eb7bf.md), not yet a win; the GEMM
+  // suite measures it on every large shape. (A first version whose remote arrivals had cluster-scope release ran
+  // 1.4-2x slower: that fence waited for the epilogue's global stores on every K step.)
+  ParamSpec mcast = int_param("mcast", ParamRole::kTunable, {1}, "mc",
+                              "2: clusters of two blocks on adjacent tile columns, each loading half of the shared A "
+                              "tile and multicasting it to both (TMA .multicast::cluster); not sampled (on par so far)");
+  mcast.default_value = Value::integer(1);
+  d.params.push_back(std::move(mcast));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "

@@ -330,6 +330,13 @@ Result<std::shared_ptr<const Template>> Template::create(TemplateDef def, std::s
       continue;
     }
     if (s.values.empty()) return invalid(n, fmt::format("parameter '{}' has no values", s.name));
+    if (s.default_value) {
+      if (s.role != ParamRole::kTunable) return invalid(n, fmt::format("parameter '{}': only tunables have defaults", s.name));
+      if (std::find(s.values.begin(), s.values.end(), *s.default_value) == s.values.end()) {
+        return invalid(n, fmt::format("parameter '{}': default '{}' is not one of its values", s.name,
+                                      s.default_value->short_text()));
+      }
+    }
     for (const Value& v : s.values) {
       if (v.kind() != s.kind) {
         return invalid(n, fmt::format("parameter '{}' is {} but lists a {} value", s.name, kind_name(s.kind),
@@ -397,7 +404,7 @@ Status Template::validate_given(const Params& p) const {
     }
   }
   for (const ParamSpec& s : def_.params) {
-    if (s.role != ParamRole::kDerived && !p.contains(s.name)) {
+    if (s.role != ParamRole::kDerived && !s.default_value && !p.contains(s.name)) {
       return invalid(def_.name, fmt::format("missing parameter '{}' ({} {})", s.name, kind_name(s.kind), s.doc));
     }
   }
@@ -414,6 +421,9 @@ Result<Params> Template::complete(const Params& given) const {
   }
   bool had_derived = base.size() != given.size();
   KILN_RETURN_IF_ERROR(validate_given(base));
+  for (const ParamSpec& s : def_.params) {
+    if (s.default_value) base.emplace(s.name, *s.default_value);  // no-op when given
+  }
   if (!def_.derive) return base;
   KILN_ASSIGN_OR_RETURN(Params derived, def_.derive(base));
   Params out = base;

@@ -222,6 +222,48 @@ TEST(Params, DeclarationsAreValidated) {
   EXPECT_THAT(Template::create(d, kToyText, {}).status().message(), HasSubstr("tag 'Bad Tag'"));
 }
 
+// A tunable added to a template later declares a default: parameter sets written before it (without it) stay
+// valid and complete to the default; only tunables may have one, and it must be one of the values.
+TEST(Params, DefaultsFillOmittedTunables) {
+  TemplateDef d = toy_def();
+  for (ParamSpec& s : d.params) {
+    if (s.name == "swizzle") s.default_value = Value::enumeration("none");
+  }
+  auto t = Template::create(d, kToyText, {});
+  KILN_ASSERT_OK(t);
+  Params old = toy_params();
+  old.erase("swizzle");
+  KILN_ASSERT_OK_AND_ASSIGN(Params full, (*t)->complete(old));
+  EXPECT_EQ(full.at("swizzle"), Value::enumeration("none"));
+  KILN_ASSERT_OK_AND_ASSIGN(Rendered a, (*t)->render(old));
+  Params explicit_none = toy_params();
+  explicit_none.insert_or_assign("swizzle", Value::enumeration("none"));
+  KILN_ASSERT_OK_AND_ASSIGN(Rendered b, (*t)->render(explicit_none));
+  EXPECT_EQ(a.source.source, b.source.source);
+  EXPECT_EQ(a.config_name, b.config_name);
+  // A given value wins over the default, and is still checked.
+  KILN_ASSERT_OK_AND_ASSIGN(full, (*t)->complete(toy_params()));
+  EXPECT_EQ(full.at("swizzle"), Value::enumeration("xor2"));
+  Params bad = toy_params();
+  bad.insert_or_assign("swizzle", Value::enumeration("xor9"));
+  EXPECT_FALSE((*t)->complete(bad).ok());
+  // Without a default the parameter is still required.
+  Params no_tile = toy_params();
+  no_tile.erase("tile");
+  EXPECT_THAT((*t)->complete(no_tile).status().message(), HasSubstr("missing parameter 'tile'"));
+
+  TemplateDef e = toy_def();
+  for (ParamSpec& s : e.params) {
+    if (s.name == "swizzle") s.default_value = Value::enumeration("xor9");
+  }
+  EXPECT_THAT(Template::create(e, kToyText, {}).status().message(), HasSubstr("default 'xor9' is not one of its values"));
+  e = toy_def();
+  for (ParamSpec& s : e.params) {
+    if (s.name == "dtype") s.default_value = Value::dtype(DType::kBF16);
+  }
+  EXPECT_THAT(Template::create(e, kToyText, {}).status().message(), HasSubstr("only tunables have defaults"));
+}
+
 TEST(Determinism, SameParamsSameTextAndKey) {
   for (const TemplatePtr& t : all_templates()) {
     Grid g = test_grid(t);

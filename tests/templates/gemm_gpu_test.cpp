@@ -303,6 +303,134 @@ TEST(GemmGpu, SwapAbDecode) {
   }
 }
 
+// The staged epilogue (gemm_wgmma_sm90, epi=smem): each tile both ways, direct and staged, on the same data;
+// M, N, K not multiples of the tile, N odd (the element-wise path: rows not 16-byte aligned), both B layouts,
+// every epilogue op and output dtype (bf16, f16, f32), persistent and not, split-K partials (fp32 chunks), a
+// cluster split of K, and bn = 200 (a last chunk of 8 columns); each against the float64 reference with the
+// output poisoned first.
+TEST(GemmGpu, WgmmaStagedEpilogue) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  using templates::Value;
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  struct Case {
+    int64_t m, n, k;
+    DType in;
+    Layout lb;
+    const char* ep;
+    DType out;
+    int bm, bn, consumers, stages;
+    bool persistent;
+    int cluster_k, splits;
+  };
+  const std::vector<Case> cases = {
+      {4095, 1000, 1000, DType::kBF16, C, "bias+gelu", DType::kBF16, 128, 256, 2, 4, true, 1, 1},
+      {333, 4104, 264, DType::kBF16, R, "scale+bias+relu", DType::kBF16, 128, 128, 2, 6, false, 1, 1},
+      {1000, 129, 136, DType::kF16, C, "bias+silu+residual", DType::kF16, 128, 192, 2, 5, true, 1, 1},
+      {130, 200, 72, DType::kBF16, C, "", DType::kF32, 256, 128, 2, 4, true, 1, 1},
+      {77, 520, 1000, DType::kF16, R, "gelu+scale", DType::kBF16, 64, 128, 1, 6, false, 1, 1},
+      {513, 1000, 200, DType::kF16, C, "relu", DType::kF16, 128, 200, 2, 4, true, 1, 1},
+      {1000, 777, 520, DType::kBF16, C, "scale+residual", DType::kF32, 128, 64, 2, 8, false, 1, 1},
+      {17, 520, 1000, DType::kBF16, R, "bias+gelu", DType::kBF16, 64, 64, 1, 8, false, 8, 1},
+      {300, 392, 4096, DType::kBF16, C, "", DType::kF32, 128, 128, 2, 4, true, 1, 3},  // split-K partials
+      {300, 393, 4096, DType::kF16, C, "", DType::kF32, 128, 64, 1, 6, false, 1, 3},  // partials, N odd
+  };
+  std::vector<std::pair<TemplatePtr, Params>> cfgs;
+  for (const Case& c : cases) {
+    for (const char* epi : {"direct", "smem"}) {
+      Params p = templates::gemm_problem_params(c.in, R, c.lb, spec(c.ep, c.out), c.splits > 1);
+      for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
+               {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
+               {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(8)},
+               {"persistent", Value::boolean(c.persistent)}, {"cluster_k", Value::integer(c.cluster_k)},
+               {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(false)},
+               {"epi", Value::enumeration(epi)}})
+        p.insert_or_assign(k, v);
+      KILN_ASSERT_OK(t->check(p, DeviceLimits::from_device(info, Target{"sm_90a"})));
+      cfgs.emplace_back(t, std::move(p));
+    }
+  }
+  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    KILN_ASSERT_OK(compiled[i]);
+    const Case& c = cases[i / 2];
+    GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.out), c.splits};
+    const GemmData d = make_gemm_data(p, 700 + i / 2);
+    KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
+    auto err = run_and_check(*compiled[i], p, d, g);
+    KILN_ASSERT_OK(err);
+    const double tol = c.splits > 1 ? 1e-5 : gemm_tolerance(p.ep.out);
+    std::printf("  %-64s %s regs %d err %.2e\n", compiled[i]->rendered.config_name.c_str(), p.str().c_str(),
+                compiled[i]->attr.registers, *err);
+    EXPECT_LE(*err, tol) << compiled[i]->rendered.config_name << " on " << p.str();
+    EXPECT_EQ(compiled[i]->attr.local_bytes, 0) << compiled[i]->rendered.config_name;
+  }
+}
+
+// TMA multicast (gemm_wgmma_sm90, mcast=2): clusters of two blocks on adjacent tile columns sharing A, each
+// loading half and multicasting it. Odd tile-column counts (the last pair's second block past N), M, N, K not
+// multiples of the tile, A K-major (half boxes) and MN-major (whole 64-row boxes), both B layouts, persistent
+// (a block and its peer walking the same tile rows) and not, both epilogue stores, split-K partials, epilogues
+// with bias, residual, activations and each output dtype; against the float64 reference, output poisoned first.
+TEST(GemmGpu, WgmmaMulticast) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  using templates::Value;
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  struct Case {
+    int64_t m, n, k;
+    DType in;
+    Layout la, lb;
+    const char* ep;
+    DType out;
+    int bm, bn, consumers, stages;
+    bool persistent;
+    const char* epi;
+    int splits;
+  };
+  const std::vector<Case> cases = {
+      {4095, 1000, 1000, DType::kBF16, R, C, "bias+gelu", DType::kBF16, 128, 256, 2, 4, true, "smem", 1},   // 4 columns
+      {1000, 1100, 264, DType::kBF16, R, C, "scale+bias+relu", DType::kBF16, 128, 256, 2, 4, true, "direct", 1},  // 5
+      {333, 4104, 1000, DType::kF16, R, R, "bias+silu+residual", DType::kF16, 128, 128, 2, 6, false, "smem", 1},
+      {88, 392, 136, DType::kBF16, C, C, "", DType::kF32, 128, 128, 2, 5, false, "direct", 1},  // A MN-major, 4 cols
+      {520, 200, 40, DType::kF16, C, R, "residual", DType::kF16, 128, 64, 1, 6, true, "smem", 1},  // 4 columns, K 40
+      {130, 129, 72, DType::kBF16, R, C, "gelu+scale", DType::kBF16, 64, 64, 1, 8, false, "smem", 1},  // 3 columns
+      {300, 392, 4096, DType::kBF16, R, C, "", DType::kF32, 128, 128, 2, 4, true, "smem", 3},  // partials
+      {4096, 4096, 512, DType::kBF16, R, C, "", DType::kBF16, 128, 256, 2, 4, true, "smem", 1},
+  };
+  std::vector<std::pair<TemplatePtr, Params>> cfgs;
+  for (const Case& c : cases) {
+    Params p = templates::gemm_problem_params(c.in, c.la, c.lb, spec(c.ep, c.out), c.splits > 1);
+    for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
+             {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
+             {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(8)},
+             {"persistent", Value::boolean(c.persistent)}, {"cluster_k", Value::integer(1)},
+             {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(false)},
+             {"epi", Value::enumeration(c.epi)}, {"mcast", Value::integer(2)}})
+      p.insert_or_assign(k, v);
+    KILN_ASSERT_OK(t->check(p, DeviceLimits::from_device(info, Target{"sm_90a"})));
+    cfgs.emplace_back(t, std::move(p));
+  }
+  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    KILN_ASSERT_OK(compiled[i]);
+    const Case& c = cases[i];
+    GemmProblem p{c.m, c.n, c.k, c.in, c.la, c.lb, spec(c.ep, c.out), c.splits};
+    const GemmData d = make_gemm_data(p, 900 + i);
+    KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
+    auto err = run_and_check(*compiled[i], p, d, g);
+    KILN_ASSERT_OK(err);
+    const double tol = c.splits > 1 ? 1e-5 : gemm_tolerance(p.ep.out);
+    std::printf("  %-64s %s regs %d err %.2e\n", compiled[i]->rendered.config_name.c_str(), p.str().c_str(),
+                compiled[i]->attr.registers, *err);
+    EXPECT_LE(*err, tol) << compiled[i]->rendered.config_name << " on " << p.str();
+    EXPECT_EQ(compiled[i]->attr.local_bytes, 0) << compiled[i]->rendered.config_name;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::testing
-

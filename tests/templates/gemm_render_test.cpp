@@ -148,6 +148,126 @@ TEST(GemmTemplates, ConstraintsPruneWithReasons) {
                            limits("sm_90a")).ok());  // 64 accumulators, but two consumer warpgroups
 }
 
+// epi: a tunable added after configurations were stored. A set without it is the direct epilogue (same text,
+// same name); smem adds its staging buffer to the shared memory it asks for and to the name, and is refused with
+// swap_ab and where the buffer no longer fits.
+TEST(GemmTemplates, WgmmaStagedEpilogueParameter) {
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  const ParamSpec* epi = sm90->param("epi");
+  ASSERT_NE(epi, nullptr);
+  EXPECT_EQ(epi->role, ParamRole::kTunable);
+  ASSERT_TRUE(epi->default_value.has_value());
+  EXPECT_EQ(*epi->default_value, Value::enumeration("direct"));
+
+  const Params old = sm90_params(128, 256, 2, 4, true);
+  ASSERT_FALSE(old.contains("epi"));
+  Params direct = old, smem = old;
+  direct.insert_or_assign("epi", Value::enumeration("direct"));
+  smem.insert_or_assign("epi", Value::enumeration("smem"));
+  auto a = sm90->render(old), b = sm90->render(direct), c = sm90->render(smem);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->source.source, b->source.source);
+  EXPECT_EQ(a->config_name, "gemm_wgmma_128x256x64_c2_s4_g8_p_bf16_rc_bias_gelu_bf16");
+  EXPECT_EQ(b->config_name, a->config_name);
+  EXPECT_EQ(c->config_name, "gemm_wgmma_128x256x64_c2_s4_g8_p_es_bf16_rc_bias_gelu_bf16");
+  EXPECT_NE(c->source.source, a->source.source);
+
+  const Shape big{4096, 4096, 4096};
+  auto ga = sm90->geometry(old, big), gc = sm90->geometry(smem, big);
+  ASSERT_TRUE(ga.ok() && gc.ok());
+  EXPECT_EQ(ga->shared_bytes, 4u * 384 * 128 + 1024 + 4 * 16);
+  // The stages, the barriers rounded to 128 bytes, then bm rows of 128 bytes.
+  EXPECT_EQ(gc->shared_bytes, 4u * 384 * 128 + 1024 + 128 + 128 * 128);
+  EXPECT_TRUE(sm90->check(smem, limits("sm_90a")).ok());
+  // 256x128 with 4 stages fits by 2 KiB with the buffer (256 x 128 bytes); 128x128 with 7 stages fits without it,
+  // not with it.
+  Params tall = sm90_params(256, 128, 2, 4, true);
+  tall.insert_or_assign("epi", Value::enumeration("smem"));
+  EXPECT_TRUE(sm90->check(tall, limits("sm_90a")).ok());
+  Params wide = sm90_params(128, 128, 2, 7, true);
+  EXPECT_TRUE(sm90->check(wide, limits("sm_90a")).ok());
+  wide.insert_or_assign("epi", Value::enumeration("smem"));
+  EXPECT_EQ(sm90->check(wide, limits("sm_90a")).code(), ErrorCode::kOutOfRange);
+
+  Params swab = sm90_params(128, 16, 1, 8, false);
+  swab.insert_or_assign("swap_ab", Value::boolean(true));
+  EXPECT_TRUE(sm90->check(swab, limits("sm_90a")).ok());
+  swab.insert_or_assign("epi", Value::enumeration("smem"));
+  EXPECT_EQ(sm90->check(swab, limits("sm_90a")).code(), ErrorCode::kInvalidArgument);
+  // Two blocks per SM with swap_ab: one m64 row of accumulators per consumer (two spilled on the device's NVRTC).
+  Params two = sm90_params(128, 64, 1, 4, true, DType::kF16, C, R, true, "", DType::kF32);
+  two.insert_or_assign("swap_ab", Value::boolean(true));
+  two.insert_or_assign("blocks_per_sm", Value::integer(2));
+  EXPECT_EQ(sm90->check(two, limits("sm_90a")).code(), ErrorCode::kOutOfRange);
+  two.insert_or_assign("bm", Value::integer(64));
+  EXPECT_TRUE(sm90->check(two, limits("sm_90a")).ok());
+  two.insert_or_assign("bn", Value::integer(128));  // 64 accumulators in one m64 row: still allowed
+  EXPECT_TRUE(sm90->check(two, limits("sm_90a")).ok());
+  Params bad = old;
+  bad.insert_or_assign("mcast", Value::integer(3));
+  EXPECT_FALSE(sm90->check(bad, limits("sm_90a")).ok());
+  bad = old;
+  bad.insert_or_assign("epi", Value::enumeration("tma"));
+  EXPECT_FALSE(sm90->render(bad).ok());
+}
+
+// mcast: a tunable added later (default 1: the name and text of older sets are unchanged); 2 pairs blocks along N
+// in clusters of two, the tile columns rounded up to pairs; it excludes swap_ab, cluster_k and two blocks per SM,
+// and needs bm to split A in whole TMA boxes.
+TEST(GemmTemplates, WgmmaMulticastParameter) {
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  const ParamSpec* mc = sm90->param("mcast");
+  ASSERT_NE(mc, nullptr);
+  ASSERT_TRUE(mc->default_value.has_value());
+  EXPECT_EQ(*mc->default_value, Value::integer(1));
+  // Not sampled (measured slower so far), but an explicit 2 is a valid configuration.
+  EXPECT_EQ(mc->values, std::vector<Value>{Value::integer(1)});
+  const Params old = sm90_params(128, 256, 2, 4, true);
+  Params one = old, two = old;
+  one.insert_or_assign("mcast", Value::integer(1));
+  two.insert_or_assign("mcast", Value::integer(2));
+  auto a = sm90->render(old), b = sm90->render(one), c = sm90->render(two);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->source.source, b->source.source);
+  EXPECT_EQ(b->config_name, a->config_name);
+  EXPECT_EQ(c->config_name, "gemm_wgmma_128x256x64_c2_s4_g8_p_mc2_bf16_rc_bias_gelu_bf16");
+  two.insert_or_assign("epi", Value::enumeration("smem"));
+  EXPECT_EQ(*sm90->config_name(two), "gemm_wgmma_128x256x64_c2_s4_g8_p_es_mc2_bf16_rc_bias_gelu_bf16");
+  KILN_EXPECT_OK(sm90->check(two, limits("sm_90a")));
+
+  // 4095 x 1000: 32 tile rows x 4 tile columns (2 pairs); 1000 x 1100: 8 x 5 columns -> 3 pairs, 6 blocks a row.
+  auto g = sm90->geometry(two, Shape{4095, 1000, 64});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid.x, 32u * 4u);
+  EXPECT_EQ(g->cluster.x, 2u);
+  g = sm90->geometry(two, Shape{1000, 1100, 64});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid.x, 8u * 6u);
+  EXPECT_EQ(g->grid.x % 2, 0u);
+
+  auto with = [&](Params p, const char* k, Value v) {
+    p.insert_or_assign(k, v);
+    p.insert_or_assign("mcast", Value::integer(2));
+    return p;
+  };
+  EXPECT_EQ(sm90->check(with(sm90_params(128, 16, 1, 8, false), "swap_ab", Value::boolean(true)), limits("sm_90a")).code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(sm90->check(with(sm90_params(64, 128, 1, 4, false), "cluster_k", Value::integer(2)), limits("sm_90a")).code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(sm90->check(with(sm90_params(64, 64, 1, 4, false), "blocks_per_sm", Value::integer(2)), limits("sm_90a")).code(),
+            ErrorCode::kInvalidArgument);
+  // K-major A (row-major): half of 64 rows is fine; MN-major A (col-major) needs two whole 64-row boxes.
+  KILN_EXPECT_OK(sm90->check(with(sm90_params(64, 128, 1, 4, false, DType::kBF16, R, C), "group_m", Value::integer(8)),
+                             limits("sm_90a")));
+  EXPECT_EQ(sm90->check(with(sm90_params(64, 128, 1, 4, false, DType::kBF16, C, C), "group_m", Value::integer(8)),
+                        limits("sm_90a")).code(),
+            ErrorCode::kInvalidArgument);
+  KILN_EXPECT_OK(sm90->check(with(sm90_params(128, 128, 2, 4, false, DType::kBF16, C, C), "group_m", Value::integer(8)),
+                             limits("sm_90a")));
+}
+
 // Swap-AB (decode): the kernel computes D^T = B^T . A^T, N on wgmma's 64-row side and M in the tile's bn.
 // A small bn needs the kernel's B (A^T) K-major: A row-major; the kernel's A is B^T, MN-major for B row-major.
 TEST(GemmTemplates, SwapAbTilesGeometryAndNames) {
@@ -258,7 +378,32 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
     std::vector<const char*> ptx_must_have;
   };
   const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  auto es = [](Params p) {
+    p.insert_or_assign("epi", Value::enumeration("smem"));
+    return p;
+  };
   std::vector<Job> jobs = {
+      // epi=smem: the staged epilogue (swizzled shared-memory chunks, 16-byte coalesced stores): the 4096^3
+      // tile persistent with bias+gelu; 128x192 (three chunks) to fp32; partials (fp32 chunks of 32 columns)
+      // with f16 and both operands MN-major; a cluster split of K; bn = 200 (a last chunk of 8 columns).
+      {sm90, es(sm90_params(128, 256, 2, 4, true)), "sm_90a",
+       {"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "st.global.v4", "ld.shared.v4.b32", "bar.sync"}},
+      {sm90, es(sm90_params(128, 192, 2, 5, false, DType::kBF16, R, R, false, "scale+bias+silu+residual", DType::kF32)),
+       "sm_90a", {"wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16", "st.global.v4", "st.shared.v2.f32"}},
+      {sm90, es(sm90_params(64, 128, 1, 6, false, DType::kF16, C, R, true, "", DType::kF32)), "sm_90a",
+       {"wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "st.global.v4"}},
+      {sm90, [&] { Params p = es(sm90_params(64, 128, 1, 4, false)); p.insert_or_assign("cluster_k", Value::integer(4)); return p; }(),
+       "sm_90a", {"mapa.shared::cluster", "st.global.v4", "st.shared.b32"}},
+      {sm90, es(sm90_params(256, 200, 2, 3, true, DType::kF16, R, C, false, "relu", DType::kF16)), "sm_90a",
+       {"wgmma.mma_async.sync.aligned.m64n200k16.f32.f16.f16", "st.global.v4"}},
+      // mcast=2: pairs of blocks multicasting halves of A (K-major A: half boxes; MN-major A: whole 64-row boxes),
+      // with remote arrivals on the peer's empty barriers; with the staged epilogue and with partials.
+      {sm90, [&] { Params p = es(sm90_params(128, 256, 2, 4, true)); p.insert_or_assign("mcast", Value::integer(2)); return p; }(),
+       "sm_90a", {"multicast::cluster", "mbarrier.arrive.shared::cluster.b64", "mapa.shared::cluster",
+                  "barrier.cluster.arrive", "st.global.v4"}},
+      {sm90, [&] { Params p = sm90_params(128, 128, 1, 6, false, DType::kF16, C, R, true, "", DType::kF32);
+                   p.insert_or_assign("mcast", Value::integer(2)); return p; }(),
+       "sm_90a", {"multicast::cluster", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"}},
       {sm80, sm80_params(128, 256, 32, 2, 4, 4, 8), "sm_80",
        {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans"}},
       {sm80, sm80_params(16, 64, 64, 1, 4, 3, 1, DType::kF16, C, C, true, "", DType::kF32), "sm_90",

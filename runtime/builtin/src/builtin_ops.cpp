@@ -54,6 +54,15 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       return p;
     };
     out.push_back(w(128, 256, 2, 4, 16, true, 1, 1));  // 4096^3: 0.90-0.92 of cuBLAS
+    // The staged epilogue (epi=smem), measured on an H200 beside the direct one
+    // (bench/results/gemm-suite-epi-nvidia-h200-2026-11-26-f0e03a8.md): 4096^3 191 -> 177 us (0.96x of cuBLAS);
+    // 128x128 at M = 1000, N = 6144: 80 -> 69 us.
+    Params staged = w(128, 256, 2, 4, 16, true, 1, 1);
+    staged.emplace("epi", Value::enumeration("smem"));
+    out.push_back(staged);
+    staged = w(128, 128, 2, 6, 8, true, 1, 1);
+    staged.emplace("epi", Value::enumeration("smem"));
+    out.push_back(staged);
     out.push_back(w(64, 64, 1, 8, 1, false, 2, 1));     // decode, cluster split-K
     out.push_back(w(64, 64, 1, 6, 1, false, 1, 2));     // decode, two blocks per SM
     // Decode with swap-AB: N on wgmma's M side, M padded only to the tile's bn (a multiple of 8), K split over a

@@ -17,7 +17,11 @@
 //             over a thread-block cluster, reduced in distributed shared memory: split-K in one kernel with the
 //             epilogue fused, for decode shapes), blocks_per_sm (2 for small tiles), swap_ab (compute
 //             D^T = B^T . A^T: N on wgmma's 64-row side and M in the tile's bn, any multiple of 8 from 8 when A is
-//             row-major; for decode, M <= 64 or so; D is stored transposed back, the epilogue sees D's indices).
+//             row-major; for decode, M <= 64 or so; D is stored transposed back, the epilogue sees D's indices),
+//             epi (direct | smem, default direct: smem stages the epilogue's output in bm x 128 bytes of shared
+//             memory and writes it with coalesced 16-byte stores; not with swap_ab), mcast (1 | 2, default 1: 2
+//             runs clusters of two blocks on adjacent tile columns that share A, each loading half of it and
+//             multicasting it to both; not with swap_ab, cluster_k or blocks_per_sm 2).
 //   On devices where gemm_wgmma_sm90 runs (sm_90a), gemm_mma_sm80 is superseded (TemplateDef::superseded_by):
 //   choice generation and the GEMM suite leave it out unless it is asked for by name.
 // Layouts: A row-major is [M, K] with K contiguous (lda >= K), col-major is M contiguous (lda >= M);

@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -117,6 +118,10 @@ struct ParamSpec {
   std::vector<Value> values;
   std::string abbrev;       // short prefix in generated configuration names ("t" -> "t256"); "" omits it
   std::string doc;
+  /// Tunables only: the value a parameter set that omits this parameter gets. For a tunable added to a template
+  /// after configurations of it were stored or written down: those stay valid and mean what they meant (the
+  /// default must be the behaviour the template had before). The grid still enumerates every value.
+  std::optional<Value> default_value;
 };
 
 /// Where kernels will run: what constraints are checked against.
@@ -237,7 +242,8 @@ class Template {
   const ParamSpec* param(std::string_view name) const;
 
   /// Checks `given` (every tunable and problem parameter present, none unknown, none derived, each of its
-  /// declared kind, enum choices legal) and adds the derived parameters. kInvalidArgument naming the
+  /// declared kind, enum choices legal), adds the defaults of omitted tunables that declare one
+  /// (ParamSpec::default_value) and the derived parameters. kInvalidArgument naming the
   /// parameter otherwise.
   Result<Params> complete(const Params& given) const;
   /// The configuration's stable name (given complete or completable params).
