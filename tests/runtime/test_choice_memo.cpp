@@ -4,6 +4,7 @@
 // No GPU needed, except the last test (a tuner's warm start), which skips without one.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "kiln/jit/key.h"
@@ -257,6 +258,41 @@ TEST_F(ChoiceMemo, ATunersWarmStartGeneratesNoChoices) {
   EXPECT_EQ(sel->report().candidates, 0) << "the warm start generated every choice";
   EXPECT_EQ(dl.samples + dl.sample_hits, 0u);
   EXPECT_LE(dl.renders, 1u);
+}
+
+// `kiln tune` plans every problem (to precompile in the background) and then tunes it: the choices are
+// generated once, by the plan, and the tune takes them (GPU: a tuner needs a device).
+TEST_F(ChoiceMemo, PlanningThenTuningGeneratesOnce) {
+  KILN_REQUIRE_GPU();
+  TuningDir dir("kiln_choice_memo");
+  OpRegistry ops;
+  auto gemm_def = default_ops().find("gemm");
+  KILN_ASSERT_OK(gemm_def);
+  auto generations = std::make_shared<std::atomic<int>>(0);
+  OpDef counted = **gemm_def;
+  counted.choices = [inner = counted.choices, generations](const Problem& p, const ChoiceContext& ctx) {
+    generations->fetch_add(1);
+    return inner(p, ctx);
+  };
+  KILN_ASSERT_OK(ops.add(counted));
+  TuneServices services = default_services();
+  services.ops = &ops;
+  TuneOptions o;
+  o.cache = dir.open(cache::TuneMode::kTune);
+  o.max_template_configs = 4;
+  o.bench.budget_ms = 2;
+  auto made = Tuner::create(o, services);
+  KILN_ASSERT_OK(made);
+  const Problem p = gemm(64, 2048, 1024);
+  KILN_ASSERT_OK_AND_ASSIGN(auto planned, (*made)->planned_choices(p));
+  EXPECT_FALSE(planned.empty());
+  EXPECT_EQ(generations->load(), 1);
+  KILN_ASSERT_OK_AND_ASSIGN(auto sel, (*made)->tune(p));
+  EXPECT_FALSE(sel->report().decision_from_cache);
+  EXPECT_EQ(generations->load(), 1) << "tune() generated the planned problem's choices again";
+  // A problem nobody planned generates its own.
+  KILN_ASSERT_OK((*made)->tune(gemm(128, 2048, 1024)).status());
+  EXPECT_EQ(generations->load(), 2);
 }
 
 }  // namespace

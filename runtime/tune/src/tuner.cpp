@@ -69,8 +69,9 @@ struct Tuner::Impl {
 
   // Choices planned_choices() generated, by cache key, until tune() takes them: a workload plans every problem
   // (to precompile in the background) and then tunes it, which generated each problem's choices twice.
-  // Bounded: a caller that plans without ever tuning keeps at most this many.
-  static constexpr size_t kMaxGenerated = 1024;
+  // Bounded (each problem's choices hold their rendered sources, a few MB): past this many the kept ones are
+  // dropped, and a problem whose choices were dropped generates them again (cheap: templates memoise).
+  static constexpr size_t kMaxGenerated = 64;
   std::map<std::string, std::vector<ChoicePtr>> generated;
   void keep_generated(const std::string& key, const std::vector<ChoicePtr>& choices) {
     std::lock_guard lock(mu);
