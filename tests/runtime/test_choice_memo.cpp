@@ -214,6 +214,7 @@ TEST_F(ChoiceMemo, ACachedDecisionRebuildsItsChoiceWithoutWalkingAGrid) {
       KILN_ASSERT_OK_AND_ASSIGN(auto again, def->rebuild(p, c->name(), stored, ctx));
       auto d = delta(s, templates::generation_stats());
       EXPECT_EQ(d.samples + d.sample_hits, 0u) << c->name();
+      EXPECT_GE(d.renders, 1u) << c->name();                         // rendered afresh: the memo was empty
       EXPECT_LE(d.renders, c->kernels().size() + 1) << c->name();  // a split-K graph: its GEMM, partials, reduce
       ASSERT_EQ(again->kernels().size(), c->kernels().size());
       for (size_t i = 0; i < c->kernels().size(); ++i) {
