@@ -20,9 +20,11 @@ struct GenerationMemo {
   std::unordered_map<std::string, std::shared_ptr<const std::vector<Params>>> samples;
 };
 
-/// Bounds per template: far above what a workload's problems need (a few dozen configurations per dtype and
-/// layout), so they only keep a long-running process that tunes endless new epilogues from growing without end.
-inline constexpr size_t kMaxMemoRenders = 8192;
+/// Bounds per template (a rendered GEMM configuration is ~50 KB with its headers, so 1024 are ~50 MB): a kind
+/// (dtype, layouts, epilogue, alignment) needs ~70 renders at default effort, so a dozen kinds fit; past that
+/// the memo empties and fills again, which costs what generation cost without it. They keep a long-running
+/// process that tunes endless new epilogues from growing without end.
+inline constexpr size_t kMaxMemoRenders = 1024;
 inline constexpr size_t kMaxMemoSamples = 512;
 
 /// An exact, unambiguous key of a parameter set (names, kinds and full values).

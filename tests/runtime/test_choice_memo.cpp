@@ -169,8 +169,8 @@ TEST_F(ChoiceMemo, CodeParametersAreKeyedByTheirTextNotTheirTag) {
   }
 }
 
-// The tuner generates on several threads at once: they all get the same choices, each sample and render is
-// computed at most once per thread that raced for it, and nothing is lost.
+// The tuner generates on several threads at once: with the memo filling and being read concurrently, every
+// thread gets exactly the choices generation gives without it.
 TEST_F(ChoiceMemo, ThreadsGeneratingAtOnceAgree) {
   const ChoiceContext ctx = context_for("sm_90a");
   templates::set_generation_cache(false);
