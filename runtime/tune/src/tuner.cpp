@@ -69,14 +69,14 @@ struct Tuner::Impl {
 
   // Choices planned_choices() generated, by cache key, until tune() takes them: a workload plans every problem
   // (to precompile in the background) and then tunes it, which generated each problem's choices twice.
-  // Bounded (each problem's choices hold their rendered sources, a few MB): past this many the kept ones are
-  // dropped, and a problem whose choices were dropped generates them again (cheap: templates memoise).
-  static constexpr size_t kMaxGenerated = 64;
+  // Bounded (a GEMM problem's choices hold ~3.5 MB of rendered sources): once this many wait, later plans keep
+  // nothing, so the first problems planned (the first tuned) keep theirs and the rest generate again in tune()
+  // (cheap: templates memoise).
+  static constexpr size_t kMaxGenerated = 32;
   std::map<std::string, std::vector<ChoicePtr>> generated;
   void keep_generated(const std::string& key, const std::vector<ChoicePtr>& choices) {
     std::lock_guard lock(mu);
-    if (generated.size() >= kMaxGenerated) generated.clear();
-    generated[key] = choices;
+    if (generated.size() < kMaxGenerated || generated.count(key)) generated[key] = choices;
   }
   std::optional<std::vector<ChoicePtr>> take_generated(const std::string& key) {
     std::lock_guard lock(mu);
@@ -624,6 +624,7 @@ Result<std::shared_ptr<DeferredSelection>> Tuner::defer(const Problem& problem) 
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, planned_choices(problem));
   // Sizes are run-time arguments of the templates, so these binaries serve every hint: start them now.
   for (const auto& c : choices) (void)c->precompile(*impl_->gate, Priority::kBackground);
+  (void)impl_->take_generated(impl_->key_of(problem));  // its selections tune other sizes: keep nothing
   return std::make_shared<DeferredSelection>(this, problem);
 }
 
