@@ -280,13 +280,23 @@ int phase_gemm4096(const std::string& cache_dir, Effort effort, const std::strin
 
 int phase_workload(const std::string& workload, const std::string& cache_dir, Effort effort, const std::string& json_path) {
   const auto start = Clock::now();
+  // Where a warm run's time goes, step by step (the CUDA context is the process's, not kiln's; a serving
+  // engine has made it before it asks kiln for anything).
+  json steps;
+  auto step = [&, t = Clock::now()](const char* name) mutable {
+    steps[name] = seconds_since(t);
+    t = Clock::now();
+  };
   bench::check(ensure_context(0).status(), "no GPU");
+  step("context_s");
   auto w = bench::must(load_workload(workload), "the workload");
   cache::StoreOptions store;
   store.dir = cache_dir;
   auto c = bench::must(cache::TuningCache::open(cache::TuneMode::kTune, store), "opening the cache");
   std::shared_ptr<cache::TuningCache> shared = std::move(c);
+  step("open_cache_s");
   auto tuner = tuner_for(shared, nullptr, effort);
+  step("make_tuner_s");
   std::vector<Named> named;
   for (size_t i = 0; i < w.problems.size(); ++i) {
     auto decided = shared->lookup_decision(tuner->key(w.problems[i]));
@@ -294,18 +304,34 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
     named.push_back({w.labels[i], w.problems[i]});
   }
   precompile_planned(*tuner, named);
+  step("plan_s");
   int cached = 0, errors = 0;
+  double compile_wait = 0, load = 0;
   for (const auto& p : w.problems) {
     auto sel = tuner->tune(p);
-    if (!sel.ok()) ++errors;
-    else cached += (*sel)->report().decision_from_cache;
+    if (!sel.ok()) {
+      ++errors;
+      continue;
+    }
+    cached += (*sel)->report().decision_from_cache;
+    compile_wait += (*sel)->report().compile_wait_seconds;
+    load += (*sel)->report().load_seconds;
   }
+  step("tune_s");
+  steps["tune_compile_wait_s"] = compile_wait;  // binary-cache reads (and compiles, cold)
+  steps["tune_load_s"] = load;                  // prepare(): module loads, library handles
   bench::check(finish_cache_writes(*shared), "storing");
+  step("finish_writes_s");
   const double secs = seconds_since(start);
   fmt::print("workload {} ({} problems) at {} effort: {:.3f} s, {} from cached decisions, {} errors "
              "(targets: cold 10 s, warm 0.05 s)\n", w.name, w.problems.size(), effort_name(effort), secs, cached, errors);
+  fmt::print("  context {:.3f} s, cache open {:.3f} s, tuner {:.3f} s, plan {:.3f} s, tunes {:.3f} s (binaries {:.3f} s, "
+             "loads {:.3f} s), writes {:.3f} s\n", steps["context_s"].get<double>(), steps["open_cache_s"].get<double>(),
+             steps["make_tuner_s"].get<double>(), steps["plan_s"].get<double>(), steps["tune_s"].get<double>(), compile_wait,
+             load, steps["finish_writes_s"].get<double>());
   json out{{"environment", bench::environment()}, {"workload", w.name}, {"effort", effort_name(effort)},
-           {"problems", w.problems.size()}, {"seconds", secs}, {"cached_decisions", cached}, {"errors", errors}};
+           {"problems", w.problems.size()}, {"seconds", secs}, {"cached_decisions", cached}, {"errors", errors},
+           {"steps", steps}};
   return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
 }
 

@@ -23,7 +23,7 @@ case "$step" in
     timeout 240 $D/bench_tuning_speed workload --cache-dir "$c/w" --json "$OUT/tuning-llama3-8b-cold.json" 2>&1 | tail -5
     for i in 1 2 3; do
       echo "== Llama-3-8B workload, warm $i (new process, decisions cached)"
-      timeout 60 $D/bench_tuning_speed workload --cache-dir "$c/w" --json "$OUT/tuning-llama3-8b-warm-$i.json" 2>&1 | tail -3
+      timeout 60 $D/bench_tuning_speed workload --cache-dir "$c/w" --json "$OUT/tuning-llama3-8b-warm-$i.json" 2>&1 | tail -4
     done
     rm -rf "$c"
     ;;

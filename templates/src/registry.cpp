@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "families.h"
+#include "memo.h"
 #include "kiln/embedded.h"
 
 namespace kiln::templates_text {
@@ -189,6 +190,8 @@ uint64_t pruned_count(const Grid& grid, const DeviceLimits& limits) {
 }
 
 namespace {
+std::vector<Params> sample_uncached(const Grid& grid, const DeviceLimits& limits, size_t n, uint64_t seed);
+
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser: a fixed, platform-independent permutation
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -198,6 +201,28 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser: a fixed, platform-indepen
 }  // namespace
 
 std::vector<Params> sample(const Grid& grid, const DeviceLimits& limits, size_t n, uint64_t seed) {
+  // Walking the grid checks every configuration's constraints (thousands for the wgmma family): the same
+  // grid, limits and size give the same sample, so it is memoised with the template.
+  const bool memo_on = generation_cache_enabled();
+  std::string key;
+  if (memo_on) {
+    key = fmt::format("{}\x1d{}\x1d{}\x1d{}", detail::params_key(grid.fixed()), detail::limits_key(limits), n, seed);
+    if (auto hit = detail::memo_find(grid.tmpl().memo(), &detail::GenerationMemo::samples, key)) {
+      detail::count_sample(true);
+      return *hit;
+    }
+  }
+  detail::count_sample(false);
+  std::vector<Params> out = sample_uncached(grid, limits, n, seed);
+  if (memo_on) {
+    detail::memo_store(grid.tmpl().memo(), &detail::GenerationMemo::samples, detail::kMaxMemoSamples, key,
+                       std::make_shared<const std::vector<Params>>(out));
+  }
+  return out;
+}
+
+namespace {
+std::vector<Params> sample_uncached(const Grid& grid, const DeviceLimits& limits, size_t n, uint64_t seed) {
   // The passing indices in a fixed pseudo-random order.
   std::vector<std::pair<uint64_t, uint64_t>> order;  // (hash, index)
   for (uint64_t i = 0; i < grid.size(); ++i) {
@@ -230,5 +255,7 @@ std::vector<Params> sample(const Grid& grid, const DeviceLimits& limits, size_t 
   for (uint64_t i : picked) out.push_back(grid.at(i));
   return out;
 }
+
+}  // namespace
 
 }  // namespace kiln::templates

@@ -13,6 +13,7 @@
 
 #include "kiln/enum_names.h"
 #include "kiln/jit/device.h"
+#include "memo.h"
 #include "text.h"
 
 namespace kiln::templates {
@@ -365,6 +366,7 @@ Result<std::shared_ptr<const Template>> Template::create(TemplateDef def, std::s
   t->text_ = std::move(parsed);
   t->entry_ = std::move(entry);
   t->headers_ = std::move(headers);
+  t->memo_ = std::make_shared<detail::GenerationMemo>();
   return std::shared_ptr<const Template>(std::move(t));
 }
 
@@ -511,6 +513,27 @@ Result<Launch> Template::geometry(const Params& params, const Shape& shape) cons
 }
 
 Result<Rendered> Template::render(const Params& params) const {
+  // Memoised by the exact parameters given (complete or not: both name one configuration); errors are not
+  // kept, so a bad parameter set is refused afresh with its message every time.
+  const bool memo_on = generation_cache_enabled();
+  std::string key;
+  if (memo_on) {
+    key = detail::params_key(params);
+    if (auto hit = detail::memo_find(*memo_, &detail::GenerationMemo::renders, key)) {
+      detail::count_render(true);
+      return *hit;
+    }
+  }
+  detail::count_render(false);
+  KILN_ASSIGN_OR_RETURN(Rendered r, render_uncached(params));
+  if (memo_on) {
+    detail::memo_store(*memo_, &detail::GenerationMemo::renders, detail::kMaxMemoRenders, key,
+                       std::make_shared<const Rendered>(r));
+  }
+  return r;
+}
+
+Result<Rendered> Template::render_uncached(const Params& params) const {
   KILN_ASSIGN_OR_RETURN(Params p, complete(params));
   Rendered r;
   KILN_ASSIGN_OR_RETURN(r.config_name, config_name(p));

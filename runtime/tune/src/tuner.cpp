@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <list>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -65,6 +66,26 @@ struct Tuner::Impl {
   mutable std::mutex mu;
   std::map<std::string, std::shared_ptr<Selection>> selections;  // by cache key
   std::vector<TuneReport> reports;
+
+  // Choices planned_choices() generated, by cache key, until tune() takes them: a workload plans every problem
+  // (to precompile in the background) and then tunes it, which generated each problem's choices twice.
+  // Bounded (a GEMM problem's choices hold ~3.5 MB of rendered sources): once this many wait, later plans keep
+  // nothing, so the first problems planned (the first tuned) keep theirs and the rest generate again in tune()
+  // (cheap: templates memoise).
+  static constexpr size_t kMaxGenerated = 32;
+  std::map<std::string, std::vector<ChoicePtr>> generated;
+  void keep_generated(const std::string& key, const std::vector<ChoicePtr>& choices) {
+    std::lock_guard lock(mu);
+    if (generated.size() < kMaxGenerated || generated.count(key)) generated[key] = choices;
+  }
+  std::optional<std::vector<ChoicePtr>> take_generated(const std::string& key) {
+    std::lock_guard lock(mu);
+    auto it = generated.find(key);
+    if (it == generated.end()) return std::nullopt;
+    std::vector<ChoicePtr> out = std::move(it->second);
+    generated.erase(it);
+    return out;
+  }
 
   std::string key_of(const Problem& p) const { return p.key(fingerprint, versions).canonical(); }
   void progress(const TuneProgress& p) const {
@@ -167,6 +188,7 @@ std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std:
 
 Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) const {
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
+  impl_->keep_generated(impl_->key_of(problem), choices);  // tune() takes them instead of generating again
   KILN_ASSIGN_OR_RETURN(auto def, impl_->services.ops->find(problem.op));
   const auto order = impl_->ranked(problem, choices);
   if (!impl_->policy.measure) {
@@ -214,7 +236,11 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
   bool generated = false;
   auto generate = [&]() -> Status {
     if (generated) return Status();
-    KILN_ASSIGN_OR_RETURN(choices, s.services.ops->choices(problem, s.ctx));
+    if (auto planned = s.take_generated(key)) {
+      choices = std::move(*planned);
+    } else {
+      KILN_ASSIGN_OR_RETURN(choices, s.services.ops->choices(problem, s.ctx));
+    }
     report.candidates = static_cast<int>(choices.size());
     generated = true;
     return Status();
@@ -598,6 +624,7 @@ Result<std::shared_ptr<DeferredSelection>> Tuner::defer(const Problem& problem) 
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, planned_choices(problem));
   // Sizes are run-time arguments of the templates, so these binaries serve every hint: start them now.
   for (const auto& c : choices) (void)c->precompile(*impl_->gate, Priority::kBackground);
+  (void)impl_->take_generated(impl_->key_of(problem));  // its selections tune other sizes: keep nothing
   return std::make_shared<DeferredSelection>(this, problem);
 }
 

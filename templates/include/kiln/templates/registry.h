@@ -37,6 +37,8 @@ class Grid {
   /// The configuration at `index` < size() (not yet completed: no derived params).
   Params at(uint64_t index) const;
   const Template& tmpl() const { return *t_; }
+  /// The parameters every configuration takes as given.
+  const Params& fixed() const { return fixed_; }
   /// The axes enumerated, in declaration order.
   const std::vector<const ParamSpec*>& axes() const { return axes_; }
 
@@ -55,7 +57,8 @@ uint64_t pruned_count(const Grid& grid, const DeviceLimits& limits);
 /// A deterministic sample of the configurations of `grid` that pass `limits`: first, for every axis and each
 /// of its values that some passing configuration has, one configuration having it (so every parameter value
 /// is covered); then more, up to `n` in all, in a fixed pseudo-random order (seeded by `seed`). It returns
-/// more than `n` only when covering every value needs more. The same inputs give the same sample everywhere.
+/// more than `n` only when covering every value needs more. The same inputs give the same sample everywhere
+/// (memoised with the template: see generation_cache_enabled()).
 std::vector<Params> sample(const Grid& grid, const DeviceLimits& limits, size_t n, uint64_t seed = 0);
 
 }  // namespace kiln::templates

@@ -223,6 +223,7 @@ struct Rendered {
 
 namespace detail {
 struct ParsedText;
+struct GenerationMemo;
 }
 
 /// A validated template: its text is parsed once and every placeholder checked against its parameters.
@@ -254,18 +255,46 @@ class Template {
   Status check_problem(const Params& params, const Shape& shape) const;
   Result<Launch> geometry(const Params& params, const Shape& shape) const;
   /// complete() + render the text: the KernelSource (name = configuration name, entry, options, headers).
+  /// Memoised per parameter set (see generation_cache_enabled()): the same parameters give the same text.
   Result<Rendered> render(const Params& params) const;
+
+  /// Internal (registry.cpp): what choice generation memoises for this template.
+  detail::GenerationMemo& memo() const { return *memo_; }
 
  private:
   Template() = default;
   Status validate_given(const Params& p) const;
+  Result<Rendered> render_uncached(const Params& params) const;
   TemplateDef def_;
   std::shared_ptr<const detail::ParsedText> text_;
   std::shared_ptr<const detail::ParsedText> entry_;
   std::vector<Header> headers_;
+  std::shared_ptr<detail::GenerationMemo> memo_;
 };
 
 using TemplatePtr = std::shared_ptr<const Template>;
+
+// ------------------------------------------------------------------------------------------------ memo
+
+/// Choice generation memoises what does not depend on a problem's sizes, per template: rendered configurations
+/// (by parameter set) and the deterministic samples of a grid (by fixed parameters, device limits and size), so
+/// that the second and later problems of a template/dtype/layout render and walk the grid no more (every
+/// problem of a workload used to pay ~0.8 s of host time for it). Rendering is pure and sampling deterministic,
+/// so a memoised answer is the answer. On by default; KILN_GENERATION_CACHE=0 turns it off for the process.
+bool generation_cache_enabled();
+/// Turns the memo on or off (benchmarks measure both in one run); turning it off also empties it.
+void set_generation_cache(bool on);
+/// Empties every template's memo (the next generation renders and samples afresh).
+void clear_generation_cache();
+
+/// What choice generation did and saved, process-wide since start (tests prove reuse with deltas of these).
+struct GenerationStats {
+  uint64_t renders = 0;      // texts rendered (Template::render misses, and every call with the memo off)
+  uint64_t render_hits = 0;  // Template::render answered from the memo
+  uint64_t samples = 0;      // grid walks by sample()
+  uint64_t sample_hits = 0;  // sample() answered from the memo
+};
+GenerationStats generation_stats();
 
 // ------------------------------------------------------------------------------------------------ helpers
 
