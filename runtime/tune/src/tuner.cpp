@@ -229,21 +229,32 @@ std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std:
     }
   }
   if (neighbour_timings) *neighbour_timings = static_cast<int>(neighbours.size());
-  // Cached binaries: a template whose every kernel the cache holds costs nothing to compile.
+  const auto calibration = calibrate(neighbours, peaks);
+  std::vector<RankedChoice> order = rank(problem, choices, peaks, calibration);
+  if (!check_cached) return order;
+  // Cached binaries: a template whose every kernel the cache holds costs nothing to compile. Looked up within
+  // the ranks a tune at this effort may reach (the kept ones, every widening, and what `kiln precompile`
+  // compiles beyond them: the same horizon), and the ties at its end; choices further down are not asked for
+  // their kernels at all.
+  const size_t horizon = static_cast<size_t>(policy.keep + policy.widen * (policy.max_widenings + 1));
   std::set<std::string> cached;
-  if (check_cached) {
-    for (const auto& c : choices) {
-      if (c->kind() != ChoiceKind::kTemplate && c->kind() != ChoiceKind::kSubgraph) continue;
-      const auto kernels = c->kernels();
-      bool all = !kernels.empty();
-      for (const auto& k : kernels) {
-        if (!all) break;
-        all = cache->lookup_binary(make_key(k.source, k.target), k.target.arch).ok();
-      }
-      if (all) cached.insert(c->name());
+  double last_score = -1;
+  size_t seen = 0;
+  for (const auto& r : order) {
+    if (!r.estimate.known) continue;
+    if (seen >= horizon && r.score_us != last_score) break;
+    ++seen;
+    last_score = r.score_us;
+    const auto kernels = choices[r.index]->kernels();
+    bool all = !kernels.empty();
+    for (const auto& k : kernels) {
+      if (!all) break;
+      all = cache->lookup_binary(make_key(k.source, k.target), k.target.arch).ok();
     }
+    if (all) cached.insert(choices[r.index]->name());
   }
-  return rank(problem, choices, peaks, calibrate(neighbours, peaks), cached);
+  if (cached.empty()) return order;
+  return rank(problem, choices, peaks, calibration, cached);
 }
 
 Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) const {
