@@ -103,7 +103,7 @@ TEST(Calibration, FittedPerFamilyFromTheRecordedSuite) {
   for (const auto& s : suite) {
     for (const auto& t : s.templates) {
       const double lr = std::log(t.measured_us / t.model_us);
-      for (const std::string f : {t.family, std::string("wgmma")}) {
+      for (const std::string& f : {t.family, std::string("wgmma")}) {
         logs[f].first += lr;
         logs[f].second += 1;
       }
@@ -263,6 +263,23 @@ TEST(ExternFirst, TheCacheRefinesThePredictionThroughNeighbours) {
   for (const auto& r : order) EXPECT_NEAR(r.predicted_us, r.estimate.us, 1e-9) << choices[r.index]->name();
   // Without the cache: the fitted calibration.
   for (const auto& r : rank(p, choices, kH100)) EXPECT_GT(r.predicted_us, 1.2 * r.estimate.us);
+}
+
+TEST(ExternFirst, NeighbouringShapesAreTheSameProblemWithinAFactorOfTwo) {
+  EXPECT_NEAR(*neighbour_distance(gemm(4096, 4096, 4096), gemm(2048, 4096, 8192)), 2.0, 1e-9);
+  EXPECT_NEAR(*neighbour_distance(gemm(1000, 4096, 4096), gemm(1024, 4096, 4096)), std::log2(1.024), 1e-9);
+  EXPECT_FALSE(neighbour_distance(gemm(4096, 4096, 4096), gemm(4096, 4096, 4096)));  // itself
+  EXPECT_FALSE(neighbour_distance(gemm(4096, 4096, 4096), gemm(1024, 4096, 4096)));  // 4x
+  GemmProblem f16{.m = 4096, .n = 4096, .k = 4096, .a = DType::kF16, .b = DType::kF16};
+  f16.epilogue.out = DType::kF16;
+  EXPECT_FALSE(neighbour_distance(gemm(4096, 4096, 4096), Problem::gemm(f16)));  // another dtype
+  GemmProblem col{.m = 4096, .n = 4096, .k = 4096};
+  col.b_layout = Layout::kColMajor;
+  EXPECT_FALSE(neighbour_distance(gemm(4096, 4096, 4096), Problem::gemm(col)));  // another layout
+  EXPECT_FALSE(neighbour_distance(gemm(4096, 4096, 4096), Problem::norm({.rows = 4096, .cols = 4096})));
+  EXPECT_TRUE(neighbour_distance(Problem::norm({.rows = 4096, .cols = 4096}), Problem::norm({.rows = 8192, .cols = 4096})));
+  EXPECT_FALSE(neighbour_distance(Problem::norm({.rows = 4096, .cols = 4096}),
+                                  Problem::norm({.rows = 4096, .cols = 4096, .residual = true})));
 }
 
 TEST(CachedCandidates, GoFirstAtEqualScoreAndAreKeptBeyondTheTop) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 
 #include "kiln/templates/template.h"
 
@@ -311,6 +312,42 @@ std::vector<RankedChoice> rank(const Problem& problem, const std::vector<ChoiceP
   });
   known.insert(known.end(), unknown.begin(), unknown.end());
   return known;
+}
+
+std::optional<double> neighbour_distance(const Problem& p, const Problem& other) {
+  if (p.op != other.op || p == other) return std::nullopt;
+  std::vector<std::pair<int64_t, int64_t>> sizes;
+  if (const auto* a = std::get_if<GemmProblem>(&p.desc)) {
+    const auto* b = std::get_if<GemmProblem>(&other.desc);
+    if (!b) return std::nullopt;
+    GemmProblem x = *a, y = *b;
+    x.m = x.n = x.k = y.m = y.n = y.k = 0;
+    if (!(x == y)) return std::nullopt;
+    sizes = {{a->m, b->m}, {a->n, b->n}, {a->k, b->k}};
+  } else if (const auto* a = std::get_if<NormProblem>(&p.desc)) {
+    const auto* b = std::get_if<NormProblem>(&other.desc);
+    if (!b) return std::nullopt;
+    NormProblem x = *a, y = *b;
+    x.rows = x.cols = y.rows = y.cols = 0;
+    if (!(x == y)) return std::nullopt;
+    sizes = {{a->rows, b->rows}, {a->cols, b->cols}};
+  } else if (const auto* a = std::get_if<SoftmaxProblem>(&p.desc)) {
+    const auto* b = std::get_if<SoftmaxProblem>(&other.desc);
+    if (!b) return std::nullopt;
+    SoftmaxProblem x = *a, y = *b;
+    x.rows = x.cols = y.rows = y.cols = 0;
+    if (!(x == y)) return std::nullopt;
+    sizes = {{a->rows, b->rows}, {a->cols, b->cols}};
+  } else {
+    return std::nullopt;
+  }
+  double d = 0;
+  for (auto [x, y] : sizes) {
+    const double r = std::abs(std::log2(static_cast<double>(x) / static_cast<double>(y)));
+    if (r > 1.0 + 1e-9) return std::nullopt;
+    d += r;
+  }
+  return d;
 }
 
 std::map<std::string, double> calibrate(const std::vector<NeighbourTiming>& timings, const DevicePeaks& peaks) {

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <optional>
 #include <list>
 #include <set>
 
@@ -25,44 +23,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// How far `other` is from `p` when it is the same problem with its sizes each within a factor of 2 (the sum of
-// |log2| of the size ratios); nothing when it is not a neighbour (another op, dtype, layout or epilogue).
-std::optional<double> neighbour_distance(const Problem& p, const Problem& other) {
-  if (p.op != other.op || p == other) return std::nullopt;
-  std::vector<std::pair<int64_t, int64_t>> sizes;
-  if (const auto* a = std::get_if<GemmProblem>(&p.desc)) {
-    const auto* b = std::get_if<GemmProblem>(&other.desc);
-    if (!b) return std::nullopt;
-    GemmProblem x = *a, y = *b;
-    x.m = x.n = x.k = y.m = y.n = y.k = 0;
-    if (!(x == y)) return std::nullopt;
-    sizes = {{a->m, b->m}, {a->n, b->n}, {a->k, b->k}};
-  } else if (const auto* a = std::get_if<NormProblem>(&p.desc)) {
-    const auto* b = std::get_if<NormProblem>(&other.desc);
-    if (!b) return std::nullopt;
-    NormProblem x = *a, y = *b;
-    x.rows = x.cols = y.rows = y.cols = 0;
-    if (!(x == y)) return std::nullopt;
-    sizes = {{a->rows, b->rows}, {a->cols, b->cols}};
-  } else if (const auto* a = std::get_if<SoftmaxProblem>(&p.desc)) {
-    const auto* b = std::get_if<SoftmaxProblem>(&other.desc);
-    if (!b) return std::nullopt;
-    SoftmaxProblem x = *a, y = *b;
-    x.rows = x.cols = y.rows = y.cols = 0;
-    if (!(x == y)) return std::nullopt;
-    sizes = {{a->rows, b->rows}, {a->cols, b->cols}};
-  } else {
-    return std::nullopt;
-  }
-  double d = 0;
-  for (auto [x, y] : sizes) {
-    const double r = std::abs(std::log2(static_cast<double>(x) / static_cast<double>(y)));
-    if (r > 1.0 + 1e-9) return std::nullopt;
-    d += r;
-  }
-  return d;
-}
 
 ChoiceResult cached_result(const Choice& c, const cache::TimingRecord& t) {
   ChoiceResult r;

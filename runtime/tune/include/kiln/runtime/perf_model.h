@@ -16,6 +16,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -112,6 +113,11 @@ struct NeighbourTiming {
   ChoiceKind kind = ChoiceKind::kTemplate;
   double median_us = 0;
 };
+
+/// How far `other` is from `problem` when it is a neighbouring shape: the same op, dtypes, layouts and epilogue
+/// (norms: residual, bias; softmax: scale) with every size within a factor of 2; the distance is the sum of
+/// |log2| of the size ratios. Nothing when it is not a neighbour or is the same problem.
+std::optional<double> neighbour_distance(const Problem& problem, const Problem& other);
 
 /// Per choice name: the geometric mean of measured / modelled over the neighbouring timings of that choice,
 /// clamped to [0.25, 4] so that one odd measurement cannot throw a choice out of the kept set on its own; and
