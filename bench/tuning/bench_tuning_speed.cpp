@@ -324,15 +324,18 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
   std::shared_ptr<cache::TuningCache> shared = std::move(c);
   auto tuner = tuner_for(shared, nullptr, effort);
   std::vector<Named> named;
+  std::map<size_t, size_t> named_of;  // workload index -> index in `named`
   for (size_t i = 0; i < w.problems.size(); ++i) {
     auto decided = shared->lookup_decision(tuner->key(w.problems[i]));
     if (decided.ok() && *decided) continue;
+    named_of[i] = named.size();
     named.push_back({w.labels[i], w.problems[i]});
   }
-  auto planned = precompile_planned(*tuner, named);  // held to the end: the workload tunes in its own order
+  auto planned = precompile_planned(*tuner, named);
   int cached = 0, errors = 0;
-  for (const auto& p : w.problems) {
-    auto sel = tuner->tune(p);
+  for (size_t i = 0; i < w.problems.size(); ++i) {
+    auto sel = tuner->tune(w.problems[i]);
+    if (auto it = named_of.find(i); it != named_of.end()) release_planned(planned[it->second]);
     if (!sel.ok()) ++errors;
     else cached += (*sel)->report().decision_from_cache;
   }
