@@ -543,7 +543,9 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   std::vector<std::string> cut_names;
   auto extern_first = [&](std::vector<ChoicePtr>& list, std::vector<Future<Binaries>>* list_futures) {
     std::vector<double> predicted;
-    for (const auto& c : list) predicted.push_back(model_of.count(c.get()) ? model_of[c.get()]->predicted_us : 0.0);
+    for (const auto& c : list) {  // (the reference is never cut: every other choice is checked against it)
+      predicted.push_back(model_of.count(c.get()) && c != reference ? model_of[c.get()]->predicted_us : 0.0);
+    }
     const std::vector<bool> cut = detail::extern_cut(predicted, report.best_extern_us, policy.extern_margin);
     std::vector<ChoicePtr> kept;
     std::vector<Future<Binaries>> kept_futures;
@@ -564,7 +566,11 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   extern_first(templates_to_measure, &template_futures);
   progress_state.total -= report.pruned_extern_first;  // those were counted in the total
   extern_first(reserve, nullptr);
-  KILN_RETURN_IF_ERROR(measure_batch(templates_to_measure, template_futures));
+  if (!stopped) {
+    KILN_RETURN_IF_ERROR(measure_batch(templates_to_measure, template_futures));
+  } else {
+    for (auto& f : template_futures) f.cancel();
+  }
   // Widening: where the measured best of the model's choices sits at the end of what was kept, the model
   // disagrees with the device here: measure the next ranks too.
   int kept = plan.kept_ranked;
