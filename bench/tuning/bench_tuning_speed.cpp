@@ -1,5 +1,5 @@
 // Tuning speed (issue 16), each a phase of this program so that cold and warm runs can be separate processes:
-//   suite    [--part i/N] [--shapes FILTER] --json FILE
+//   suite    [--part i/N] [--shapes FILTER] [--deadline S] --json FILE
 //            the public GEMM suite (bench/gemm suite_shapes) plus the Llama-3-8B workload's rmsnorm and softmax
 //            problems, tuned at default and at exhaustive effort in the same process, each effort from its own
 //            empty cache (compiles included; problems of one effort share that cache as `kiln tune` of a
@@ -14,8 +14,9 @@
 //   workload --workload examples/llama3-8b.json --cache-dir D --json FILE
 //            every problem of the workload at --effort as `kiln tune` does it: cold with an empty D, warm with
 //            the D a previous run filled.
-//   plan     [--part i/N] [--sample N]            no GPU: how many distinct kernels each effort compiles for the
-//            suite part, and an estimate of their NVRTC time from compiling a sample of them here.
+//   plan     [--part i/N] [--sample N] [--ms-per-choice MS]   no GPU: how many distinct kernels each effort
+//            compiles for the suite part, an estimate of their NVRTC time from compiling a sample of them here,
+//            and of the part's whole call on the device (compiles on 16 workers + measurements + generation).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -105,13 +106,23 @@ std::unique_ptr<Tuner> tuner_for(std::shared_ptr<cache::TuningCache> c, std::sha
   return bench::must(make_tuner(o), "make_tuner");
 }
 
-// Starts the planned kernels of every problem compiling in the background, as `kiln tune` does.
-void precompile_planned(Tuner& tuner, const std::vector<Named>& problems) {
-  for (const auto& p : problems) {
-    auto choices = tuner.planned_choices(p.problem);
+// Starts the planned kernels of every problem compiling in the background, as `kiln tune` does; returns each
+// problem's requests so that they can be withdrawn once that problem is tuned (release_planned).
+std::vector<std::vector<Future<Binaries>>> precompile_planned(Tuner& tuner, const std::vector<Named>& problems) {
+  std::vector<std::vector<Future<Binaries>>> out(problems.size());
+  for (size_t i = 0; i < problems.size(); ++i) {
+    auto choices = tuner.planned_choices(problems[i].problem);
     if (!choices.ok()) continue;
-    for (const auto& c : *choices) (void)c->precompile(tuner.gate(), Priority::kBackground);
+    for (const auto& c : *choices) out[i].push_back(c->precompile(tuner.gate(), Priority::kBackground));
   }
+  return out;
+}
+// After a problem's tune its background requests are moot: what it measured it waited for itself, and what
+// extern-first pruning cut need not compile unless a later problem asks for it too (the gate's single flight
+// stops a compile only once every requester has withdrawn).
+void release_planned(std::vector<Future<Binaries>>& requests) {
+  for (auto& f : requests) f.cancel();
+  requests.clear();
 }
 
 struct Tuned {
@@ -143,9 +154,22 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
   return {summarize(ta).median, summarize(tb).median};
 }
 
+// How the two efforts' figures are made, written into the JSON and printed with the table.
+std::string suite_method(int exhaustive_configs) {
+  return fmt::format(
+      "each effort tunes this part's problems cold, in order, on its own empty cache shared across the part (a "
+      "workload tune, as `kiln tune` runs one: a kernel compiles once per cache, then serves every problem of its "
+      "dtype/layout, since sizes are run-time arguments); default_s and exhaustive_s are each problem's tune time "
+      "in that workload. The exhaustive reference measures every generated choice (no model pruning) with the "
+      "sample bounded to {} configurations per template (every parameter value covered, the seeds included). "
+      "default_us / exhaustive_us re-time both chosen kernels side by side, interleaved.",
+      exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"));
+}
+
 int phase_suite(const std::string& part_text, const std::string& filter, const std::string& workload,
-                const std::string& cache_root, int exhaustive_configs, const std::string& json_path) {
+                const std::string& cache_root, int exhaustive_configs, const std::string& json_path, double deadline_s) {
   bench::check(ensure_context(0).status(), "no GPU");
+  const auto run_start = Clock::now();
   const Part part = parse_part(part_text);
   const std::vector<Named> problems = suite_problems(filter, workload, part);
   auto executor = bench::must(make_executor(), "executor");
@@ -158,12 +182,20 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     const std::string dir = fmt::format("{}/{}-{}", cache_root, effort_name(effort), part.index);
     auto tuner = tuner_for(fresh_cache(dir), executor, effort, effort == Effort::kExhaustive ? exhaustive_configs : 0);
     const auto start = Clock::now();
-    precompile_planned(*tuner, problems);
-    for (const auto& p : problems) {
+    auto planned = precompile_planned(*tuner, problems);
+    for (size_t i = 0; i < problems.size(); ++i) {
+      const auto& p = problems[i];
+      Tuned t;
+      if (deadline_s > 0 && seconds_since(run_start) > deadline_s) {
+        // Out of the call's time: the rest are reported as not run, so that what was measured comes back.
+        t.status = make_error(ErrorCode::kTimeout, fmt::format("not run: past --deadline {} s", deadline_s));
+        tuned[effort].push_back(std::move(t));
+        continue;
+      }
       const auto t0 = Clock::now();
       auto sel = tuner->tune(p.problem);
-      Tuned t;
       t.seconds = seconds_since(t0);
+      release_planned(planned[i]);
       if (sel.ok()) t.selection = *sel;
       else t.status = sel.status();
       tuned[effort].push_back(std::move(t));
@@ -194,6 +226,9 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     row["default_candidates"] = dr.candidates;
     row["exhaustive_candidates"] = xr.candidates;
     row["default_pruned"] = dr.pruned;
+    row["default_pruned_extern_first"] = dr.pruned_extern_first;
+    row["default_best_extern_us"] = dr.best_extern_us;
+    row["default_cached_candidates"] = dr.cached_candidates;
     row["default_widenings"] = dr.widenings;
     row["exhaustive_chosen_model_rank"] = xr.chosen_model_rank;
     rows.push_back(row);
@@ -202,23 +237,24 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
                std::to_string(dr.pruned), dr.chosen.substr(0, 40)});
   }
   fmt::print("{}", table.str());
-  fmt::print("part totals: default {:.1f} s, exhaustive {:.1f} s for {} problems\n", totals[Effort::kDefault],
-             totals[Effort::kExhaustive], problems.size());
+  fmt::print("part totals: default {:.1f} s, exhaustive {:.1f} s for {} problems\nmethod: {}\n", totals[Effort::kDefault],
+             totals[Effort::kExhaustive], problems.size(), suite_method(exhaustive_configs));
   json out{{"environment", bench::environment()}, {"part", fmt::format("{}/{}", part.index, part.count)},
            {"default_total_s", totals[Effort::kDefault]}, {"exhaustive_total_s", totals[Effort::kExhaustive]},
-           {"exhaustive_configs", exhaustive_configs}, {"problems", rows}};
+           {"exhaustive_configs", exhaustive_configs}, {"method", suite_method(exhaustive_configs)}, {"problems", rows}};
   return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
 }
 
 int phase_merge(const std::vector<std::string>& parts, const std::string& out_dir) {
   json merged = json::array();
-  json env;
+  json env, method;
   double default_total = 0, exhaustive_total = 0;
   for (const auto& path : parts) {
     std::ifstream in(path);
     if (!in) bench::fail(make_error(ErrorCode::kNotFound, fmt::format("cannot read '{}'", path)));
     json j = json::parse(in);
     if (env.is_null()) env = j["environment"];
+    if (j.contains("method")) method = j["method"];
     default_total += j.value("default_total_s", 0.0);
     exhaustive_total += j.value("exhaustive_total_s", 0.0);
     for (auto& r : j["problems"]) merged.push_back(r);
@@ -255,7 +291,7 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
   fmt::print("{} problems ({} errors): mean default {:.3f} s/problem (target 0.15), within 1% of exhaustive {:.1f}% "
              "(target 95%), within 3% {:.1f}%, max ratio {:.3f} (target 1.03)\n",
              n, errors, n ? sum_default / n : 0, n ? 100.0 * within1 / n : 0, n ? 100.0 * within3 / n : 0, max_ratio);
-  json out{{"environment", env}, {"summary", summary}, {"problems", merged}};
+  json out{{"environment", env}, {"method", method}, {"summary", summary}, {"problems", merged}};
   return bench::write_json(path, out) ? (fmt::print("wrote {}\n", path), 0) : 1;
 }
 
@@ -298,17 +334,20 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
   auto tuner = tuner_for(shared, nullptr, effort);
   step("make_tuner_s");
   std::vector<Named> named;
+  std::map<size_t, size_t> named_of;  // workload index -> index in `named`
   for (size_t i = 0; i < w.problems.size(); ++i) {
     auto decided = shared->lookup_decision(tuner->key(w.problems[i]));
     if (decided.ok() && *decided) continue;
+    named_of[i] = named.size();
     named.push_back({w.labels[i], w.problems[i]});
   }
-  precompile_planned(*tuner, named);
+  auto planned = precompile_planned(*tuner, named);
   step("plan_s");
   int cached = 0, errors = 0;
   double compile_wait = 0, load = 0;
-  for (const auto& p : w.problems) {
-    auto sel = tuner->tune(p);
+  for (size_t i = 0; i < w.problems.size(); ++i) {
+    auto sel = tuner->tune(w.problems[i]);
+    if (auto it = named_of.find(i); it != named_of.end()) release_planned(planned[it->second]);
     if (!sel.ok()) {
       ++errors;
       continue;
@@ -337,7 +376,8 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
 
 // No GPU: distinct kernels per effort for the part, and their compile time estimated from a sample here.
 int phase_plan(const std::string& part_text, const std::string& filter, const std::string& workload, int sample,
-               int exhaustive_configs) {
+               int exhaustive_configs, double ms_per_choice) {
+  double part_estimate_s = 0;
   const Part part = parse_part(part_text);
   const std::vector<Named> problems = suite_problems(filter, workload, part);
   const Target target{"sm_90a"};
@@ -369,11 +409,19 @@ int phase_plan(const std::string& part_text, const std::string& filter, const st
       if (b.ok()) compile_s.push_back(seconds_since(c0));
     }
     const double mean = compile_s.empty() ? 0 : bench::stats(compile_s).mean;
+    // The call's time for this effort on the device: its distinct kernels once (one cache shared across the
+    // part) on 16 workers, every planned choice measured (an upper bound at default, where extern-first
+    // pruning cuts most), and the host's choice generation (timed here; the device's host is not slower).
+    const double effort_s = mean * kernels.size() / 16 + planned * ms_per_choice / 1e3 + plan_s;
+    if (effort != Effort::kQuick) part_estimate_s += effort_s;
     fmt::print("{:<10} {} problems: {} choices generated, {} planned (compiled ahead), {} distinct kernels; "
-               "planning {:.2f} s; NVRTC {:.2f} s/kernel here (sample {}) -> ~{:.0f} s on 1 core, ~{:.0f} s on 16\n",
+               "planning {:.2f} s; NVRTC {:.2f} s/kernel here (sample {}) -> ~{:.0f} s on 1 core, ~{:.0f} s on 16; "
+               "with {} ms a measured choice: ~{:.0f} s on the device\n",
                effort_name(effort), problems.size(), choices, planned, kernels.size(), plan_s, mean, compile_s.size(),
-               mean * kernels.size(), mean * kernels.size() / 16);
+               mean * kernels.size(), mean * kernels.size() / 16, ms_per_choice, effort_s);
   }
+  fmt::print("suite part {}/{}: default + exhaustive ~{:.0f} s in one call (limit 590 s; the side-by-side re-timing "
+             "adds ~0.05 s a problem)\n", part.index, part.count, part_estimate_s);
   return 0;
 }
 
@@ -386,6 +434,7 @@ int main(int argc, char** argv) {
   std::string workload = std::string(KILN_SOURCE_DIR) + "/examples/llama3-8b.json";
   std::string effort_text = "default";
   int exhaustive_configs = 0, sample = 4;
+  double deadline_s = 0, ms_per_choice = 5;
   std::vector<std::string> parts;
   auto* suite = app.add_subcommand("suite", "default vs exhaustive over the suite (a part of it)");
   auto* merge = app.add_subcommand("merge", "join suite parts into bench/results/tuning-speed-...json");
@@ -399,7 +448,11 @@ int main(int argc, char** argv) {
     s->add_option("--exhaustive-configs", exhaustive_configs, "exhaustive's sample per template (default: all)");
   }
   suite->add_option("--cache-root", cache_dir, "where the empty caches go");
+  suite->add_option("--deadline", deadline_s, "seconds: tune no new problem past this (0: none); the rest are "
+                                              "reported as not run");
   plan->add_option("--sample", sample, "kernels to compile here for the estimate");
+  plan->add_option("--ms-per-choice", ms_per_choice, "device milliseconds to check and measure one choice (the "
+                                                     "4096^3 headline: 0.133 s for 21 choices, ~6 ms)");
   merge->add_option("parts", parts, "part JSON files")->required();
   merge->add_option("--out-dir", out_dir, "results folder");
   for (auto* s : {g4096, work}) {
@@ -413,9 +466,9 @@ int main(int argc, char** argv) {
   for (auto* s : {suite, g4096, work}) s->add_option("--json", json_path, "write JSON here");
   CLI11_PARSE(app, argc, argv);
   const Effort effort = bench::must(parse_effort(effort_text));
-  if (suite->parsed()) return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path);
+  if (suite->parsed()) return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s);
   if (merge->parsed()) return phase_merge(parts, out_dir);
   if (g4096->parsed()) return phase_gemm4096(cache_dir, effort, json_path);
   if (work->parsed()) return phase_workload(workload, cache_dir, effort, json_path);
-  return phase_plan(part, filter, workload, sample, exhaustive_configs);
+  return phase_plan(part, filter, workload, sample, exhaustive_configs, ms_per_choice);
 }

@@ -32,13 +32,19 @@ Result<Effort> effort_from_env(Effort fallback) {
   return parse_effort(v).with_context("reading KILN_TUNE_EFFORT");
 }
 
+// Extern-first pruning's margin, chosen on the recorded GEMM suite (tests/runtime/test_tuning_effort_prune.cpp
+// prints the sweep; docs/tuning.md has the figures).
+constexpr double kExternMargin = 0.15;
+
 // The sample of 64 per template gives the model every value of every axis to rank (the seeds come first);
 // 12 kept plus widening met the 1%-of-exhaustive target in the model's calibration runs (docs/tuning.md).
 EffortPolicy effort_policy(Effort effort) {
   switch (effort) {
     case Effort::kNone: return {.measure = false, .keep = 1, .widen = 0, .max_widenings = 0, .sample_per_template = 64};
-    case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 64};
-    case Effort::kDefault: return {.measure = true, .keep = 12, .widen = 6, .max_widenings = 3, .sample_per_template = 64};
+    case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 64,
+                                 .extern_margin = kExternMargin};
+    case Effort::kDefault: return {.measure = true, .keep = 12, .widen = 6, .max_widenings = 3, .sample_per_template = 64,
+                                   .extern_margin = kExternMargin};
     case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
   }
   return {};
@@ -60,6 +66,10 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     if (keep <= 0 || rank < keep || c->name() == reference) {
       plan.first.push_back(c);
       ++plan.kept_ranked;
+    } else if (r.cached) {
+      // No compile to wait for: measured whatever its rank, unless extern-first pruning cuts it.
+      plan.first.push_back(c);
+      ++plan.cached_extra;
     } else {
       plan.reserve.push_back(c);
     }
@@ -77,6 +87,19 @@ ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<Ra
     if (c->name() == reference) return c;
   }
   return nullptr;
+}
+
+std::vector<bool> extern_cut(const std::vector<double>& predicted_us, double best_extern_us, double margin) {
+  std::vector<bool> cut(predicted_us.size(), false);
+  if (margin < 0 || best_extern_us <= 0) return cut;
+  const double limit = best_extern_us * (1 + margin);
+  for (size_t i = 0; i < predicted_us.size(); ++i) cut[i] = predicted_us[i] > limit;
+  return cut;
+}
+
+std::string extern_cut_reason(double least_pruned_us, const std::string& extern_name, double extern_us, double margin) {
+  return fmt::format("extern first: predicted >= {:.1f} us, {} measured {:.1f} us (margin {:.0f}%)", least_pruned_us,
+                     extern_name, extern_us, 100 * margin);
 }
 
 bool should_widen(int best_model_rank, int kept) {

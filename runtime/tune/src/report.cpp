@@ -16,6 +16,10 @@ std::string TuneReport::table(int top) const {
     out += fmt::format("  effort {}: {} pruned by the performance model, {} widenings, chosen at model rank {}{}\n",
                        effort, pruned, widenings, chosen_model_rank, measured ? "" : " (not measured)");
     for (const auto& [why, n] : pruned_reasons) out += fmt::format("    pruned {}: {}\n", n, why);
+    if (cached_candidates > 0 || neighbour_timings > 0) {
+      out += fmt::format("    {} candidates cached before the tune (no compile), model refined by {} neighbouring timings\n",
+                         cached_candidates, neighbour_timings);
+    }
   }
   double best = 0;
   for (const auto& c : choices) {
@@ -65,6 +69,12 @@ std::string TuneReport::json() const {
   j["pruned"] = pruned;
   j["pruned_reasons"] = pruned_reasons;
   j["pruned_examples"] = pruned_examples;
+  j["pruned_extern_first"] = pruned_extern_first;
+  j["best_extern"] = best_extern;
+  j["best_extern_us"] = best_extern_us;
+  j["extern_margin"] = extern_margin;
+  j["cached_candidates"] = cached_candidates;
+  j["neighbour_timings"] = neighbour_timings;
   j["widenings"] = widenings;
   j["chosen_model_rank"] = chosen_model_rank;
   j["choices"] = nlohmann::json::array();

@@ -29,7 +29,8 @@ struct TunePlan {
                                    // the top `keep` of the model's order
   std::vector<ChoicePtr> reserve;  // the rest of the model's order, best first: what widening takes from
   std::map<std::string, std::pair<int, double>> model;  // by name: model rank and estimate (us)
-  int kept_ranked = 0;             // how many of `first` the model ranked
+  int kept_ranked = 0;             // how many of `first` the model ranked within `keep` (or the reference)
+  int cached_extra = 0;            // ranked below `keep` but cached (RankedChoice::cached): in `first` too
 };
 /// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything.
 TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
@@ -38,6 +39,13 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
 /// Effort none: the model's top choice, else (no choice the model can judge) the reference; null if neither.
 ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
                      const std::string& reference);
+
+/// Extern-first pruning: for each template's calibrated prediction, whether it is cut because it is slower
+/// than the best extern's measured time by more than `margin` (predicted > best_extern_us x (1 + margin)).
+/// Nothing is cut when margin < 0 or no extern was measured (best_extern_us <= 0).
+std::vector<bool> extern_cut(const std::vector<double>& predicted_us, double best_extern_us, double margin);
+/// The report's reason for `count` such cuts: "predicted >= X us, <extern> measured Y us (margin M%)".
+std::string extern_cut_reason(double least_pruned_us, const std::string& extern_name, double extern_us, double margin);
 
 /// Whether the measurements disagree enough with the model to measure more: the best measured model-ranked
 /// choice sits among the last quarter (at least the last one) of the `kept` ranks.

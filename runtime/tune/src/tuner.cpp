@@ -66,6 +66,9 @@ struct Tuner::Impl {
   mutable std::mutex mu;
   std::map<std::string, std::shared_ptr<Selection>> selections;  // by cache key
   std::vector<TuneReport> reports;
+  // Problems this tuner measured, in order: their timings in the cache refine the model for neighbouring
+  // shapes of later problems (a workload's other sizes).
+  std::vector<Problem> measured_problems;
 
   // Choices planned_choices() generated, by cache key, until tune() takes them: a workload plans every problem
   // (to precompile in the background) and then tunes it, which generated each problem's choices twice.
@@ -99,7 +102,10 @@ struct Tuner::Impl {
                                             const std::string& key);
   /// The model's order of `choices`, refined by the cache's timings of the same choices on the neighbouring
   /// sizes of the dynamic dimension (half and double).
-  std::vector<RankedChoice> ranked(const Problem& problem, const std::vector<ChoicePtr>& choices) const;
+  /// With `check_cached`, choices whose binaries the cache already holds are marked (RankedChoice::cached) and
+  /// go first among equal scores. `neighbour_timings` (when given) gets how many cached timings refined it.
+  std::vector<RankedChoice> ranked(const Problem& problem, const std::vector<ChoicePtr>& choices,
+                                   bool check_cached = false, int* neighbour_timings = nullptr) const;
   Result<std::shared_ptr<Selection>> run_tune(const Problem& problem, const std::string& key,
                                               std::shared_ptr<const OpDef> def, std::vector<ChoicePtr> choices,
                                               TuneReport report, Clock::time_point start);
@@ -169,21 +175,67 @@ const OpRegistry& Tuner::ops() const { return *impl_->services.ops; }
 Effort Tuner::effort() const { return impl_->effort; }
 const DevicePeaks& Tuner::peaks() const { return impl_->peaks; }
 
-std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std::vector<ChoicePtr>& choices) const {
+std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std::vector<ChoicePtr>& choices,
+                                              bool check_cached, int* neighbour_timings) const {
   std::vector<NeighbourTiming> neighbours;
   const int64_t size = problem.dynamic_size();
   std::map<std::string, const Choice*> by_name;
   for (const auto& c : choices) by_name[c->name()] = c.get();
+  // The neighbours: half and double the dynamic size (a deferred selection's other hints, an earlier
+  // workload), and the problems this tuner measured whose sizes are each within a factor of 2 (the nearest 8,
+  // nearest first: a deterministic set for a given order of tunes).
+  std::vector<Problem> near;
   for (int64_t n : {size / 2, size * 2}) {
     if (n <= 0 || n == size || n > (int64_t{1} << 31) - 1) continue;
-    const Problem other = problem.with_dynamic_size(n);
+    near.push_back(problem.with_dynamic_size(n));
+  }
+  {
+    std::vector<std::pair<double, size_t>> by_distance;
+    std::lock_guard lock(mu);
+    for (size_t i = 0; i < measured_problems.size(); ++i) {
+      if (auto d = neighbour_distance(problem, measured_problems[i])) by_distance.push_back({*d, i});
+    }
+    std::stable_sort(by_distance.begin(), by_distance.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t i = 0; i < std::min<size_t>(8, by_distance.size()); ++i) {
+      const Problem& p = measured_problems[by_distance[i].second];
+      if (std::find(near.begin(), near.end(), p) == near.end()) near.push_back(p);
+    }
+  }
+  for (const Problem& other : near) {
     for (const auto& t : cache->timings(key_of(other))) {
       auto it = by_name.find(t.choice);
       if (!t.ok || t.median_us <= 0 || it == by_name.end()) continue;
       neighbours.push_back({other, t.choice, it->second->parameters(), it->second->kind(), t.median_us});
     }
   }
-  return rank(problem, choices, peaks, calibrate(neighbours, peaks));
+  if (neighbour_timings) *neighbour_timings = static_cast<int>(neighbours.size());
+  const auto calibration = calibrate(neighbours, peaks);
+  std::vector<RankedChoice> order = rank(problem, choices, peaks, calibration);
+  if (!check_cached) return order;
+  // Cached binaries: a template whose every kernel the cache holds costs nothing to compile. Looked up within
+  // the ranks a tune at this effort may reach (the kept ones, every widening, and what `kiln precompile`
+  // compiles beyond them: the same horizon), and the ties at its end; choices further down are not asked for
+  // their kernels at all.
+  const size_t horizon = static_cast<size_t>(policy.keep + policy.widen * (policy.max_widenings + 1));
+  std::set<std::string> cached;
+  double last_score = -1;
+  size_t seen = 0;
+  for (const auto& r : order) {
+    if (!r.estimate.known) continue;
+    if (seen >= horizon && r.score_us != last_score) break;
+    ++seen;
+    last_score = r.score_us;
+    const auto kernels = choices[r.index]->kernels();
+    bool all = !kernels.empty();
+    for (const auto& k : kernels) {
+      if (!all) break;
+      all = cache->lookup_binary(make_key(k.source, k.target), k.target.arch).ok();
+    }
+    if (all) cached.insert(choices[r.index]->name());
+  }
+  if (cached.empty()) return order;
+  return rank(problem, choices, peaks, calibration, cached);
 }
 
 Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) const {
@@ -339,12 +391,19 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   // The model's plan: the choices ranked near the top (and every choice it cannot judge: the extern libraries,
   // the reference) start compiling now; benchmarking takes them as they arrive. The rest wait in model order
   // for a widening, and are reported as pruned if none comes.
-  const std::vector<RankedChoice> order = ranked(problem, choices);
+  const std::vector<RankedChoice> order = ranked(problem, choices, policy.keep > 0, &report.neighbour_timings);
   detail::TunePlan plan = detail::plan_choices(choices, order, report.reference, policy.keep);
   std::set<const Choice*> first;
   for (const auto& c : plan.first) first.insert(c.get());
-  std::vector<ChoicePtr> to_measure;
-  std::vector<Future<Binaries>> futures;
+  std::map<const Choice*, const RankedChoice*> model_of;  // the model-ranked choices
+  for (const auto& r : order) {
+    if (r.estimate.known) model_of[choices[r.index].get()] = &r;
+  }
+  // Extern-first: what the model cannot judge (the extern libraries, the reference) is measured first, while
+  // the templates compile; then the templates predicted slower than the best of those by more than the
+  // effort's margin are cut before their compiles are waited for.
+  std::vector<ChoicePtr> to_measure, templates_to_measure;
+  std::vector<Future<Binaries>> futures, template_futures;
   std::vector<ChoiceResult> results;
   std::vector<ChoicePtr> reserve;
   ChoicePtr reference;
@@ -353,10 +412,13 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     if (!cache->should_measure(key, c->name())) {
       if (auto t = cache->cached_timing(key, c->name())) results.push_back(cached_result(*c, *t));
     } else if (first.count(c.get())) {
-      to_measure.push_back(c);
-      futures.push_back(c->precompile(*gate, Priority::kNormal));
+      const bool modelled = model_of.count(c.get()) > 0;
+      if (modelled && model_of[c.get()]->cached) ++report.cached_candidates;
+      (modelled ? templates_to_measure : to_measure).push_back(c);
+      (modelled ? template_futures : futures).push_back(c->precompile(*gate, Priority::kNormal));
     }
   }
+  report.extern_margin = policy.extern_margin;
   for (const auto& c : plan.reserve) {
     if (cache->should_measure(key, c->name())) reserve.push_back(c);
   }
@@ -369,7 +431,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   }
   // Isolation: the worker starts now, so its start-up overlaps the compiles and the reference run below
   // (never for a tune with nothing to measure).
-  if (options.isolation == Isolation::kIsolated && !sandbox && !to_measure.empty()) {
+  if (options.isolation == Isolation::kIsolated && !sandbox && !(to_measure.empty() && templates_to_measure.empty())) {
     if (!services.sandbox) {
       return make_error(ErrorCode::kFailedPrecondition, "isolated benchmarks asked for, but this tuner has no sandbox");
     }
@@ -408,15 +470,16 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   // Isolation: the choices the bench worker can rebuild are checked and measured there, so that a fault or a
   // hang costs a worker, not this context; the rest are measured in this process as below.
   std::unique_ptr<BenchSession> isolated;
-  if (options.isolation == Isolation::kIsolated && !to_measure.empty()) {
+  if (options.isolation == Isolation::kIsolated && !(to_measure.empty() && templates_to_measure.empty())) {
     KILN_ASSIGN_OR_RETURN(Binaries reference_binaries, compile(*reference, Priority::kOnDemand));
     // The reserve too: a widening's choices are measured in the worker like the first ones.
     std::vector<ChoicePtr> session_choices = to_measure;
+    session_choices.insert(session_choices.end(), templates_to_measure.begin(), templates_to_measure.end());
     session_choices.insert(session_choices.end(), reserve.begin(), reserve.end());
     KILN_ASSIGN_OR_RETURN(isolated, sandbox->begin(options, problem, *reference, reference_binaries, session_choices));
   }
 
-  TuneProgress progress_state{report.problem, 0, 0, 0, static_cast<int>(to_measure.size())};
+  TuneProgress progress_state{report.problem, 0, 0, 0, static_cast<int>(to_measure.size() + templates_to_measure.size())};
   double best_us = 0;
   for (const auto& r : results) {
     if (r.status.ok() && !r.partial && (best_us == 0 || r.median_us < best_us)) best_us = r.median_us;
@@ -496,6 +559,44 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   return Status();
   };
   KILN_RETURN_IF_ERROR(measure_batch(to_measure, futures));
+  // The best measured (or cached) choice the model cannot judge: what a template must be predicted to beat.
+  for (const auto& r : results) {
+    if (!r.status.ok() || r.partial || plan.model.count(r.name)) continue;
+    if (report.best_extern.empty() || r.median_us < report.best_extern_us) report.best_extern = r.name, report.best_extern_us = r.median_us;
+  }
+  // Cuts `list` (and its futures, when given: cancelled, so a queued compile nobody else wants never runs).
+  double least_cut_us = 0;
+  std::vector<std::string> cut_names;
+  auto extern_first = [&](std::vector<ChoicePtr>& list, std::vector<Future<Binaries>>* list_futures) {
+    std::vector<double> predicted;
+    for (const auto& c : list) {  // (the reference is never cut: every other choice is checked against it)
+      predicted.push_back(model_of.count(c.get()) && c != reference ? model_of[c.get()]->predicted_us : 0.0);
+    }
+    const std::vector<bool> cut = detail::extern_cut(predicted, report.best_extern_us, policy.extern_margin);
+    std::vector<ChoicePtr> kept;
+    std::vector<Future<Binaries>> kept_futures;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!cut[i]) {
+        kept.push_back(list[i]);
+        if (list_futures) kept_futures.push_back((*list_futures)[i]);
+        continue;
+      }
+      if (list_futures) (*list_futures)[i].cancel();
+      ++report.pruned_extern_first;
+      least_cut_us = least_cut_us == 0 ? predicted[i] : std::min(least_cut_us, predicted[i]);
+      if (cut_names.size() < 3) cut_names.push_back(fmt::format("{} (predicted {:.1f} us)", list[i]->name(), predicted[i]));
+    }
+    list = std::move(kept);
+    if (list_futures) *list_futures = std::move(kept_futures);
+  };
+  extern_first(templates_to_measure, &template_futures);
+  progress_state.total -= report.pruned_extern_first;  // those were counted in the total
+  extern_first(reserve, nullptr);
+  if (!stopped) {
+    KILN_RETURN_IF_ERROR(measure_batch(templates_to_measure, template_futures));
+  } else {
+    for (auto& f : template_futures) f.cancel();
+  }
   // Widening: where the measured best of the model's choices sits at the end of what was kept, the model
   // disagrees with the device here: measure the next ranks too.
   int kept = plan.kept_ranked;
@@ -520,13 +621,19 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     ++report.widenings;
     KILN_RETURN_IF_ERROR(measure_batch(batch, batch_futures));
   }
-  report.pruned = static_cast<int>(reserve.size());
-  if (report.pruned > 0) {
-    report.pruned_reasons[fmt::format("below the model's top {} ({} effort)", kept, effort_name(effort))] = report.pruned;
+  report.pruned = static_cast<int>(reserve.size()) + report.pruned_extern_first;
+  if (!reserve.empty()) {
+    report.pruned_reasons[fmt::format("below the model's top {} ({} effort)", kept, effort_name(effort))] =
+        static_cast<int>(reserve.size());
     for (size_t i = 0; i < std::min<size_t>(3, reserve.size()); ++i) {
       const auto& m = plan.model[reserve[i]->name()];
       report.pruned_examples.push_back(fmt::format("{} (rank {}, model {:.1f} us)", reserve[i]->name(), m.first, m.second));
     }
+  }
+  if (report.pruned_extern_first > 0) {
+    report.pruned_reasons[detail::extern_cut_reason(least_cut_us, report.best_extern, report.best_extern_us,
+                                                    policy.extern_margin)] = report.pruned_extern_first;
+    report.pruned_examples.insert(report.pruned_examples.end(), cut_names.begin(), cut_names.end());
   }
 
   // Near-ties: re-measure the choices within noise of the best, interleaved, so drift hits them alike.
@@ -614,6 +721,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     if (r.name == winner->name()) decision.median_us = r.median_us;
   }
   if (Status st = cache->record_decision(std::move(decision)); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
+  {
+    std::lock_guard lock(mu);
+    measured_problems.push_back(problem);
+  }
   report.total_seconds = seconds_since(start);
   return finish(problem, winner, std::move(report), key);
 }

@@ -16,6 +16,8 @@
 #pragma once
 
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,18 +70,40 @@ inline ModelEstimate estimate(const Problem& problem, const Choice& choice, cons
   return estimate(problem, choice.kind(), choice.parameters(), peaks);
 }
 
+/// The group a choice's model error is fitted per: "wgmma/tile", "wgmma/persistent", "wgmma/swap_ab",
+/// "wgmma/cluster_k" (gemm_wgmma_sm90 by its structural variant; swap_ab and cluster_k win over persistent),
+/// followed by "/compute" or "/memory" when `bound` (ModelEstimate::bound) is given,
+/// "mma_sm80", "splitk" (a split-K or unfused subgraph), "rows" (norms and softmax); empty when the model does
+/// not know the choice.
+std::string calibration_family(ChoiceKind kind, const std::map<std::string, std::string>& parameters,
+                               const std::string& bound = {});
+/// measured / modelled for a family, fitted on the recorded GEMM suite (bench/results/gemm-suite-nvidia-h100-
+/// 2026-11-25-24c0899.json: the geometric mean over its 1119 measured wgmma candidates per variant;
+/// tests/runtime/test_tuning_effort_prune.cpp refits it and checks these figures). Families without recorded
+/// timings get the wgmma mean: the model's constants were fitted on the same device.
+double fitted_calibration(const std::string& family);
+
 /// One candidate in model order.
 struct RankedChoice {
   size_t index = 0;         // into the choices given to rank()
   ModelEstimate estimate;
   double calibration = 1;   // measured / modelled on neighbouring shapes (1: nothing known)
   double score_us = 0;      // estimate.us x calibration; what the order is by
+  /// The model's best guess of the measured time: estimate.us x (this choice's own measured / modelled on
+  /// neighbouring shapes where the cache has it, else its family's from the cache's neighbours, else the
+  /// family's fitted_calibration()). Extern-first pruning compares it with the externs' measured times.
+  double predicted_us = 0;
+  std::string family;       // calibration_family()
+  bool cached = false;      // its binaries are in the cache already (no compile): first among equal scores
 };
 
-/// The choices' estimates in model order: known ones by score (ties by index, so the order is deterministic),
-/// then the unknown ones in their given order. `calibration` (by choice name, from calibrate()) scales scores.
+/// The choices' estimates in model order: known ones by score (equal scores: a cached one first, then by
+/// index, so the order is deterministic), then the unknown ones in their given order. `calibration` (by choice
+/// name, from calibrate(); "family:F" keys refine the family's prediction) scales scores. `cached` names the
+/// choices whose binaries the cache holds.
 std::vector<RankedChoice> rank(const Problem& problem, const std::vector<ChoicePtr>& choices, const DevicePeaks& peaks,
-                               const std::map<std::string, double>& calibration = {});
+                               const std::map<std::string, double>& calibration = {},
+                               const std::set<std::string>& cached = {});
 
 /// A measured time of a choice on another problem, for calibrate().
 struct NeighbourTiming {
@@ -90,10 +114,16 @@ struct NeighbourTiming {
   double median_us = 0;
 };
 
+/// How far `other` is from `problem` when it is a neighbouring shape: the same op, dtypes, layouts and epilogue
+/// (norms: residual, bias; softmax: scale) with every size within a factor of 2; the distance is the sum of
+/// |log2| of the size ratios. Nothing when it is not a neighbour or is the same problem.
+std::optional<double> neighbour_distance(const Problem& problem, const Problem& other);
+
 /// Per choice name: the geometric mean of measured / modelled over the neighbouring timings of that choice,
 /// clamped to [0.25, 4] so that one odd measurement cannot throw a choice out of the kept set on its own; and
-/// under the key "*" the same over all of them (the model's bias on this kind of problem). Choices without
-/// neighbours are scaled by "*" in rank() only relative to each other, which changes nothing.
+/// under the key "*" the same over all of them (the model's bias on this kind of problem), and under
+/// "family:F" the same over the timings of calibration_family() F. Choices without neighbours are scaled by
+/// "*" in rank() only relative to each other, which changes nothing.
 std::map<std::string, double> calibrate(const std::vector<NeighbourTiming>& timings, const DevicePeaks& peaks);
 
 }  // namespace kiln::runtime

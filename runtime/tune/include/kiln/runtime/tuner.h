@@ -73,6 +73,10 @@ struct EffortPolicy {
   int widen = 0;              // how many more ranks each widening adds
   int max_widenings = 0;
   int sample_per_template = 0;  // configurations generated per template before the model ranks them
+  /// Extern-first pruning: the externs (no compile) are measured first, and a template whose calibrated
+  /// prediction (RankedChoice::predicted_us) is slower than the best extern's measured time by more than this
+  /// fraction is not waited for, measured or widened into. Negative: off (exhaustive).
+  double extern_margin = -1;
 };
 EffortPolicy effort_policy(Effort effort);
 
@@ -141,6 +145,18 @@ struct TuneReport {
   int pruned = 0;
   std::map<std::string, int> pruned_reasons;
   std::vector<std::string> pruned_examples;
+  /// Extern-first pruning: the choices the model cannot judge (cuBLAS, cuBLASLt, the unfused reference) are
+  /// measured first; templates predicted slower than the best of them by more than extern_margin are not
+  /// waited for nor measured. pruned_reasons has "extern first: predicted >= X us, <best_extern> measured Y us".
+  int pruned_extern_first = 0;
+  std::string best_extern;            // the fastest measured choice the model cannot judge ("" if none)
+  double best_extern_us = 0;
+  double extern_margin = -1;          // the effort's margin (negative: off)
+  /// Template candidates whose binaries the cache held before the tune (no compile): first among equal model
+  /// scores, and kept within the margin whatever their rank.
+  int cached_candidates = 0;
+  /// Timings of the same configurations on neighbouring shapes the cache held, that refined the model.
+  int neighbour_timings = 0;
   int widenings = 0;                  // times the kept set grew because the measured best was near its end
   int chosen_model_rank = -1;         // the winner's position in the model's order (-1: an extern or unknown)
   bool measured = true;               // false for effort none: the pick was not benchmarked
