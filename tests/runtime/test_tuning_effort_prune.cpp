@@ -343,5 +343,17 @@ TEST(TuneReportFields, ExternFirstAndCacheFieldsInTheTableAndJson) {
   EXPECT_EQ(j["neighbour_timings"], 7);
 }
 
+// The decode tiles the H200 suite showed the H100-fitted calibration cutting (swap-AB, cluster split-K, model
+// ranks 1-5) are memory-bound: the first extern_protect memory- or latency-bound ones are kept, compute-bound
+// ones (4096^3's tiles, where cuBLAS wins) are not protected, and exhaustive effort has no cut to protect from.
+TEST(ExternFirst, TheModelsFirstMemoryBoundTemplatesAreNeverCut) {
+  EXPECT_EQ(detail::extern_protected({"memory", "compute", "latency", "memory"}, 3),
+            (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(detail::extern_protected({"compute", "compute"}, 5), (std::vector<bool>{false, false}));
+  EXPECT_EQ(detail::extern_protected({"memory"}, 0), (std::vector<bool>{false}));
+  EXPECT_GT(effort_policy(Effort::kDefault).extern_protect, effort_policy(Effort::kQuick).extern_protect);
+  EXPECT_GE(effort_policy(Effort::kQuick).extern_protect, 1);
+}
+
 }  // namespace
 }  // namespace kiln::runtime

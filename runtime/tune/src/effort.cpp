@@ -42,9 +42,9 @@ EffortPolicy effort_policy(Effort effort) {
   switch (effort) {
     case Effort::kNone: return {.measure = false, .keep = 1, .widen = 0, .max_widenings = 0, .sample_per_template = 64};
     case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 64,
-                                 .extern_margin = kExternMargin};
+                                 .extern_margin = kExternMargin, .extern_protect = 1};
     case Effort::kDefault: return {.measure = true, .keep = 12, .widen = 6, .max_widenings = 3, .sample_per_template = 64,
-                                   .extern_margin = kExternMargin};
+                                   .extern_margin = kExternMargin, .extern_protect = 5};
     case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
   }
   return {};
@@ -95,6 +95,12 @@ std::vector<bool> extern_cut(const std::vector<double>& predicted_us, double bes
   const double limit = best_extern_us * (1 + margin);
   for (size_t i = 0; i < predicted_us.size(); ++i) cut[i] = predicted_us[i] > limit;
   return cut;
+}
+
+std::vector<bool> extern_protected(const std::vector<std::string>& bounds_in_model_order, int protect) {
+  std::vector<bool> out(bounds_in_model_order.size(), false);
+  for (size_t i = 0; i < out.size() && static_cast<int>(i) < protect; ++i) out[i] = bounds_in_model_order[i] != "compute";
+  return out;
 }
 
 std::string extern_cut_reason(double least_pruned_us, const std::string& extern_name, double extern_us, double margin) {

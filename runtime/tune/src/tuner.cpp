@@ -564,6 +564,22 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     if (!r.status.ok() || r.partial || plan.model.count(r.name)) continue;
     if (report.best_extern.empty() || r.median_us < report.best_extern_us) report.best_extern = r.name, report.best_extern_us = r.median_us;
   }
+  // The model's first extern_protect templates, where it calls them memory- or latency-bound, are never cut.
+  std::set<const Choice*> protected_from_cut;
+  {
+    std::vector<const Choice*> ranked;
+    std::vector<std::string> bounds;
+    for (const auto& r : order) {
+      const Choice* c = choices[r.index].get();
+      if (!r.estimate.known || c == reference.get()) continue;
+      ranked.push_back(c);
+      bounds.push_back(r.estimate.bound);
+    }
+    const std::vector<bool> keep = detail::extern_protected(bounds, policy.extern_protect);
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (keep[i]) protected_from_cut.insert(ranked[i]);
+    }
+  }
   // Cuts `list` (and its futures, when given: cancelled, so a queued compile nobody else wants never runs).
   double least_cut_us = 0;
   std::vector<std::string> cut_names;
@@ -572,7 +588,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     for (const auto& c : list) {  // (the reference is never cut: every other choice is checked against it)
       predicted.push_back(model_of.count(c.get()) && c != reference ? model_of[c.get()]->predicted_us : 0.0);
     }
-    const std::vector<bool> cut = detail::extern_cut(predicted, report.best_extern_us, policy.extern_margin);
+    std::vector<bool> cut = detail::extern_cut(predicted, report.best_extern_us, policy.extern_margin);
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (protected_from_cut.count(list[i].get())) cut[i] = false;
+    }
     std::vector<ChoicePtr> kept;
     std::vector<Future<Binaries>> kept_futures;
     for (size_t i = 0; i < list.size(); ++i) {

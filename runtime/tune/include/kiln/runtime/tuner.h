@@ -77,6 +77,10 @@ struct EffortPolicy {
   /// prediction (RankedChoice::predicted_us) is slower than the best extern's measured time by more than this
   /// fraction is not waited for, measured or widened into. Negative: off (exhaustive).
   double extern_margin = -1;
+  /// The model's first extern_protect templates of a problem it calls memory- or latency-bound are never cut by
+  /// the extern-first rule: on the H200 suite (26 Nov) the calibration, fitted on H100 timings, put decode
+  /// tiles (swap-AB, cluster split-K) that beat cuBLAS by 6-12% more than the margin above it, at model ranks 1-5.
+  int extern_protect = 0;
 };
 EffortPolicy effort_policy(Effort effort);
 
