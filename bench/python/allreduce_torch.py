@@ -70,6 +70,9 @@ def worker(rank, world, args, store_path):
         src = torch.randint(-3, 4, (n,), device="cuda", generator=g).to(torch.bfloat16)
         ref = src.clone()
         dist.all_reduce(ref)
+        # Drop the previous size's heap tensor first (the variants' closures hold it too): the heap is sized for
+        # one tensor of the largest size, not two.
+        heap = variants = None
         heap = ar.empty(n)
         plain = torch.empty_like(src)
         nccl_buf = torch.empty_like(src)

@@ -131,9 +131,13 @@ struct Tuned {
   Status status;
 };
 
-// Re-times two selections of one problem side by side: `rounds` rounds of `runs` each, interleaved, medians.
+// Re-times two selections of one problem side by side: `rounds` rounds of `runs` each, interleaved in ABBA order
+// (so neither always runs right after the other), medians. Each kernel is timed the way the tuner times it: as
+// graph replays only when a short eager estimate is below graph_below_us (cuBLAS may run another kernel when it
+// is captured without a workspace of its own, so forcing graphs on long externs compares something else). The
+// same choice in both is one kernel: timed once, and both figures are that one.
 std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& problem, const Selection& a,
-                                       const Selection& b, int rounds = 5, int runs = 10) {
+                                       const Selection& b, int rounds = 6, int runs = 10) {
   auto def = bench::must(tuner.ops().find(problem.op));
   OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
   auto d = bench::must(driver());
@@ -143,15 +147,25 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
   BenchmarkOptions o;
   o.adaptive = false;
   auto runner = bench::must(BenchRunner::create(o, tuner.context().device), "bench runner");
+  const bool same = a.choice()->name() == b.choice()->name();
+  auto graphed = [&](const Selection& sel) {
+    for (int i = 0; i < 2; ++i) (void)sel.choice()->run(buffers.args, ws.ptr(), runner->stream());
+    auto est = runner->time_runs(*sel.choice(), buffers.args, ws.ptr(), 3, false);
+    return est.ok() && summarize(est->us).median < o.graph_below_us;
+  };
+  const bool graph_a = graphed(a), graph_b = same ? graph_a : graphed(b);
   std::vector<double> ta, tb;
   for (int r = 0; r < rounds; ++r) {
-    for (auto [sel, out] : {std::pair{&a, &ta}, std::pair{&b, &tb}}) {
-      // Graph replays for short kernels, as the tuner times them.
-      auto s = runner->time_runs(*sel->choice(), buffers.args, ws.ptr(), runs, true);
-      if (s.ok()) out->insert(out->end(), s->us.begin(), s->us.end());
+    const bool a_first = r % 2 == 0;
+    for (int k = 0; k < 2; ++k) {
+      const bool is_a = (k == 0) == a_first;
+      if (same && !is_a) continue;
+      auto s = runner->time_runs(*(is_a ? a : b).choice(), buffers.args, ws.ptr(), runs, is_a ? graph_a : graph_b);
+      if (s.ok()) (is_a ? ta : tb).insert((is_a ? ta : tb).end(), s->us.begin(), s->us.end());
     }
   }
-  return {summarize(ta).median, summarize(tb).median};
+  const double ma = summarize(ta).median;
+  return {ma, same ? ma : summarize(tb).median};
 }
 
 // How the two efforts' figures are made, written into the JSON and printed with the table.
@@ -162,12 +176,14 @@ std::string suite_method(int exhaustive_configs) {
       "dtype/layout, since sizes are run-time arguments); default_s and exhaustive_s are each problem's tune time "
       "in that workload. The exhaustive reference measures every generated choice (no model pruning) with the "
       "sample bounded to {} configurations per template (every parameter value covered, the seeds included). "
-      "default_us / exhaustive_us re-time both chosen kernels side by side, interleaved.",
+      "default_us / exhaustive_us re-time both chosen kernels side by side, interleaved in ABBA order, each as the tuner "
+      "times it (graph replays below graph_below_us); where both efforts chose the same kernel it is timed once.",
       exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"));
 }
 
 int phase_suite(const std::string& part_text, const std::string& filter, const std::string& workload,
-                const std::string& cache_root, int exhaustive_configs, const std::string& json_path, double deadline_s) {
+                const std::string& cache_root, int exhaustive_configs, const std::string& json_path, double deadline_s,
+                const std::string& reports_path) {
   bench::check(ensure_context(0).status(), "no GPU");
   const auto run_start = Clock::now();
   const Part part = parse_part(part_text);
@@ -235,6 +251,20 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     table.add({problems[i].id.substr(0, 44), fmt::format("{:.3f}", d.seconds), fmt::format("{:.3f}", x.seconds),
                fmt::format("{:.2f}", dus), fmt::format("{:.2f}", xus), fmt::format("{:.3f}", dus / xus),
                std::to_string(dr.pruned), dr.chosen.substr(0, 40)});
+  }
+  if (!reports_path.empty()) {
+    // Every choice's measured time and model estimate, per problem and effort: what a refit of the model's
+    // calibration on this device reads (one JSON object per line).
+    std::ofstream reports(reports_path);
+    for (size_t i = 0; i < problems.size(); ++i) {
+      for (Effort effort : {Effort::kDefault, Effort::kExhaustive}) {
+        const Tuned& t = tuned[effort][i];
+        if (!t.selection) continue;
+        reports << json{{"problem", problems[i].id}, {"effort", effort_name(effort)},
+                        {"report", json::parse(t.selection->report().json())}}.dump() << "\n";
+      }
+    }
+    if (!reports) bench::fail(make_error(ErrorCode::kIoError, fmt::format("cannot write '{}'", reports_path)));
   }
   fmt::print("{}", table.str());
   fmt::print("part totals: default {:.1f} s, exhaustive {:.1f} s for {} problems\nmethod: {}\n", totals[Effort::kDefault],
@@ -430,7 +460,7 @@ int phase_plan(const std::string& part_text, const std::string& filter, const st
 int main(int argc, char** argv) {
   CLI::App app{"kiln tuning speed: default vs exhaustive effort, cold and warm"};
   app.require_subcommand(1);
-  std::string part, filter, json_path, cache_dir = "/tmp/kiln-tuning-speed", out_dir = "bench/results";
+  std::string part, filter, json_path, reports_path, cache_dir = "/tmp/kiln-tuning-speed", out_dir = "bench/results";
   std::string workload = std::string(KILN_SOURCE_DIR) + "/examples/llama3-8b.json";
   std::string effort_text = "default";
   int exhaustive_configs = 0, sample = 4;
@@ -448,6 +478,7 @@ int main(int argc, char** argv) {
     s->add_option("--exhaustive-configs", exhaustive_configs, "exhaustive's sample per template (default: all)");
   }
   suite->add_option("--cache-root", cache_dir, "where the empty caches go");
+  suite->add_option("--reports", reports_path, "write every problem's tune reports (both efforts) here, one JSON per line");
   suite->add_option("--deadline", deadline_s, "seconds: tune no new problem past this (0: none); the rest are "
                                               "reported as not run");
   plan->add_option("--sample", sample, "kernels to compile here for the estimate");
@@ -466,7 +497,7 @@ int main(int argc, char** argv) {
   for (auto* s : {suite, g4096, work}) s->add_option("--json", json_path, "write JSON here");
   CLI11_PARSE(app, argc, argv);
   const Effort effort = bench::must(parse_effort(effort_text));
-  if (suite->parsed()) return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s);
+  if (suite->parsed()) return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s, reports_path);
   if (merge->parsed()) return phase_merge(parts, out_dir);
   if (g4096->parsed()) return phase_gemm4096(cache_dir, effort, json_path);
   if (work->parsed()) return phase_workload(workload, cache_dir, effort, json_path);

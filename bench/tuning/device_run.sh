@@ -35,8 +35,10 @@ case "$step" in
     part=${2:-0/2}
     timeout 590 $D/bench_tuning_speed suite --part "$part" --cache-root "$(mktemp -d)" \
       --exhaustive-configs "${EXHAUSTIVE_CONFIGS:-256}" --deadline "${DEADLINE:-560}" \
-      --json "$OUT/tuning-speed-part-${part%%/*}.json" 2> "$OUT/tuning-speed-part-${part%%/*}.log" | tail -140
+      --json "$OUT/tuning-speed-part-${part%%/*}.json" --reports "$OUT/tuning-reports-part-${part%%/*}.jsonl" \
+      2> "$OUT/tuning-speed-part-${part%%/*}.log" | tail -140
     tail -5 "$OUT/tuning-speed-part-${part%%/*}.log"
+    xz -f "$OUT/tuning-reports-part-${part%%/*}.jsonl" 2>/dev/null || true
     ;;
   *)
     echo "usage: device_run.sh headline | suite i/N" >&2
