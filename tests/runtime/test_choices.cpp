@@ -347,19 +347,43 @@ TEST(SelectionRule, FastestWinsOutsideTheNoiseWindow) {
   EXPECT_EQ(detail::pick_winner(r, rank_by_prefix, 0.02), 1);
 }
 
-TEST(SelectionRule, NearTiesGoToTheLowerRankThenTheName) {
-  // 1.5% apart: within the 2% window, so the extern (rank 0) wins whichever measured faster.
+TEST(SelectionRule, NearTiesGoToTheLowerRankThenTheFastest) {
+  // 1.5% apart: within the 2% window, so the extern (rank 0) wins whichever measured faster; between the two
+  // externs, the faster.
   std::vector<ChoiceResult> r = {timed("tmpl_b", 10.0, 10.1), timed("cublas_z", 10.15, 10.2), timed("cublas_a", 10.19, 10.3)};
-  EXPECT_EQ(detail::pick_winner(r, rank_by_prefix, 0.02), 2);
-  // The same set measured in another order, with the noise the other way round, picks the same one.
-  std::vector<ChoiceResult> s = {timed("cublas_a", 10.1, 10.2), timed("tmpl_b", 10.05, 10.1), timed("cublas_z", 10.0, 10.05)};
+  EXPECT_EQ(r[detail::pick_winner(r, rank_by_prefix, 0.02)].name, "cublas_z");
+  // Equal medians: the name decides, so the pick does not depend on the order the results come in.
+  std::vector<ChoiceResult> s = {timed("cublas_z", 10.1, 10.2), timed("tmpl_b", 10.05, 10.1), timed("cublas_a", 10.1, 10.2)};
   EXPECT_EQ(s[detail::pick_winner(s, rank_by_prefix, 0.02)].name, "cublas_a");
+  std::swap(s[0], s[2]);
+  EXPECT_EQ(s[detail::pick_winner(s, rank_by_prefix, 0.02)].name, "cublas_a");
+}
+
+TEST(SelectionRule, ASameRankChoiceWithinTheWindowButSlowerDoesNotWinByName) {
+  // The H200 suite (26 Nov): cublas_default at 26.08 us was picked over a cuBLASLt algorithm at 25.25 us, 3.3%
+  // faster, because the best's p90 widened the window and "cublas_default" sorts first.
+  ChoiceResult lt = timed("cublaslt_a66_t10", 25.25, 26.61);
+  lt.p10_us = 25.0, lt.reps = 40;
+  std::vector<ChoiceResult> r = {lt, timed("cublas_default", 26.08, 26.3)};
+  EXPECT_NEAR(detail::tie_window(r[0], 0.02), 0.505, 1e-9);  // 2% of 25.25: the median's interval is narrower
+  EXPECT_EQ(r[detail::pick_winner(r, rank_by_prefix, 0.02)].name, "cublaslt_a66_t10");
+  // A template 3% faster than the extern is told apart from it once its median is known well.
+  ChoiceResult t = timed("tmpl_swab", 32.32, 33.31);
+  t.p10_us = 32.0, t.reps = 60;
+  std::vector<ChoiceResult> s = {timed("cublas_default", 33.28, 33.5), t};
+  EXPECT_EQ(s[detail::pick_winner(s, rank_by_prefix, 0.02)].name, "tmpl_swab");
+  // The re-measure window stays as wide as the best's spread: both are re-measured before the pick.
+  EXPECT_NEAR(detail::remeasure_window(t, 0.02), 33.31 - 32.32, 1e-9);
 }
 
 TEST(SelectionRule, AWideSpreadWidensTheWindow) {
   // The best's p90 is 6% above its median: a choice 4% slower is not told apart from it.
   std::vector<ChoiceResult> r = {timed("tmpl_b", 10.0, 10.6), timed("cublas_a", 10.4, 10.5)};
   EXPECT_EQ(detail::tie_window(r[0], 0.02), 10.6 - 10.0);
+  EXPECT_EQ(r[detail::pick_winner(r, rank_by_prefix, 0.02)].name, "cublas_a");
+  // Few runs of a noisy best: its median's interval is wide, so the window is too.
+  r[0].p10_us = 9.5, r[0].reps = 4;
+  EXPECT_NEAR(detail::tie_window(r[0], 0.02), (10.6 - 9.5) / 2, 1e-9);
   EXPECT_EQ(r[detail::pick_winner(r, rank_by_prefix, 0.02)].name, "cublas_a");
 }
 

@@ -1,6 +1,7 @@
 #include "selection_rule.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kiln::runtime::detail {
 
@@ -9,6 +10,17 @@ bool usable(const ChoiceResult& r) { return r.status.ok() && !r.partial && r.med
 }  // namespace
 
 double tie_window(const ChoiceResult& best, double tie_fraction) {
+  // The half-width of the median's ~95% interval: for a normal spread (p90 - p10) / sqrt(n) (1.96 x the
+  // median's standard error, 1.2533 sigma / sqrt(n), with p90 - p10 = 2.563 sigma). The spread itself
+  // (p90 - median) says how noisy one run is, not how well many runs place the median: taken as the window, it
+  // handed 3-5% wins to a slower choice with a lower name on the H200 suite (26 Nov).
+  const double spread = best.reps > 1 && best.p10_us > 0
+                            ? (best.p90_us - best.p10_us) / std::sqrt(static_cast<double>(best.reps))
+                            : best.p90_us - best.median_us;  // no sample count: the spread, conservatively
+  return std::max(tie_fraction * best.median_us, spread);
+}
+
+double remeasure_window(const ChoiceResult& best, double tie_fraction) {
   return std::max(tie_fraction * best.median_us, best.p90_us - best.median_us);
 }
 
@@ -25,7 +37,8 @@ int pick_winner(const std::vector<ChoiceResult>& results, const std::function<in
     const ChoiceResult& r = results[i];
     if (!usable(r) || r.median_us > limit) continue;
     const int ri = rank(r.name), rp = rank(results[pick].name);
-    if (ri < rp || (ri == rp && r.name < results[pick].name)) pick = i;
+    const double mi = r.median_us, mp = results[pick].median_us;
+    if (ri < rp || (ri == rp && (mi < mp || (mi == mp && r.name < results[pick].name)))) pick = i;
   }
   return pick;
 }

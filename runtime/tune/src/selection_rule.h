@@ -11,11 +11,17 @@
 namespace kiln::runtime::detail {
 
 /// The noise window around the best median: choices within it are not told apart by their timings.
-/// max(tie_fraction x best median, the best's p90 - median).
+/// max(tie_fraction x best median, the half-width of the best median's ~95% interval, (p90 - p10) / sqrt(reps));
+/// without a sample count (reps <= 1 or no p10), the best's p90 - median.
 double tie_window(const ChoiceResult& best, double tie_fraction);
 
+/// Which choices are re-measured, interleaved, as near-ties before the winner is picked: those within
+/// max(tie_fraction x best median, the best's p90 - median), wider than tie_window(), since a re-measure is cheap.
+double remeasure_window(const ChoiceResult& best, double tie_fraction);
+
 /// The winner among `results` (any order): the fastest successful, complete measurement; among the choices
-/// within tie_window() of it, the lowest `rank`, then the lowest name. -1 when none succeeded.
+/// within tie_window() of it, the lowest `rank`; among those, the fastest, then the lowest name. -1 when none
+/// succeeded.
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
                 double tie_fraction);
 

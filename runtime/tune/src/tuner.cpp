@@ -666,7 +666,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     std::vector<std::pair<ChoicePtr, ChoiceResult*>> tied;
     for (auto& r : results) {
       if (!is_ok(r)) continue;
-      double window = detail::tie_window(*best_it, options.bench.tie_fraction);
+      double window = detail::remeasure_window(*best_it, options.bench.tie_fraction);
       if (r.median_us > best + window) continue;
       for (const auto& c : measured_choices) {
         if (c->name() == r.name) tied.push_back({c, &r});

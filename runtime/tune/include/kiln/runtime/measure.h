@@ -26,9 +26,10 @@ struct BenchmarkOptions {
   /// A choice whose first short measurement is over drop_factor x the best median so far stops there: its
   /// partial timing is recorded and it cannot win. Default 1.5.
   double drop_factor = 1.5;
-  /// Choices whose medians are within this fraction of the best (or within their measured spread, if wider)
-  /// are re-measured interleaved `tie_rounds` times; what remains tied goes to the lower tie_rank(), then the
-  /// lower name. Default 2% and 3 rounds.
+  /// Choices whose medians are within this fraction of the best (or within its measured spread, if wider)
+  /// are re-measured interleaved `tie_rounds` times; what then stays within this fraction (or the best median's
+  /// confidence interval, if wider) goes to the lower tie_rank() (externs first), and among equal ranks to the
+  /// fastest. Default 2% and 3 rounds.
   double tie_fraction = 0.02;
   int tie_rounds = 3;
   /// Flush L2 (a memset of twice its size) before every timed run, outside the timed region. Default true.
