@@ -265,6 +265,24 @@ TEST(ExternFirst, TheCacheRefinesThePredictionThroughNeighbours) {
   for (const auto& r : rank(p, choices, kH100)) EXPECT_GT(r.predicted_us, 1.2 * r.estimate.us);
 }
 
+// A family's factor from the cache comes from the members the model ranked best (those it under-estimated most):
+// it may lower a choice's prediction below the fit, never raise it above; a choice's own timing still decides.
+TEST(ExternFirst, AFamilysNeighbourFactorNeverRaisesThePredictionAboveTheFit) {
+  const Problem p = gemm(4096, 4096, 4096);
+  std::vector<ChoicePtr> choices{
+      std::make_shared<FakeChoice>("big", ChoiceKind::kTemplate, wgmma(128, 256, 2, 4, 1, false, true)),
+      std::make_shared<FakeChoice>("other", ChoiceKind::kTemplate, wgmma(128, 128, 2, 4, 1, false, true))};
+  const Problem near = gemm(2048, 4096, 4096);
+  const double modelled = estimate(near, *choices[0], kH100).us;
+  // "big" measured 1.9x its model nearby: its own prediction follows that; "other" keeps the family's fit.
+  const auto cal = calibrate({{near, "big", choices[0]->parameters(), ChoiceKind::kTemplate, 1.9 * modelled}}, kH100);
+  EXPECT_NEAR(cal.at("family:wgmma/persistent/compute"), 1.9, 1e-9);
+  for (const auto& r : rank(p, choices, kH100, cal)) {
+    const double expected = choices[r.index]->name() == "big" ? 1.9 : fitted_calibration("wgmma/persistent/compute");
+    EXPECT_NEAR(r.predicted_us, r.estimate.us * expected, 1e-9) << choices[r.index]->name();
+  }
+}
+
 TEST(ExternFirst, NeighbouringShapesAreTheSameProblemWithinAFactorOfTwo) {
   EXPECT_NEAR(*neighbour_distance(gemm(4096, 4096, 4096), gemm(2048, 4096, 8192)), 2.0, 1e-9);
   EXPECT_NEAR(*neighbour_distance(gemm(1000, 4096, 4096), gemm(1024, 4096, 4096)), std::log2(1.024), 1e-9);

@@ -90,8 +90,8 @@ struct RankedChoice {
   double calibration = 1;   // measured / modelled on neighbouring shapes (1: nothing known)
   double score_us = 0;      // estimate.us x calibration; what the order is by
   /// The model's best guess of the measured time: estimate.us x (this choice's own measured / modelled on
-  /// neighbouring shapes where the cache has it, else its family's from the cache's neighbours, else the
-  /// family's fitted_calibration()). Extern-first pruning compares it with the externs' measured times.
+  /// neighbouring shapes where the cache has it, else the lower of its family's from the cache's neighbours and
+  /// the family's fitted_calibration()). Extern-first pruning compares it with the externs' measured times.
   double predicted_us = 0;
   std::string family;       // calibration_family()
   bool cached = false;      // its binaries are in the cache already (no compile): first among equal scores
