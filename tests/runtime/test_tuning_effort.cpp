@@ -129,6 +129,24 @@ TEST(PerfModel, NormsAreBandwidthBoundAndMoreBlocksHelpFewRows) {
   EXPECT_LT(estimate(sm, ChoiceKind::kTemplate, cluster, kH100).us, estimate(sm, ChoiceKind::kTemplate, block, kH100).us);
 }
 
+// Items past a thread's share of the row load nothing, so they put no more bytes in flight. (On 64 x 128256
+// softmax rows the H200 measured items=2 on a 1024-thread, 8-block cluster, where each thread has 2 vectors,
+// at 23.8 us, and items=6 on 512 threads at 26.1 us; the model had ranked the latter first.) Here one row of
+// 8192 on a 2-block cluster of 256 threads: few bytes in flight, so they decide the bandwidth reached.
+TEST(PerfModel, ItemsBeyondTheRowsShareAddNothingInFlight) {
+  const Problem sm = Problem::softmax({.rows = 1, .cols = 8192});
+  Params fit{{"template", "softmax_cluster"}, {"threads", "256"}, {"vec", "8"}, {"items", "2"}, {"cluster", "2"}};
+  Params over = fit;
+  over["items"] = "6";  // 2 vectors of the row per thread: 4 of the 6 load nothing
+  Params under = fit;
+  under["items"] = "1";  // the row is read twice, and half the bytes are in flight
+  const ModelEstimate a = estimate(sm, ChoiceKind::kTemplate, fit, kH100);
+  const ModelEstimate b = estimate(sm, ChoiceKind::kTemplate, over, kH100);
+  EXPECT_NEAR(a.memory_us, b.memory_us, 1e-9);
+  EXPECT_LE(a.us, b.us);
+  EXPECT_GT(estimate(sm, ChoiceKind::kTemplate, under, kH100).memory_us, a.memory_us);
+}
+
 TEST(PerfModel, PeaksFromADeviceReadItsBandwidth) {
   DeviceInfo h200;
   h200.cc_major = 9;
