@@ -155,6 +155,20 @@ TEST(Choices, MemoryBoundOps) {
   }
 }
 
+// A norm's or softmax's template grid is small: it gets four times a GEMM template's sample (hopper(): 6), so
+// the model ranks (nearly) all of it at default effort.
+TEST(Choices, RowTemplatesGetFourTimesTheSample) {
+  const Problem p = Problem::norm({.rows = 64, .cols = 4096, .residual = true});
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(p, hopper()));
+  std::map<std::string, int> per_template;
+  for (const auto& c : choices) ++per_template[c->parameters().at("template")];
+  ASSERT_FALSE(per_template.empty());
+  for (const auto& [t, n] : per_template) {
+    EXPECT_GT(n, 6) << t;
+    EXPECT_LE(n, 24) << t;
+  }
+}
+
 TEST(Choices, ATemplateChoiceAndASubgraphCompile) {
   KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(decode_gemm("bias+relu"), hopper()));
   auto executor = make_inline_executor();
