@@ -220,6 +220,36 @@ class KeyHasher {
   std::unique_ptr<XXH3_state_t, Free> state_{XXH3_createState()};
 };
 
+// The directives of in-memory text (a source, its headers), by the text's hash. A template's headers are the
+// same for every configuration and a choice's source is keyed more than once (planned, then tuned): scanning
+// them again was most of a kernel key's cost (~0.3 ms for a wgmma source and its headers).
+class TextDirectives {
+ public:
+  std::shared_ptr<const std::vector<Directive>> get(std::string_view text) {
+    const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
+    const std::pair<uint64_t, uint64_t> key{h.high64, h.low64 ^ text.size()};
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = scans_.find(key); it != scans_.end()) return it->second;
+    }
+    auto scanned = std::make_shared<const std::vector<Directive>>(scan_includes(text));
+    std::lock_guard lock(mu_);
+    if (scans_.size() >= kMaxEntries) scans_.clear();  // bounded; a rescan only costs time
+    scans_.emplace(key, scanned);
+    return scanned;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  std::mutex mu_;
+  std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const std::vector<Directive>>> scans_;
+};
+
+TextDirectives& text_directives() {
+  static TextDirectives* scans = new TextDirectives();  // never destroyed: used by threads until exit
+  return *scans;
+}
+
 }  // namespace
 
 namespace detail {
@@ -232,9 +262,9 @@ std::vector<IncludeUse> walk_includes(const KernelSource& source, const std::vec
   std::vector<IncludeUse> out;
   std::set<std::string> visited_paths;
   std::vector<std::pair<Directive, std::string>> work;  // directive, path of the includer ("" = memory)
-  for (const auto& d : scan_includes(source.source)) work.push_back({d, ""});
+  for (const auto& d : *text_directives().get(source.source)) work.push_back({d, ""});
   for (const auto& hd : source.headers) {
-    for (const auto& d : scan_includes(hd.content)) work.push_back({d, ""});
+    for (const auto& d : *text_directives().get(hd.content)) work.push_back({d, ""});
   }
   while (!work.empty()) {
     auto [dir, from] = std::move(work.back());

@@ -1,6 +1,8 @@
 // gemm_wgmma_sm90 (templates/gemm/wgmma_sm90.cu): wgmma + TMA warp-specialised GEMM for sm_90a, and its
 // launch (tensor maps are encoded on the host from each call's pointers and sizes).
 #include <array>
+#include <map>
+#include <tuple>
 #include <mutex>
 #include <utility>
 
@@ -76,6 +78,22 @@ KernelOperands kernel_operands(const Params& p) {
   return {!a_row, !b_row};
 }
 
+// derive() runs for every configuration a grid walk checks (thousands per sample), and rendering the
+// instruction's operand lists dominated a cold choice generation: the snippet depends on four small values
+// only, so each is rendered once per process and shared (Value keeps code text behind a shared pointer).
+Value wgmma_snippet(int n, DType in, bool a_mn_major, bool b_mn_major) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, DType, bool, bool>, Value> rendered;  // at most 32 n x dtypes x 4
+  const auto key = std::make_tuple(n, in, a_mn_major, b_mn_major);
+  std::lock_guard lock(mu);
+  auto it = rendered.find(key);
+  if (it == rendered.end()) {
+    it = rendered.emplace(key, Value::code(render_wgmma(n, in, a_mn_major, b_mn_major), fmt::format("m64n{}k16", n)))
+             .first;
+  }
+  return it->second;
+}
+
 Result<Params> derive(const Params& p) {
   Params d;
   const int64_t bn = get_int(p, "bn");
@@ -83,8 +101,7 @@ Result<Params> derive(const Params& p) {
     return make_error(ErrorCode::kInvalidArgument, fmt::format("bn {} is not a multiple of 8 in [8, 256]", bn));
   }
   const KernelOperands ops = kernel_operands(p);
-  d.emplace("wgmma", Value::code(render_wgmma(static_cast<int>(bn), get_dtype(p, "dtype"), ops.a_mn, !ops.b_k),
-                                 fmt::format("m64n{}k16", bn)));
+  d.emplace("wgmma", wgmma_snippet(static_cast<int>(bn), get_dtype(p, "dtype"), ops.a_mn, !ops.b_k));
   return d;
 }
 

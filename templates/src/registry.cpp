@@ -223,15 +223,27 @@ std::vector<Params> sample(const Grid& grid, const DeviceLimits& limits, size_t 
 
 namespace {
 std::vector<Params> sample_uncached(const Grid& grid, const DeviceLimits& limits, size_t n, uint64_t seed) {
-  // The passing indices in a fixed pseudo-random order.
+  // Every index in a fixed pseudo-random order; a configuration's constraints are checked only when the walk
+  // reaches it. The sample is the same as checking the whole grid first (passing configurations in this
+  // order: those adding an uncovered axis value, then the rest up to n), but the walk stops once every value
+  // is covered and n are picked: a grid of 30,000 wgmma configurations is not checked whole for a sample of 64.
   std::vector<std::pair<uint64_t, uint64_t>> order;  // (hash, index)
-  for (uint64_t i = 0; i < grid.size(); ++i) {
-    if (grid.tmpl().check(grid.at(i), limits).ok()) order.emplace_back(mix(i ^ mix(seed)), i);
-  }
+  order.reserve(grid.size());
+  for (uint64_t i = 0; i < grid.size(); ++i) order.emplace_back(mix(i ^ mix(seed)), i);
   std::sort(order.begin(), order.end());
+  enum : uint8_t { kUnchecked, kPasses, kFails };
+  std::vector<uint8_t> state(order.size(), kUnchecked);
+  auto passes = [&](size_t j) {
+    if (state[j] == kUnchecked) state[j] = grid.tmpl().check(grid.at(order[j].second), limits).ok() ? kPasses : kFails;
+    return state[j] == kPasses;
+  };
   const auto& axes = grid.axes();
   std::vector<std::vector<bool>> covered(axes.size());
-  for (size_t a = 0; a < axes.size(); ++a) covered[a].assign(axes[a]->values.size(), false);
+  size_t uncovered = 0;
+  for (size_t a = 0; a < axes.size(); ++a) {
+    covered[a].assign(axes[a]->values.size(), false);
+    uncovered += axes[a]->values.size();
+  }
   auto value_index = [&](size_t a, uint64_t index) {
     uint64_t div = 1;
     for (size_t b = axes.size(); b-- > a + 1;) div *= axes[b]->values.size();
@@ -239,16 +251,21 @@ std::vector<Params> sample_uncached(const Grid& grid, const DeviceLimits& limits
   };
   std::vector<bool> chosen(order.size(), false);
   std::vector<uint64_t> picked;
-  for (size_t j = 0; j < order.size(); ++j) {
+  // Coverage: a value no passing configuration has keeps this walk going to the end, as before.
+  for (size_t j = 0; j < order.size() && uncovered > 0; ++j) {
     bool adds = false;
-    for (size_t a = 0; a < axes.size(); ++a) adds |= !covered[a][value_index(a, order[j].second)];
-    if (!adds) continue;
-    for (size_t a = 0; a < axes.size(); ++a) covered[a][value_index(a, order[j].second)] = true;
+    for (size_t a = 0; a < axes.size() && !adds; ++a) adds = !covered[a][value_index(a, order[j].second)];
+    if (!adds || !passes(j)) continue;
+    for (size_t a = 0; a < axes.size(); ++a) {
+      auto ref = covered[a][value_index(a, order[j].second)];
+      if (!ref) --uncovered;
+      ref = true;
+    }
     chosen[j] = true;
     picked.push_back(order[j].second);
   }
   for (size_t j = 0; j < order.size() && picked.size() < n; ++j) {
-    if (!chosen[j]) picked.push_back(order[j].second);
+    if (!chosen[j] && passes(j)) picked.push_back(order[j].second);
   }
   std::vector<Params> out;
   out.reserve(picked.size());

@@ -8,6 +8,7 @@
 
 #include "kiln/jit/key.h"
 #include "kiln_test.h"
+#include "kiln/templates/gemm.h"
 #include "kiln/templates/templates.h"
 
 namespace kiln::templates {
@@ -404,6 +405,59 @@ TEST(Grid, FixedParametersAndIndexing) {
   EXPECT_EQ(names.size(), g.size());
   EXPECT_THAT(Grid::create(t, {{"nope", Value::integer(1)}}).status().message(), HasSubstr("unknown parameter 'nope'"));
   EXPECT_THAT(Grid::create(t, {{"smem_bytes", Value::integer(1)}}).status().message(), HasSubstr("derived"));
+}
+
+// sample() checks configurations lazily, in its pseudo-random order; this is the definition it must match:
+// check the whole grid, order the passing ones, take those adding an uncovered value, then fill up to n.
+std::vector<Params> sample_by_definition(const Grid& g, const DeviceLimits& lim, size_t n, uint64_t seed) {
+  auto mix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> order;
+  for (uint64_t i = 0; i < g.size(); ++i) {
+    if (g.tmpl().check(g.at(i), lim).ok()) order.emplace_back(mix(i ^ mix(seed)), i);
+  }
+  std::sort(order.begin(), order.end());
+  std::set<std::pair<std::string, std::string>> covered;
+  std::vector<bool> chosen(order.size(), false);
+  std::vector<Params> out;
+  for (size_t j = 0; j < order.size(); ++j) {
+    Params p = g.at(order[j].second);
+    bool adds = false;
+    for (const ParamSpec* a : g.axes()) adds |= !covered.count({a->name, p.at(a->name).short_text()});
+    if (!adds) continue;
+    for (const ParamSpec* a : g.axes()) covered.insert({a->name, p.at(a->name).short_text()});
+    chosen[j] = true;
+    out.push_back(p);
+  }
+  for (size_t j = 0; j < order.size() && out.size() < n; ++j) {
+    if (!chosen[j]) out.push_back(g.at(order[j].second));
+  }
+  return out;
+}
+
+TEST(Sample, TheLazyWalkPicksWhatCheckingTheWholeGridPicks) {
+  templates::set_generation_cache(false);  // every call walks the grid
+  for (const TemplatePtr& t : all_templates()) {
+    Grid g = test_grid(t);
+    for (const char* arch : {"sm_90a", "sm_80"}) {
+      for (size_t n : {size_t{1}, size_t{5}, size_t{64}}) {
+        for (uint64_t seed : {0u, 7u}) {
+          EXPECT_EQ(sample(g, limits(arch), n, seed), sample_by_definition(g, limits(arch), n, seed))
+              << t->name() << " " << arch << " n=" << n << " seed=" << seed;
+        }
+      }
+    }
+  }
+  // The wgmma family's whole grid for one GEMM problem, as choice generation samples it (30,240 configurations).
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr w, find_template("gemm_wgmma_sm90"));
+  KILN_ASSERT_OK_AND_ASSIGN(
+      Grid g, Grid::create(w, gemm_problem_params(DType::kBF16, Layout::kRowMajor, Layout::kColMajor, {})));
+  EXPECT_EQ(sample(g, limits("sm_90a"), 64, 0), sample_by_definition(g, limits("sm_90a"), 64, 0));
+  templates::set_generation_cache(true);
 }
 
 TEST(Sample, CoversEveryValueDeterministically) {
