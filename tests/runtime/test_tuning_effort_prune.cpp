@@ -62,8 +62,26 @@ struct Shape {
   std::vector<Candidate> templates;
 };
 
-std::vector<Shape> recorded_suite() {
-  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/bench/results/gemm-suite-nvidia-h100-2026-11-25-24c0899.json");
+// An H200 as from_device() reads it: the H100's SMs and clocks, HBM3e at 3201 MHz x 6144 bits.
+DevicePeaks h200_peaks() {
+  DevicePeaks d = DevicePeaks::for_arch("sm_90a");
+  d.hbm_gbps = 2.0 * 3201e3 * 1e3 * (6144 / 8.0) / 1e9;
+  d.l2_gbps = std::max(d.l2_gbps, 2.5 * d.hbm_gbps);
+  d.measured = true;
+  return d;
+}
+const DevicePeaks kH200 = h200_peaks();
+const DevicePeaks kH100Unfloored = [] {
+  DevicePeaks d = kH100;
+  d.template_ceiling = 0;
+  return d;
+}();
+
+constexpr const char* kH100Suite = "gemm-suite-nvidia-h100-2026-11-25-24c0899.json";
+constexpr const char* kH200Suite = "gemm-suite-nvidia-h200-2026-11-26-175fa7b.json";
+
+std::vector<Shape> recorded_suite(const char* file = kH100Suite, const DevicePeaks& peaks = kH100) {
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/bench/results/" + file);
   EXPECT_TRUE(in) << "the recorded suite results are part of the repository";
   if (!in) return {};
   const nlohmann::json shapes = nlohmann::json::parse(in);
@@ -84,7 +102,7 @@ std::vector<Shape> recorded_suite() {
       t.params = wgmma(std::stoi(m[2]), std::stoi(m[3]), std::stoi(m[4]), std::stoi(m[5]),
                        m[9].matched ? std::stoi(m[9]) : 1, m[1].matched, m[7].matched,
                        m[11].matched ? std::stoi(m[11]) : 1, std::stoi(m[6]));
-      const ModelEstimate e = estimate(shape.problem, ChoiceKind::kTemplate, t.params, kH100);
+      const ModelEstimate e = estimate(shape.problem, ChoiceKind::kTemplate, t.params, peaks);
       t.model_us = e.us;
       t.family = calibration_family(ChoiceKind::kTemplate, t.params, e.bound);
       t.measured_us = c["us"].get<double>();
@@ -95,10 +113,8 @@ std::vector<Shape> recorded_suite() {
   return out;
 }
 
-// The fitted calibration per family is the recorded suite's geometric mean of measured / modelled.
-TEST(Calibration, FittedPerFamilyFromTheRecordedSuite) {
-  const auto suite = recorded_suite();
-  ASSERT_EQ(suite.size(), 111u);
+// The fitted calibration per family is the recorded suite's geometric mean of measured / modelled, per device.
+void expect_fitted(const std::vector<Shape>& suite, const DevicePeaks& peaks, const char* device) {
   std::map<std::string, std::pair<double, int>> logs;
   for (const auto& s : suite) {
     for (const auto& t : s.templates) {
@@ -111,10 +127,24 @@ TEST(Calibration, FittedPerFamilyFromTheRecordedSuite) {
   }
   for (const auto& [family, s] : logs) {
     const double fit = std::exp(s.first / s.second);
-    std::printf("calibration %-18s %4d candidates: measured / modelled %.3f (fitted_calibration %.3f)\n",
-                family.c_str(), s.second, fit, fitted_calibration(family == "wgmma" ? std::string("mma_sm80") : family));
-    EXPECT_NEAR(fitted_calibration(family == "wgmma" ? std::string("mma_sm80") : family), fit, 0.01 * fit) << family;
+    const double table = fitted_calibration(family == "wgmma" ? std::string("mma_sm80") : family, peaks);
+    std::printf("%s calibration %-26s %4d candidates: measured / modelled %.3f (fitted_calibration %.3f)\n", device,
+                family.c_str(), s.second, fit, table);
+    EXPECT_NEAR(table, fit, 0.01 * fit) << device << " " << family;
   }
+}
+
+TEST(Calibration, FittedPerFamilyFromTheRecordedSuite) {
+  const auto suite = recorded_suite();
+  ASSERT_EQ(suite.size(), 111u);
+  expect_fitted(suite, kH100, "H100");
+}
+
+TEST(Calibration, TheH200HasItsOwnFit) {
+  const auto suite = recorded_suite(kH200Suite, kH200);
+  ASSERT_EQ(suite.size(), 111u);
+  expect_fitted(suite, kH200, "H200");
+  EXPECT_NE(fitted_calibration("wgmma/persistent/compute", kH200), fitted_calibration("wgmma/persistent/compute", kH100));
 }
 
 // The margin, chosen from the data. Per recorded shape, the exhaustive choice is the best measured of the externs
@@ -143,7 +173,9 @@ std::map<std::string, double> fitted_without(const std::vector<Shape>& suite, si
   return out;
 }
 
-MarginResult evaluate(const std::vector<Shape>& suite, double margin, int keep, bool leave_one_out = false) {
+MarginResult evaluate(const std::vector<Shape>& suite, double margin, int keep, bool leave_one_out = false,
+                      const DevicePeaks& peaks = kH100, double compute_margin = -1, int protect = 0,
+                      bool print_misses = false) {
   MarginResult r;
   for (size_t si = 0; si < suite.size(); ++si) {
     const Shape& s = suite[si];
@@ -151,14 +183,20 @@ MarginResult evaluate(const std::vector<Shape>& suite, double margin, int keep, 
     for (size_t i = 0; i < s.templates.size(); ++i) {
       choices.push_back(std::make_shared<FakeChoice>("t" + std::to_string(i), ChoiceKind::kTemplate, s.templates[i].params));
     }
-    const auto order = rank(s.problem, choices, kH100, leave_one_out ? fitted_without(suite, si) : std::map<std::string, double>{});
+    const auto order = rank(s.problem, choices, peaks, leave_one_out ? fitted_without(suite, si) : std::map<std::string, double>{});
     std::vector<double> predicted;
+    std::vector<std::string> bounds;
     std::vector<size_t> kept_index;
     for (size_t rank = 0; rank < order.size() && (keep <= 0 || static_cast<int>(rank) < keep); ++rank) {
       predicted.push_back(order[rank].predicted_us);
+      bounds.push_back(order[rank].estimate.bound);
       kept_index.push_back(order[rank].index);
     }
-    const std::vector<bool> cut = detail::extern_cut(predicted, s.extern_us, margin);
+    std::vector<bool> cut = detail::extern_cut(predicted, bounds, s.extern_us, margin, compute_margin);
+    std::vector<std::string> all_bounds;
+    for (const auto& o : order) all_bounds.push_back(o.estimate.bound);
+    const std::vector<bool> guarded = detail::extern_protected(all_bounds, protect);
+    for (size_t i = 0; i < cut.size(); ++i) cut[i] = cut[i] && !guarded[i];
     double exhaustive = s.extern_us, chosen = s.extern_us;
     int measured = 0;
     for (const auto& t : s.templates) exhaustive = std::min(exhaustive, t.measured_us);
@@ -176,6 +214,10 @@ MarginResult evaluate(const std::vector<Shape>& suite, double margin, int keep, 
     r.within1 += chosen <= 1.01 * exhaustive;
     r.within3 += chosen <= 1.03 * exhaustive;
     r.worst = std::max(r.worst, chosen / exhaustive);
+    if (print_misses && chosen > 1.01 * exhaustive) {
+      std::printf("    miss %s: %.3f (extern %.1f us, best template %.1f us)\n", s.id.c_str(), chosen / exhaustive,
+                  s.extern_us, exhaustive);
+    }
   }
   return r;
 }
@@ -205,6 +247,15 @@ TEST(ExternFirst, MarginKeepsTheChoiceWithinOnePercentOnTheRecordedSuite) {
   EXPECT_GE(r.within1, 0.95 * r.n);
   EXPECT_EQ(r.within3, r.n);
   EXPECT_LE(r.worst, 1.03);
+  // With the whole default rule (compute-bound margin, the protected memory-bound templates): the same bounds.
+  const EffortPolicy policy = effort_policy(Effort::kDefault);
+  const MarginResult full =
+      evaluate(suite, margin, 12, false, kH100, policy.extern_margin_compute, policy.extern_protect, true);
+  std::printf("default rule (compute-bound margin %.0f%%, first %d memory-bound protected): within 1%% %d/%d, within 3%% "
+              "%d/%d, worst %.4f, pruned %d/%d\n", 100 * policy.extern_margin_compute, policy.extern_protect,
+              full.within1, full.n, full.within3, full.n, full.worst, full.pruned, full.templates);
+  EXPECT_GE(full.within1, 0.95 * full.n);
+  EXPECT_EQ(full.within3, full.n);
   // And it prunes: most of the large shapes, where cuBLAS wins by ~10%, compile no template at all.
   EXPECT_GT(r.pruned, r.templates / 3);
   // Quick's margin and its top 4, the same bounds.
@@ -215,6 +266,45 @@ TEST(ExternFirst, MarginKeepsTheChoiceWithinOnePercentOnTheRecordedSuite) {
   EXPECT_LT(effort_policy(Effort::kExhaustive).extern_margin, 0) << "exhaustive prunes nothing";
 }
 
+
+// The same evaluation on the H200 suite with the H200's own calibration, and the margin for templates the model
+// calls compute-bound: such a template is compiled only when predicted no slower than the best extern (a wgmma
+// compile is ~0.6 s of a cold tune; 4096^3 compiled two and took 1.2-1.5 s against a 0.3 s target).
+TEST(ExternFirst, OnTheH200SuiteComputeBoundTemplatesMustBePredictedToWin) {
+  const auto suite = recorded_suite(kH200Suite, kH200);
+  ASSERT_EQ(suite.size(), 111u);
+  const EffortPolicy policy = effort_policy(Effort::kDefault);
+  std::printf("H200 suite, margin %.0f%%, model top 12 kept, then cut; margin for compute-bound templates:\n",
+              100 * policy.extern_margin);
+  std::printf("  compute  within 1%%  within 3%%  worst   templates pruned  shapes compiling nothing\n");
+  for (double c : {-1.0, 0.0, 0.02, 0.05, 0.10}) {
+    const MarginResult r = evaluate(suite, policy.extern_margin, 12, false, kH200, c, policy.extern_protect);
+    std::printf("  %7s  %3d/%d    %3d/%d    %.4f  %4d/%-4d         %3d%s\n",
+                c < 0 ? "same" : fmt::format("{:.0f}%", 100 * c).c_str(), r.within1, r.n, r.within3, r.n, r.worst,
+                r.pruned, r.templates, r.shapes_without_templates,
+                std::abs(c - policy.extern_margin_compute) < 1e-12 ? "   <- default" : "");
+  }
+  const MarginResult r =
+      evaluate(suite, policy.extern_margin, 12, false, kH200, policy.extern_margin_compute, policy.extern_protect, true);
+  EXPECT_GE(r.within1, 0.95 * r.n);
+  // The compute-bound margin loses nothing against the plain margin: the same shapes within 1% and 3%, the same
+  // worst (the misses above are decode shapes, memory-bound, whose winners the model ranks below its top 12), and
+  // it prunes more.
+  const MarginResult plain = evaluate(suite, policy.extern_margin, 12, false, kH200, -1, policy.extern_protect);
+  EXPECT_EQ(r.within1, plain.within1);
+  EXPECT_EQ(r.within3, plain.within3);
+  EXPECT_DOUBLE_EQ(r.worst, plain.worst);
+  EXPECT_GT(r.pruned, plain.pruned + 100);
+  // 4096^3, both B layouts: nothing compiled. Without the compute-bound margin, the same suite compiles templates there.
+  for (const Shape& s : suite) {
+    if (s.id != "m4096_n4096_k4096_bf16_c" && s.id != "m4096_n4096_k4096_bf16_r") continue;
+    const MarginResult big =
+        evaluate({s}, policy.extern_margin, 12, false, kH200, policy.extern_margin_compute, policy.extern_protect);
+    EXPECT_EQ(big.pruned, big.templates) << s.id;
+    const MarginResult before = evaluate({s}, policy.extern_margin, 12, false, kH200, -1, policy.extern_protect);
+    EXPECT_LT(before.pruned, before.templates) << s.id;
+  }
+}
 
 // ---- The rule, cached candidates, the report.
 
@@ -230,6 +320,13 @@ TEST(ExternFirst, CutsATemplatePredictedSlowerThanTheMarginAndKeepsOneWithin) {
   // The report's reason says what was predicted and what the extern measured.
   EXPECT_EQ(detail::extern_cut_reason(116.04, "cublas_default", 100.0, 0.15),
             "extern first: predicted >= 116.0 us, cublas_default measured 100.0 us (margin 15%)");
+  EXPECT_EQ(detail::extern_cut_reason(116.04, "cublas_default", 100.0, 0.15, 0.0),
+            "extern first: predicted >= 116.0 us, cublas_default measured 100.0 us (margin 15%, 0% if compute-bound)");
+  // Per bound: a compute-bound template is cut as soon as it is predicted slower than the extern (margin 0); a
+  // memory-bound one at the same prediction is kept within the 15%.
+  EXPECT_EQ(detail::extern_cut({100.5, 100.5, 99.5, 116}, {"compute", "memory", "compute", "latency"}, 100, 0.15, 0.0),
+            (std::vector<bool>{true, false, false, true}));
+  EXPECT_EQ(detail::extern_cut({100.5, 100.5}, {"compute", "memory"}, 100, 0.15, -1), (std::vector<bool>{false, false}));
 
   // On a real prediction: 4096^3, a big persistent tile is predicted ~1.27x its modelled time (compute-bound
   // tiles measured slower than modelled), cut against a cuBLAS 20% faster than it; kept against one 10% faster.
@@ -240,7 +337,7 @@ TEST(ExternFirst, CutsATemplatePredictedSlowerThanTheMarginAndKeepsOneWithin) {
   const auto order = rank(p, choices, kH100);
   ASSERT_TRUE(order[0].estimate.known);
   EXPECT_EQ(order[0].family, "wgmma/persistent/compute");
-  EXPECT_NEAR(order[0].predicted_us, order[0].estimate.us * fitted_calibration("wgmma/persistent/compute"), 1e-9);
+  EXPECT_NEAR(order[0].predicted_us, order[0].estimate.us * fitted_calibration("wgmma/persistent/compute", kH100), 1e-9);
   const double predicted = order[0].predicted_us;
   const double margin = effort_policy(Effort::kDefault).extern_margin;
   EXPECT_TRUE(detail::extern_cut({predicted}, predicted / 1.2, margin)[0]);
@@ -259,10 +356,30 @@ TEST(ExternFirst, TheCacheRefinesThePredictionThroughNeighbours) {
   const auto cal = calibrate({{near, "big", choices[0]->parameters(), ChoiceKind::kTemplate, modelled}}, kH100);
   EXPECT_NEAR(cal.at("big"), 1.0, 1e-9);
   EXPECT_NEAR(cal.at("family:wgmma/persistent/compute"), 1.0, 1e-9);
-  const auto order = rank(p, choices, kH100, cal);
+  const auto order = rank(p, choices, kH100Unfloored, cal);
   for (const auto& r : order) EXPECT_NEAR(r.predicted_us, r.estimate.us, 1e-9) << choices[r.index]->name();
   // Without the cache: the fitted calibration.
   for (const auto& r : rank(p, choices, kH100)) EXPECT_GT(r.predicted_us, 1.2 * r.estimate.us);
+}
+
+// No template has run faster than the device's ceiling: a GEMM template's prediction is never below its FLOPs at
+// DevicePeaks::template_ceiling of the tensor peak, whatever the model and the cache say; a memory-bound decode
+// shape is far above the floor and keeps its prediction.
+TEST(ExternFirst, AGemmTemplateIsNeverPredictedAboveTheDevicesCeiling) {
+  const auto big = std::make_shared<FakeChoice>("big", ChoiceKind::kTemplate, wgmma(128, 256, 2, 4, 1, false, true));
+  const Problem p = gemm(4096, 4096, 4096);
+  const double modelled = estimate(gemm(2048, 4096, 4096), *big, kH200).us;
+  const auto cal = calibrate({{gemm(2048, 4096, 4096), "big", big->parameters(), ChoiceKind::kTemplate, modelled}}, kH200);
+  const double floor_us = 2.0 * 4096.0 * 4096 * 4096 / (kH200.template_ceiling * kH200.tensor_tflops * 1e12) * 1e6;
+  EXPECT_NEAR(floor_us, 173.7, 0.1);  // cuBLAS measured 171.3-172.6 us on the H200
+  const auto order = rank(p, {big}, kH200, cal);
+  EXPECT_LT(order[0].estimate.us, floor_us);
+  EXPECT_NEAR(order[0].predicted_us, floor_us, 1e-9);
+  EXPECT_NEAR(rank(p, {big}, kH100Unfloored, cal)[0].predicted_us, order[0].estimate.us, 1e-9);
+  const Problem decode = gemm(1, 4096, 4096);
+  const auto swab = std::make_shared<FakeChoice>("swab", ChoiceKind::kTemplate, wgmma(128, 8, 1, 8, 1, true));
+  const auto d = rank(decode, {swab}, kH200);
+  EXPECT_NEAR(d[0].predicted_us, d[0].estimate.us * fitted_calibration(d[0].family, kH200), 1e-9);
 }
 
 // A family's factor from the cache comes from the members the model ranked best (those it under-estimated most):
@@ -278,7 +395,7 @@ TEST(ExternFirst, AFamilysNeighbourFactorNeverRaisesThePredictionAboveTheFit) {
   const auto cal = calibrate({{near, "big", choices[0]->parameters(), ChoiceKind::kTemplate, 1.9 * modelled}}, kH100);
   EXPECT_NEAR(cal.at("family:wgmma/persistent/compute"), 1.9, 1e-9);
   for (const auto& r : rank(p, choices, kH100, cal)) {
-    const double expected = choices[r.index]->name() == "big" ? 1.9 : fitted_calibration("wgmma/persistent/compute");
+    const double expected = choices[r.index]->name() == "big" ? 1.9 : fitted_calibration("wgmma/persistent/compute", kH100);
     EXPECT_NEAR(r.predicted_us, r.estimate.us * expected, 1e-9) << choices[r.index]->name();
   }
 }

@@ -35,6 +35,9 @@ Result<Effort> effort_from_env(Effort fallback) {
 // Extern-first pruning's margin, chosen on the recorded GEMM suite (tests/runtime/test_tuning_effort_prune.cpp
 // prints the sweep; docs/tuning.md has the figures).
 constexpr double kExternMargin = 0.15;
+// For templates the model calls compute-bound: predicted at most equal to the best extern (the same sweep, on the
+// H200 suite with its own calibration).
+constexpr double kExternMarginCompute = 0.0;
 
 // The sample of 64 per template gives the model every value of every axis to rank (the seeds come first);
 // 12 kept plus widening met the 1%-of-exhaustive target in the model's calibration runs (docs/tuning.md).
@@ -42,9 +45,11 @@ EffortPolicy effort_policy(Effort effort) {
   switch (effort) {
     case Effort::kNone: return {.measure = false, .keep = 1, .widen = 0, .max_widenings = 0, .sample_per_template = 64};
     case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 64,
-                                 .extern_margin = kExternMargin, .extern_protect = 1};
+                                 .extern_margin = kExternMargin, .extern_margin_compute = kExternMarginCompute,
+                                 .extern_protect = 1};
     case Effort::kDefault: return {.measure = true, .keep = 12, .widen = 6, .max_widenings = 3, .sample_per_template = 64,
-                                   .extern_margin = kExternMargin, .extern_protect = 5};
+                                   .extern_margin = kExternMargin, .extern_margin_compute = kExternMarginCompute,
+                                   .extern_protect = 5};
     case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
   }
   return {};
@@ -90,10 +95,17 @@ ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<Ra
 }
 
 std::vector<bool> extern_cut(const std::vector<double>& predicted_us, double best_extern_us, double margin) {
+  return extern_cut(predicted_us, std::vector<std::string>(predicted_us.size()), best_extern_us, margin, margin);
+}
+
+std::vector<bool> extern_cut(const std::vector<double>& predicted_us, const std::vector<std::string>& bounds,
+                             double best_extern_us, double margin, double compute_margin) {
   std::vector<bool> cut(predicted_us.size(), false);
   if (margin < 0 || best_extern_us <= 0) return cut;
-  const double limit = best_extern_us * (1 + margin);
-  for (size_t i = 0; i < predicted_us.size(); ++i) cut[i] = predicted_us[i] > limit;
+  for (size_t i = 0; i < predicted_us.size(); ++i) {
+    const bool compute = i < bounds.size() && bounds[i] == "compute" && compute_margin >= 0;
+    cut[i] = predicted_us[i] > best_extern_us * (1 + (compute ? compute_margin : margin));
+  }
   return cut;
 }
 
@@ -103,9 +115,14 @@ std::vector<bool> extern_protected(const std::vector<std::string>& bounds_in_mod
   return out;
 }
 
-std::string extern_cut_reason(double least_pruned_us, const std::string& extern_name, double extern_us, double margin) {
-  return fmt::format("extern first: predicted >= {:.1f} us, {} measured {:.1f} us (margin {:.0f}%)", least_pruned_us,
-                     extern_name, extern_us, 100 * margin);
+std::string extern_cut_reason(double least_pruned_us, const std::string& extern_name, double extern_us, double margin,
+                              double compute_margin) {
+  std::string margins = fmt::format("margin {:.0f}%", 100 * margin);
+  if (compute_margin >= 0 && compute_margin != margin) {
+    margins += fmt::format(", {:.0f}% if compute-bound", 100 * compute_margin);
+  }
+  return fmt::format("extern first: predicted >= {:.1f} us, {} measured {:.1f} us ({})", least_pruned_us, extern_name,
+                     extern_us, margins);
 }
 
 bool should_widen(int best_model_rank, int kept) {

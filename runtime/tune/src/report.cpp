@@ -73,6 +73,7 @@ std::string TuneReport::json() const {
   j["best_extern"] = best_extern;
   j["best_extern_us"] = best_extern_us;
   j["extern_margin"] = extern_margin;
+  j["extern_margin_compute"] = extern_margin_compute;
   j["cached_candidates"] = cached_candidates;
   j["neighbour_timings"] = neighbour_timings;
   j["widenings"] = widenings;

@@ -419,6 +419,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     }
   }
   report.extern_margin = policy.extern_margin;
+  report.extern_margin_compute = policy.extern_margin_compute;
   for (const auto& c : plan.reserve) {
     if (cache->should_measure(key, c->name())) reserve.push_back(c);
   }
@@ -585,10 +586,14 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   std::vector<std::string> cut_names;
   auto extern_first = [&](std::vector<ChoicePtr>& list, std::vector<Future<Binaries>>* list_futures) {
     std::vector<double> predicted;
+    std::vector<std::string> bounds;
     for (const auto& c : list) {  // (the reference is never cut: every other choice is checked against it)
-      predicted.push_back(model_of.count(c.get()) && c != reference ? model_of[c.get()]->predicted_us : 0.0);
+      const bool judged = model_of.count(c.get()) && c != reference;
+      predicted.push_back(judged ? model_of[c.get()]->predicted_us : 0.0);
+      bounds.push_back(judged ? model_of[c.get()]->estimate.bound : std::string());
     }
-    std::vector<bool> cut = detail::extern_cut(predicted, report.best_extern_us, policy.extern_margin);
+    std::vector<bool> cut = detail::extern_cut(predicted, bounds, report.best_extern_us, policy.extern_margin,
+                                               policy.extern_margin_compute);
     for (size_t i = 0; i < list.size(); ++i) {
       if (protected_from_cut.count(list[i].get())) cut[i] = false;
     }
@@ -651,7 +656,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   }
   if (report.pruned_extern_first > 0) {
     report.pruned_reasons[detail::extern_cut_reason(least_cut_us, report.best_extern, report.best_extern_us,
-                                                    policy.extern_margin)] = report.pruned_extern_first;
+                                                    policy.extern_margin, policy.extern_margin_compute)] =
+        report.pruned_extern_first;
     report.pruned_examples.insert(report.pruned_examples.end(), cut_names.begin(), cut_names.end());
   }
 

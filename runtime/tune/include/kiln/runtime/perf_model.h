@@ -41,6 +41,10 @@ struct DevicePeaks {
   double memory_latency_us = 0.8;  // a DRAM round trip under load (Little's law)
   double launch_us = 2.0;          // one more kernel in a subgraph
   bool measured = false;           // from a device's attributes, not the table
+  /// The fraction of tensor_tflops the best kiln GEMM template reached on any recorded suite shape of this device
+  /// class: a template's prediction is never below the FLOPs at this rate. Measured: H100 782 TFLOP/s (0.79),
+  /// H200 793 (0.80) (bench/results/gemm-suite-nvidia-h{100,200}-*.json; cuBLAS itself peaked at 0.83-0.84).
+  double template_ceiling = 0.80;
 
   /// The table: sm_90 (H100 SXM: 132 SMs, 989 TFLOP/s, 3.35 TB/s), sm_80 (A100: 108, 312, 2.0), sm_86
   /// (84, 142, 0.94), sm_89 (128, 330, 1.0); an unknown arch gets sm_90's figures scaled by nothing.
@@ -77,11 +81,12 @@ inline ModelEstimate estimate(const Problem& problem, const Choice& choice, cons
 /// not know the choice.
 std::string calibration_family(ChoiceKind kind, const std::map<std::string, std::string>& parameters,
                                const std::string& bound = {});
-/// measured / modelled for a family, fitted on the recorded GEMM suite (bench/results/gemm-suite-nvidia-h100-
-/// 2026-11-25-24c0899.json: the geometric mean over its 1119 measured wgmma candidates per variant;
-/// tests/runtime/test_tuning_effort_prune.cpp refits it and checks these figures). Families without recorded
-/// timings get the wgmma mean: the model's constants were fitted on the same device.
-double fitted_calibration(const std::string& family);
+/// measured / modelled for a family on the device `peaks` describes, fitted on a recorded GEMM suite (the geometric
+/// mean over its measured wgmma candidates per variant; tests/runtime/test_tuning_effort_prune.cpp refits them and
+/// checks these figures): an HBM3e sm_90 part (H200) has its own fit, any other device the H100's
+/// (bench/results/gemm-suite-nvidia-h100-2026-11-25-24c0899.json). Families without recorded timings get the
+/// device's mean over every wgmma candidate.
+double fitted_calibration(const std::string& family, const DevicePeaks& peaks);
 
 /// One candidate in model order.
 struct RankedChoice {
@@ -91,7 +96,8 @@ struct RankedChoice {
   double score_us = 0;      // estimate.us x calibration; what the order is by
   /// The model's best guess of the measured time: estimate.us x (this choice's own measured / modelled on
   /// neighbouring shapes where the cache has it, else the lower of its family's from the cache's neighbours and
-  /// the family's fitted_calibration()). Extern-first pruning compares it with the externs' measured times.
+  /// the family's fitted_calibration()), and for a GEMM never below its FLOPs at DevicePeaks::template_ceiling.
+  /// Extern-first pruning compares it with the externs' measured times.
   double predicted_us = 0;
   std::string family;       // calibration_family()
   bool cached = false;      // its binaries are in the cache already (no compile): first among equal scores
