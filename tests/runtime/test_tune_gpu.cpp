@@ -71,6 +71,14 @@ TEST_F(TuneGpu, GemmPicksACheckedChoiceAndRecordsEverything) {
   EXPECT_GT(measured, 0);
   EXPECT_EQ(r.chosen, sel->choice_name());
   expect_correct(*sel);
+  // The host phases, the compile wait and the benchmark are apart and together within the tune's total.
+  for (double phase : {r.generate_seconds, r.plan_seconds, r.setup_seconds, r.compile_wait_seconds, r.benchmark_seconds}) {
+    EXPECT_GE(phase, 0.0);
+  }
+  EXPECT_GT(r.generate_seconds, 0.0);
+  EXPECT_GT(r.setup_seconds, 0.0);
+  EXPECT_LE(r.generate_seconds + r.plan_seconds + r.setup_seconds + r.compile_wait_seconds + r.benchmark_seconds,
+            r.total_seconds + 1e-6);
   // Every timing and the decision are in the cache.
   EXPECT_EQ(t->cache().timings(r.key).size(), static_cast<size_t>(measured));
   KILN_ASSERT_OK_AND_ASSIGN(auto decision, t->cache().lookup_decision(r.key));

@@ -11,6 +11,10 @@ std::string TuneReport::table(int top) const {
   std::string out = fmt::format("{}\n  chosen {}{}; {} choices, {} failed; compile wait {:.3f} s, benchmark {:.3f} s, total {:.3f} s\n",
                                 problem, chosen, decision_from_cache ? " (cached decision)" : "", candidates, failures,
                                 compile_wait_seconds, benchmark_seconds, total_seconds);
+  if (generate_seconds + plan_seconds + setup_seconds > 0) {
+    out += fmt::format("  host: generate {:.3f} s, plan {:.3f} s, benchmark setup {:.3f} s\n", generate_seconds, plan_seconds,
+                       setup_seconds);
+  }
   if (!note.empty()) out += "  note: " + note + "\n";
   if (!effort.empty()) {
     out += fmt::format("  effort {}: {} pruned by the performance model, {} widenings, chosen at model rank {}{}\n",
@@ -62,6 +66,9 @@ std::string TuneReport::json() const {
   j["compile_wait_seconds"] = compile_wait_seconds;
   j["benchmark_seconds"] = benchmark_seconds;
   j["load_seconds"] = load_seconds;
+  j["generate_seconds"] = generate_seconds;
+  j["plan_seconds"] = plan_seconds;
+  j["setup_seconds"] = setup_seconds;
   j["total_seconds"] = total_seconds;
   if (!note.empty()) j["note"] = note;
   j["effort"] = effort;

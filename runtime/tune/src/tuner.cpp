@@ -288,12 +288,14 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
   bool generated = false;
   auto generate = [&]() -> Status {
     if (generated) return Status();
+    const Clock::time_point t = Clock::now();
     if (auto planned = s.take_generated(key)) {
       choices = std::move(*planned);
     } else {
       KILN_ASSIGN_OR_RETURN(choices, s.services.ops->choices(problem, s.ctx));
     }
     report.candidates = static_cast<int>(choices.size());
+    report.generate_seconds = seconds_since(t);
     generated = true;
     return Status();
   };
@@ -391,6 +393,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   // The model's plan: the choices ranked near the top (and every choice it cannot judge: the extern libraries,
   // the reference) start compiling now; benchmarking takes them as they arrive. The rest wait in model order
   // for a widening, and are reported as pruned if none comes.
+  const Clock::time_point plan_start = Clock::now();
   const std::vector<RankedChoice> order = ranked(problem, choices, policy.keep > 0, &report.neighbour_timings);
   detail::TunePlan plan = detail::plan_choices(choices, order, report.reference, policy.keep);
   std::set<const Choice*> first;
@@ -425,6 +428,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   }
   if (!reference) return make_error(ErrorCode::kInternal, fmt::format("{} has no reference choice", report.problem));
 
+  report.plan_seconds = seconds_since(plan_start);
+  const Clock::time_point setup_start = Clock::now();
   std::lock_guard bench_lock(bench_mu);
   // Created on the first measurement: a warm start that only loads decisions never pays for it.
   if (!bench) {
@@ -438,7 +443,6 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     }
     KILN_ASSIGN_OR_RETURN(sandbox, services.sandbox(options.isolation_options, options.device));
   }
-  const Clock::time_point bench_start = Clock::now();
   double compile_wait = 0;
   KILN_ASSIGN_OR_RETURN(OpBuffers buffers, def->buffers(problem, options.seed));
   {
@@ -463,6 +467,9 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     if (ready.ok()) ready = bench->capture_reference(buffers.outputs);
     if (!ready.ok()) return ready.with_context(fmt::format("running the reference {} of {}", reference->name(), report.problem));
   }
+  report.setup_seconds = seconds_since(setup_start) - compile_wait;
+  const Clock::time_point bench_start = Clock::now();
+  const double setup_compile_wait = compile_wait;
   // (An op whose own verify() does the checking may have no output regions.)
   const double tolerance = def->tolerance(std::get_if<GemmProblem>(&problem.desc)
                                               ? std::get<GemmProblem>(problem.desc).epilogue.out
@@ -703,7 +710,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       }
     }
   }
-  report.benchmark_seconds = seconds_since(bench_start) - compile_wait;
+  report.benchmark_seconds = seconds_since(bench_start) - (compile_wait - setup_compile_wait);
   report.compile_wait_seconds = compile_wait;
 
   // The winner: the fastest; what stays within the tie window of it goes to the lower tie rank, then name.

@@ -176,6 +176,12 @@ struct TuneReport {
   /// A cached decision: loading the chosen choice's binaries into the context (prepare(): module loads,
   /// library handles), apart from fetching them (compile_wait_seconds: a binary-cache hit).
   double load_seconds = 0;
+  /// Where a measured tune's host time goes before the first choice is timed: generating the choices (rendering,
+  /// sampling), ranking them and handing their compiles to the gate (kernel keys, cache lookups), and the
+  /// benchmark's setup (its runner, the problem's buffers and workspace, the reference's run).
+  double generate_seconds = 0;
+  double plan_seconds = 0;
+  double setup_seconds = 0;
   double total_seconds = 0;
   std::string note;              // e.g. why the reference was used
 
