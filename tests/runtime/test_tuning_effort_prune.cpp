@@ -277,10 +277,10 @@ TEST(ExternFirst, OnTheH200SuiteComputeBoundTemplatesMustBePredictedToWin) {
   std::printf("H200 suite, margin %.0f%%, model top 12 kept, then cut; margin for compute-bound templates:\n",
               100 * policy.extern_margin);
   std::printf("  compute  within 1%%  within 3%%  worst   templates pruned  shapes compiling nothing\n");
-  for (double c : {-1.0, 0.0, 0.02, 0.05, 0.10}) {
+  for (double c : {-1.0, -0.05, -0.02, 0.0, 0.02, 0.05, 0.10}) {
     const MarginResult r = evaluate(suite, policy.extern_margin, 12, false, kH200, c, policy.extern_protect);
     std::printf("  %7s  %3d/%d    %3d/%d    %.4f  %4d/%-4d         %3d%s\n",
-                c < 0 ? "same" : fmt::format("{:.0f}%", 100 * c).c_str(), r.within1, r.n, r.within3, r.n, r.worst,
+                c == -1.0 ? "same" : fmt::format("{:.0f}%", 100 * c).c_str(), r.within1, r.n, r.within3, r.n, r.worst,
                 r.pruned, r.templates, r.shapes_without_templates,
                 std::abs(c - policy.extern_margin_compute) < 1e-12 ? "   <- default" : "");
   }
@@ -327,6 +327,11 @@ TEST(ExternFirst, CutsATemplatePredictedSlowerThanTheMarginAndKeepsOneWithin) {
   EXPECT_EQ(detail::extern_cut({100.5, 100.5, 99.5, 116}, {"compute", "memory", "compute", "latency"}, 100, 0.15, 0.0),
             (std::vector<bool>{true, false, false, true}));
   EXPECT_EQ(detail::extern_cut({100.5, 100.5}, {"compute", "memory"}, 100, 0.15, -1), (std::vector<bool>{false, false}));
+  // Negative: a compute-bound template must be predicted that much faster (the default's -2%).
+  EXPECT_EQ(detail::extern_cut({97.9, 98.1, 98.1}, {"compute", "compute", "memory"}, 100, 0.15, -0.02),
+            (std::vector<bool>{false, true, false}));
+  EXPECT_EQ(detail::extern_cut_reason(98.1, "cublas_default", 100.0, 0.15, -0.02),
+            "extern first: predicted >= 98.1 us, cublas_default measured 100.0 us (margin 15%; compute-bound: predicted 2% faster)");
 
   // On a real prediction: 4096^3, a big persistent tile is predicted ~1.27x its modelled time (compute-bound
   // tiles measured slower than modelled), cut against a cuBLAS 20% faster than it; kept against one 10% faster.

@@ -51,14 +51,14 @@ ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<Ra
 /// Nothing is cut when margin < 0 or no extern was measured (best_extern_us <= 0).
 std::vector<bool> extern_cut(const std::vector<double>& predicted_us, double best_extern_us, double margin);
 /// The same with the model's bound per template: one it calls "compute" is cut beyond `compute_margin` instead
-/// (when that is >= 0).
+/// (when that is above -1; negative: it must be predicted that much faster than the extern).
 std::vector<bool> extern_cut(const std::vector<double>& predicted_us, const std::vector<std::string>& bounds,
                              double best_extern_us, double margin, double compute_margin);
 /// Which of the model-ranked templates (in model order, by the bound the model gives each) extern-first never
 /// cuts: the first `protect` of them where that bound is not "compute" (EffortPolicy::extern_protect).
 std::vector<bool> extern_protected(const std::vector<std::string>& bounds_in_model_order, int protect);
 /// The report's reason for such cuts: "predicted >= X us, <extern> measured Y us (margin M%[, C% if
-/// compute-bound])".
+/// compute-bound | ; compute-bound: predicted C% faster])".
 std::string extern_cut_reason(double least_pruned_us, const std::string& extern_name, double extern_us, double margin,
                               double compute_margin = -1);
 

@@ -79,8 +79,9 @@ struct EffortPolicy {
   double extern_margin = -1;
   /// The margin for a template the model calls compute-bound (ModelEstimate::bound), where its prediction is
   /// close (the fitted calibration, floored at the device's template ceiling): such a template is compiled and
-  /// measured only when predicted no slower than the best extern by more than this. A wgmma compile costs
-  /// ~0.6 s; on the H200 suite no compute-bound template came within 3% of cuBLAS (4096^3: 0.96x).
+  /// measured only when predicted no slower than the best extern by more than this; negative: predicted that
+  /// much faster (default and quick: -2%). A wgmma compile costs ~0.6 s; on the H200 suite no compute-bound
+  /// template came within 3% of cuBLAS (4096^3: 0.96x). -1 or below: extern_margin applies to every template.
   double extern_margin_compute = -1;
   /// The model's first extern_protect templates of a problem it calls memory- or latency-bound are never cut by
   /// the extern-first rule: on the H200 suite (26 Nov) the calibration, fitted on H100 timings, put decode
@@ -161,7 +162,7 @@ struct TuneReport {
   std::string best_extern;            // the fastest measured choice the model cannot judge ("" if none)
   double best_extern_us = 0;
   double extern_margin = -1;          // the effort's margin (negative: off)
-  double extern_margin_compute = -1;  // its margin for templates the model calls compute-bound (negative: none)
+  double extern_margin_compute = -1;  // its margin for templates the model calls compute-bound (<= -1: none)
   /// Template candidates whose binaries the cache held before the tune (no compile): first among equal model
   /// scores, and kept within the margin whatever their rank.
   int cached_candidates = 0;
