@@ -386,8 +386,11 @@ TEST(SelectionRule, ASameRankChoiceWithinTheWindowButSlowerDoesNotWinByName) {
   t.p10_us = 32.0, t.reps = 60;
   std::vector<ChoiceResult> s = {timed("cublas_default", 33.28, 33.5), t};
   EXPECT_EQ(s[detail::pick_winner(s, rank_by_prefix, 0.02)].name, "tmpl_swab");
-  // The re-measure window stays as wide as the best's spread: both are re-measured before the pick.
-  EXPECT_NEAR(detail::remeasure_window(t, 0.02), 33.31 - 32.32, 1e-9);
+  // The re-measure window is twice the tie fraction, or the best's spread where that is wider: both are
+  // re-measured before the pick.
+  EXPECT_NEAR(detail::remeasure_window(t, 0.02), 0.04 * 32.32, 1e-9);
+  t.p90_us = 34.0;
+  EXPECT_NEAR(detail::remeasure_window(t, 0.02), 34.0 - 32.32, 1e-9);
 }
 
 TEST(SelectionRule, AWideSpreadWidensTheWindow) {
