@@ -287,13 +287,14 @@ TEST(ExternFirst, OnTheH200SuiteComputeBoundTemplatesMustBePredictedToWin) {
   const MarginResult r =
       evaluate(suite, policy.extern_margin, 12, false, kH200, policy.extern_margin_compute, policy.extern_protect, true);
   EXPECT_GE(r.within1, 0.95 * r.n);
-  // The compute-bound margin loses nothing against the plain margin: the same shapes within 1% and 3%, the same
-  // worst (the misses above are decode shapes, memory-bound, whose winners the model ranks below its top 12), and
-  // it prunes more.
+  EXPECT_EQ(r.within3, r.n);
+  EXPECT_LE(r.worst, 1.03);
+  // The compute-bound margin loses nothing against the plain margin: the same shapes within 1% and 3%, the worst
+  // within 1% of its worst, and it prunes more.
   const MarginResult plain = evaluate(suite, policy.extern_margin, 12, false, kH200, -1, policy.extern_protect);
   EXPECT_EQ(r.within1, plain.within1);
   EXPECT_EQ(r.within3, plain.within3);
-  EXPECT_DOUBLE_EQ(r.worst, plain.worst);
+  EXPECT_LE(r.worst, plain.worst + 0.01);
   EXPECT_GT(r.pruned, plain.pruned + 100);
   // 4096^3, both B layouts: nothing compiled. Without the compute-bound margin, the same suite compiles templates there.
   for (const Shape& s : suite) {

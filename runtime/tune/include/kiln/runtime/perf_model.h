@@ -93,7 +93,8 @@ struct RankedChoice {
   size_t index = 0;         // into the choices given to rank()
   ModelEstimate estimate;
   double calibration = 1;   // measured / modelled on neighbouring shapes (1: nothing known)
-  double score_us = 0;      // estimate.us x calibration; what the order is by
+  double score_us = 0;      // estimate.us x calibration (x the family's fitted_calibration() unless the cache
+                            // measured this choice nearby); what the order is by
   /// The model's best guess of the measured time: estimate.us x (this choice's own measured / modelled on
   /// neighbouring shapes where the cache has it, else the lower of its family's from the cache's neighbours and
   /// the family's fitted_calibration()), and for a GEMM never below its FLOPs at DevicePeaks::template_ceiling.
