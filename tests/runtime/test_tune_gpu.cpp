@@ -11,6 +11,8 @@
 #include "kiln/jit/driver.h"
 #include "kiln/pool/gate.h"
 #include "kiln/runtime.h"
+#include "kiln/runtime/helper_kernels.h"
+#include "kiln/runtime/measure.h"
 #include "kiln_test.h"
 #include "reference_check.h"
 #include "test_isolation_planted.h"
@@ -87,6 +89,36 @@ TEST_F(TuneGpu, GemmPicksACheckedChoiceAndRecordsEverything) {
   // Asking again in the same tuner returns the same selection.
   KILN_ASSERT_OK_AND_ASSIGN(auto again, t->tune(p));
   EXPECT_EQ(again.get(), sel.get());
+}
+
+// A choice whose run() spends 3 ms on the host before it launches a few-microsecond kernel: the timed interval is
+// the kernel's, not the host's, because a batch of timed runs starts on the GPU only once all of it is queued.
+class SlowHostChoice final : public Choice {
+ public:
+  explicit SlowHostChoice(CUdeviceptr buffer) : buffer_(buffer) {}
+  const std::string& name() const override { return name_; }
+  ChoiceKind kind() const override { return ChoiceKind::kUser; }
+  Status prepare(const Binaries&) override { return Status(); }
+  Status run(const OpArgs&, CUdeviceptr, CUstream stream) const override {
+    usleep(3000);
+    return fill_uniform(buffer_, 256, DType::kF32, 1, 0.f, 1.f, stream);
+  }
+
+ private:
+  std::string name_ = "slow_host";
+  CUdeviceptr buffer_;
+};
+
+TEST_F(TuneGpu, HostWorkBeforeALaunchIsNotTimed) {
+  KILN_ASSERT_OK_AND_ASSIGN(int ordinal, current_device());
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo device, device_info(ordinal));
+  KILN_ASSERT_OK_AND_ASSIGN(auto runner, BenchRunner::create(BenchmarkOptions{}, device));
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, DeviceBuffer::allocate(256 * sizeof(float)));
+  SlowHostChoice choice(buffer.ptr());
+  // 20 runs: two batches behind the stream hold (16 a batch).
+  KILN_ASSERT_OK_AND_ASSIGN(Samples s, runner->time_runs(choice, CustomArgs{}, 0, 20, false));
+  ASSERT_EQ(s.us.size(), 20u);
+  for (double us : s.us) EXPECT_LT(us, 500.0) << "a 3 ms host delay landed inside a timed run";
 }
 
 TEST_F(TuneGpu, CachedDecisionInANewTunerMeasuresNothing) {
