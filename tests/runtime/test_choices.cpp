@@ -386,6 +386,15 @@ TEST(SelectionRule, ASameRankChoiceWithinTheWindowButSlowerDoesNotWinByName) {
   t.p10_us = 32.0, t.reps = 60;
   std::vector<ChoiceResult> s = {timed("cublas_default", 33.28, 33.5), t};
   EXPECT_EQ(s[detail::pick_winner(s, rank_by_prefix, 0.02)].name, "tmpl_swab");
+  // The H200 suite's m1_n4096_k14336 (27 Nov): a swap-AB template 0.9% faster than cuBLASLt over 115 runs each,
+  // which the side-by-side re-time put 2.6% ahead. The default rank window (0.5%) picks it; the old 2% did not.
+  ChoiceResult swab = timed("tmpl_swab64", 41.50, 42.36);
+  swab.p10_us = 40.54, swab.reps = 115;
+  ChoiceResult lt393 = timed("cublaslt_a66_t393", 41.86, 42.83);
+  lt393.p10_us = 41.18, lt393.reps = 115;
+  const std::vector<ChoiceResult> d = {lt393, swab};
+  EXPECT_EQ(d[detail::pick_winner(d, rank_by_prefix, BenchmarkOptions{}.rank_tie_fraction)].name, "tmpl_swab64");
+  EXPECT_EQ(d[detail::pick_winner(d, rank_by_prefix, 0.02)].name, "cublaslt_a66_t393");
   // The re-measure window is twice the tie fraction, or the best's spread where that is wider: both are
   // re-measured before the pick.
   EXPECT_NEAR(detail::remeasure_window(t, 0.02), 0.04 * 32.32, 1e-9);

@@ -41,9 +41,9 @@ void field(codec::Reader& r, Problem& p, std::string_view name);
 
 // Every field of BenchmarkOptions crosses the wire; a new field must join this list (and the protocol's
 // version be bumped) or the worker would silently measure with its default.
-static_assert(sizeof(BenchmarkOptions) == 80, "BenchmarkOptions changed: update the bench worker's encoding");
+static_assert(sizeof(BenchmarkOptions) == 96, "BenchmarkOptions changed: update the bench worker's encoding");
 KILN_CODEC_FIELDS(BenchmarkOptions, budget_ms, min_reps, max_reps, fixed_reps, drop_factor, tie_fraction, tie_rounds,
-                  flush_l2, graph_below_us, adaptive, precision, abandon_factor)
+                  rank_tie_fraction, flush_l2, graph_below_us, adaptive, precision, abandon_factor)
 
 }  // namespace kiln::runtime
 
@@ -52,8 +52,9 @@ namespace kiln::runtime::detail::bench_wire {
 enum class Type : uint16_t { kHello = 1, kBegin = 2, kBegun = 3, kRun = 4, kRunResult = 5, kEnd = 6 };
 
 /// Bump the version when any message's layout changes; host and worker must agree exactly. Version 2:
-/// kiln::codec's encodings. Version 3: BenchmarkOptions' adaptive repetitions and early abandonment.
-inline constexpr codec::Protocol kProtocol{0x3157424Bu /* "KBW1" */, 3, static_cast<uint16_t>(Type::kEnd),
+/// kiln::codec's encodings. Version 3: BenchmarkOptions' adaptive repetitions and early abandonment. Version 4:
+/// BenchmarkOptions' rank_tie_fraction.
+inline constexpr codec::Protocol kProtocol{0x3157424Bu /* "KBW1" */, 4, static_cast<uint16_t>(Type::kEnd),
                                            "kiln bench worker"};
 constexpr const codec::Protocol& protocol(Type) { return kProtocol; }
 

@@ -723,7 +723,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   });
   ChoicePtr winner;
   const int pick = detail::pick_winner(
-      results, [&](const std::string& name) { return choice_by_name[name]->tie_rank(); }, options.bench.tie_fraction);
+      results, [&](const std::string& name) { return choice_by_name[name]->tie_rank(); }, options.bench.rank_tie_fraction);
   if (pick >= 0) winner = choice_by_name[results[pick].name];
   for (auto& r : results) {
     if (auto m = plan.model.find(r.name); m != plan.model.end()) r.model_rank = m->second.first, r.model_us = m->second.second;
