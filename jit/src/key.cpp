@@ -235,8 +235,7 @@ class TextDirectives {
     auto scanned = std::make_shared<const std::vector<Directive>>(scan_includes(text));
     std::lock_guard lock(mu_);
     if (scans_.size() >= kMaxEntries) scans_.clear();  // bounded; a rescan only costs time
-    scans_.emplace(key, scanned);
-    return scanned;
+    return scans_.emplace(key, std::move(scanned)).first->second;  // another thread's scan if it stored first
   }
 
  private:
@@ -262,9 +261,13 @@ std::vector<IncludeUse> walk_includes(const KernelSource& source, const std::vec
   std::vector<IncludeUse> out;
   std::set<std::string> visited_paths;
   std::vector<std::pair<Directive, std::string>> work;  // directive, path of the includer ("" = memory)
-  for (const auto& d : *text_directives().get(source.source)) work.push_back({d, ""});
+  // (Each scan held in a local: a range-for over *get() would not keep get()'s shared pointer alive, and the
+  // vector it returns may have no other owner when another thread stored the same text first.)
+  const auto source_directives = text_directives().get(source.source);
+  for (const auto& d : *source_directives) work.push_back({d, ""});
   for (const auto& hd : source.headers) {
-    for (const auto& d : *text_directives().get(hd.content)) work.push_back({d, ""});
+    const auto header_directives = text_directives().get(hd.content);
+    for (const auto& d : *header_directives) work.push_back({d, ""});
   }
   while (!work.empty()) {
     auto [dir, from] = std::move(work.back());

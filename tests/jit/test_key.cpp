@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "kiln/jit/compiler.h"
 #include "kiln/jit/key.h"
@@ -164,6 +167,26 @@ TEST(KernelKey, EveryInputThatChangesTheBinaryChangesIt) {
   expect_new(s, kSm90, "the program name (it appears in line info)");
   expect_new(base, Target{"sm_90a"}, "the arch");
   expect_new(base, Target{"sm_80"}, "another arch");
+}
+
+// Threads keying the same new texts at once (a pool compiling a template's configurations, which share their
+// headers) race to scan them; each must get the same key as one thread alone. The include scans of in-memory
+// texts are memoised by content: a thread whose scan lost the race once iterated a vector only it still held
+// (compile_test failed half its runs with corrupted strings; here, without ASan, the freed vector is often still
+// readable: CI's ASan pass names the use after free).
+TEST(KernelKey, ThreadsKeyingTheSameNewTextsAgree) {
+  for (int round = 0; round < 40; ++round) {
+    KernelSource s = test_kernels::probe_source("");
+    const std::string salt = "// round " + std::to_string(round) + " " + std::to_string(::getpid()) + "\n";
+    s.source = salt + s.source;
+    for (auto& h : s.headers) h.content = salt + "#include <cuda_fp16.h>\n" + h.content;
+    std::array<KernelKey, 8> keys;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < keys.size(); ++i) threads.emplace_back([&, i] { keys[i] = make_key(s, kSm90); });
+    for (auto& t : threads) t.join();
+    const KernelKey alone = make_key(s, kSm90);
+    for (const KernelKey& k : keys) EXPECT_EQ(k, alone) << "round " << round;
+  }
 }
 
 TEST(KernelKey, OptionOrderAndSpeedOnlyOptionsDoNotChangeIt) {
