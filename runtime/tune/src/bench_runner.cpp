@@ -42,7 +42,7 @@ class StreamHold {
     return StreamHold(std::move(state));
   }
   StreamHold(StreamHold&&) = default;
-  StreamHold& operator=(StreamHold&&) = default;
+  StreamHold& operator=(StreamHold&&) = delete;  // would drop a hold without releasing it
   ~StreamHold() { release(); }
   void release() {
     if (!state_) return;

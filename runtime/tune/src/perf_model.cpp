@@ -273,7 +273,9 @@ std::string calibration_family(ChoiceKind kind, const Params& p, const std::stri
   return {};
 }
 
+namespace {
 bool hbm3e(const DevicePeaks& peaks) { return peaks.arch.rfind("sm_90", 0) == 0 && peaks.hbm_gbps > 4000; }
+}  // namespace
 
 double fitted_calibration(const std::string& family, const DevicePeaks& peaks) {
   // Geometric means of measured / modelled over a recorded suite's candidates (the test refits them): the model is
