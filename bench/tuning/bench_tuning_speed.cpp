@@ -97,8 +97,9 @@ std::shared_ptr<cache::TuningCache> fresh_cache(const std::string& dir) {
 }
 
 std::unique_ptr<Tuner> tuner_for(std::shared_ptr<cache::TuningCache> c, std::shared_ptr<Executor> executor, Effort effort,
-                                 int configs = 0) {
+                                 int configs = 0, bool defer_loads = true) {
   TuneOptions o;
+  o.defer_loads = defer_loads;
   o.cache = std::move(c);
   o.executor = std::move(executor);
   o.effort = effort;
@@ -344,7 +345,8 @@ int phase_gemm4096(const std::string& cache_dir, Effort effort, const std::strin
   return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
 }
 
-int phase_workload(const std::string& workload, const std::string& cache_dir, Effort effort, const std::string& json_path) {
+int phase_workload(const std::string& workload, const std::string& cache_dir, Effort effort, bool eager_loads,
+                   const std::string& json_path) {
   const auto start = Clock::now();
   // Where a warm run's time goes, step by step (the CUDA context is the process's, not kiln's; a serving
   // engine has made it before it asks kiln for anything).
@@ -361,7 +363,7 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
   auto c = bench::must(cache::TuningCache::open(cache::TuneMode::kTune, store), "opening the cache");
   std::shared_ptr<cache::TuningCache> shared = std::move(c);
   step("open_cache_s");
-  auto tuner = tuner_for(shared, nullptr, effort);
+  auto tuner = tuner_for(shared, nullptr, effort, 0, !eager_loads);
   step("make_tuner_s");
   std::vector<Named> named;
   std::map<size_t, size_t> named_of;  // workload index -> index in `named`
@@ -375,32 +377,72 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
   step("plan_s");
   int cached = 0, errors = 0;
   double compile_wait = 0, load = 0;
+  json per_problem = json::array();
+  std::vector<std::shared_ptr<Selection>> selections;
   for (size_t i = 0; i < w.problems.size(); ++i) {
+    const auto t = Clock::now();
     auto sel = tuner->tune(w.problems[i]);
+    const double tune_s = seconds_since(t);
     if (auto it = named_of.find(i); it != named_of.end()) release_planned(planned[it->second]);
     if (!sel.ok()) {
       ++errors;
       continue;
     }
-    cached += (*sel)->report().decision_from_cache;
-    compile_wait += (*sel)->report().compile_wait_seconds;
-    load += (*sel)->report().load_seconds;
+    selections.push_back(*sel);
+    const TuneReport& r = (*sel)->report();
+    cached += r.decision_from_cache;
+    compile_wait += r.compile_wait_seconds;
+    load += r.load_seconds;
+    per_problem.push_back({{"problem", w.labels[i]}, {"chosen", r.chosen},
+                           {"kind", choice_kind_name((*sel)->choice()->kind())}, {"tune_s", tune_s},
+                           {"compile_wait_s", r.compile_wait_seconds}, {"load_s", r.load_seconds}});
   }
   step("tune_s");
+  // The slowest few, so that a warm run shows what its time is spent on.
+  std::vector<const json*> slowest;
+  for (const auto& p : per_problem) slowest.push_back(&p);
+  std::sort(slowest.begin(), slowest.end(),
+            [](const json* a, const json* b) { return (*a)["tune_s"].get<double>() > (*b)["tune_s"].get<double>(); });
+  for (size_t i = 0; i < std::min<size_t>(slowest.size(), 6); ++i) {
+    const json& p = *slowest[i];
+    fmt::print("  {:<28} {:<9} {:<40} tune {:.4f} s (binaries {:.4f}, load {:.4f})\n", p["problem"].get<std::string>(),
+               p["kind"].get<std::string>(), p["chosen"].get<std::string>().substr(0, 40), p["tune_s"].get<double>(),
+               p["compile_wait_s"].get<double>(), p["load_s"].get<double>());
+  }
   steps["tune_compile_wait_s"] = compile_wait;  // binary-cache reads (and compiles, cold)
   steps["tune_load_s"] = load;                  // prepare(): module loads, library handles
   bench::check(finish_cache_writes(*shared), "storing");
   step("finish_writes_s");
   const double secs = seconds_since(start);
-  fmt::print("workload {} ({} problems) at {} effort: {:.3f} s, {} from cached decisions, {} errors "
-             "(targets: cold 10 s, warm 0.05 s)\n", w.name, w.problems.size(), effort_name(effort), secs, cached, errors);
+  // Not part of the tune: each selection's first run, where a deferred module load lands (buffers made
+  // outside the timed part), so that what deferring moves is measured too.
+  double first_runs = 0;
+  {
+    auto stream = bench::must(Stream::create(), "a stream");
+    for (const auto& sel : selections) {
+      auto def = bench::must(default_ops().find(sel->problem().op), "the op");
+      auto bufs = bench::must(def->buffers(sel->problem(), 7), "buffers");
+      bench::check(sel->reserve_workspace(sel->choice()->workspace_bytes()), "workspace");
+      const auto t = Clock::now();
+      bench::check(sel->run(bufs.args, stream.get()), "a first run");
+      bench::check(stream.synchronize(), "a first run");
+      first_runs += seconds_since(t);
+    }
+  }
+  steps["first_runs_s"] = first_runs;
+  fmt::print("workload {} ({} problems) at {} effort, {} loads: {:.3f} s, {} from cached decisions, {} errors "
+             "(targets: cold 10 s, warm 0.05 s)\n", w.name, w.problems.size(), effort_name(effort),
+             eager_loads ? "eager" : "deferred", secs, cached, errors);
+  fmt::print("  after the context: {:.3f} s; every selection's first run afterwards {:.3f} s\n",
+             secs - steps["context_s"].get<double>(), first_runs);
   fmt::print("  context {:.3f} s, cache open {:.3f} s, tuner {:.3f} s, plan {:.3f} s, tunes {:.3f} s (binaries {:.3f} s, "
              "loads {:.3f} s), writes {:.3f} s\n", steps["context_s"].get<double>(), steps["open_cache_s"].get<double>(),
              steps["make_tuner_s"].get<double>(), steps["plan_s"].get<double>(), steps["tune_s"].get<double>(), compile_wait,
              load, steps["finish_writes_s"].get<double>());
   json out{{"environment", bench::environment()}, {"workload", w.name}, {"effort", effort_name(effort)},
+           {"loads", eager_loads ? "eager" : "deferred"}, {"after_context_s", secs - steps["context_s"].get<double>()},
            {"problems", w.problems.size()}, {"seconds", secs}, {"cached_decisions", cached}, {"errors", errors},
-           {"steps", steps}};
+           {"steps", steps}, {"per_problem", per_problem}};
   return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
 }
 
@@ -494,12 +536,14 @@ int main(int argc, char** argv) {
     });
   }
   work->add_option("--workload", workload, "workload JSON");
+  bool eager_loads = false;
+  work->add_flag("--eager-loads", eager_loads, "load cached decisions' modules in tune() (TuneOptions::defer_loads off)");
   for (auto* s : {suite, g4096, work}) s->add_option("--json", json_path, "write JSON here");
   CLI11_PARSE(app, argc, argv);
   const Effort effort = bench::must(parse_effort(effort_text));
   if (suite->parsed()) return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s, reports_path);
   if (merge->parsed()) return phase_merge(parts, out_dir);
   if (g4096->parsed()) return phase_gemm4096(cache_dir, effort, json_path);
-  if (work->parsed()) return phase_workload(workload, cache_dir, effort, json_path);
+  if (work->parsed()) return phase_workload(workload, cache_dir, effort, eager_loads, json_path);
   return phase_plan(part, filter, workload, sample, exhaustive_configs, ms_per_choice);
 }

@@ -26,9 +26,11 @@ case "$step" in
     echo "== Llama-3-8B workload, cold (empty cache), default effort"
     timeout 240 $D/bench_tuning_speed workload --cache-dir "$c/w" --json "$OUT/tuning-llama3-8b-cold.json" 2>&1 | tail -5
     for i in 1 2 3; do
-      echo "== Llama-3-8B workload, warm $i (new process, decisions cached)"
-      timeout 60 $D/bench_tuning_speed workload --cache-dir "$c/w" --json "$OUT/tuning-llama3-8b-warm-$i.json" 2>&1 | tail -4
+      echo "== Llama-3-8B workload, warm $i (new process, decisions cached, module loads deferred to first runs)"
+      timeout 60 $D/bench_tuning_speed workload --cache-dir "$c/w" --json "$OUT/tuning-llama3-8b-warm-$i.json" 2>&1 | tail -10
     done
+    echo "== Llama-3-8B workload, warm, module loads in tune() (--eager-loads)"
+    timeout 60 $D/bench_tuning_speed workload --cache-dir "$c/w" --eager-loads --json "$OUT/tuning-llama3-8b-warm-eager.json" 2>&1 | tail -10
     rm -rf "$c"
     ;;
   suite)

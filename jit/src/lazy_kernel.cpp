@@ -20,7 +20,13 @@ Result<const Kernel*> LazyKernel::get() const {
     KILN_CHECK(d->cuCtxGetCurrent(&current));
     const bool push = context_ != nullptr && current != context_;
     if (push) KILN_CHECK(d->cuCtxPushCurrent(context_));
+    // A first use may come inside a graph capture (a serving engine captures the sizes it never ran eagerly).
+    // Loading a module is no stream work, but global capture mode forbids it as potentially unsafe: this
+    // thread relaxes its mode for the load and restores it.
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    const bool relaxed = d->cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
     auto k = load_kernel(*binary_, api_);
+    if (relaxed) (void)d->cuThreadExchangeStreamCaptureMode(&mode);
     if (push) {
       CUcontext popped = nullptr;
       (void)d->cuCtxPopCurrent(&popped);

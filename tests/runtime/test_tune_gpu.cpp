@@ -137,6 +137,46 @@ TEST_F(TuneGpu, CachedDecisionInANewTunerMeasuresNothing) {
   expect_correct(*sel);
 }
 
+// A warm start keeps a cached decision's binary and loads its module at the first run. That first run may be
+// inside a graph capture in global mode (a serving engine captures sizes it never ran eagerly), which forbids
+// module loads unless the loading thread relaxes its mode: the capture must succeed and replay correctly.
+TEST_F(TuneGpu, ACachedDecisionLoadsAtItsFirstRunEvenInsideAGlobalCapture) {
+  const Problem p = Problem::norm({.rows = 8, .cols = 4096});
+  {
+    auto t = tuner(cache::TuneMode::kTune);
+    KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(p));
+    ASSERT_EQ(sel->choice()->kind(), ChoiceKind::kTemplate)
+        << "the test needs a template decision (a module to load); chosen: " << sel->choice_name();
+  }
+  auto t = tuner(cache::TuneMode::kTune);  // TuneOptions::defer_loads is the default
+  KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(p));
+  ASSERT_TRUE(sel->report().decision_from_cache);
+  auto def = default_ops().find(p.op);
+  KILN_ASSERT_OK(def.status());
+  KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(p, 77));
+  KILN_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::create());
+  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
+  CUgraph graph = nullptr;
+  ASSERT_EQ(d->cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  Status captured = sel->run(bufs.args, stream.get());
+  ASSERT_EQ(d->cuStreamEndCapture(stream.get(), &graph), CUDA_SUCCESS) << "the first run's load broke the capture";
+  KILN_ASSERT_OK(captured);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(d->cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  ASSERT_EQ(d->cuGraphLaunch(exec, stream.get()), CUDA_SUCCESS);
+  KILN_ASSERT_OK(stream.synchronize());
+  d->cuGraphExecDestroy(exec);
+  d->cuGraphDestroy(graph);
+  ASSERT_FALSE(bufs.outputs.empty());
+  const auto& o = bufs.outputs[0];
+  const size_t bytes = static_cast<size_t>(o.rows * o.ld) * templates::dtype_bytes(o.dtype);
+  std::vector<uint8_t> replayed(bytes), eager(bytes);
+  ASSERT_EQ(d->cuMemcpyDtoH(replayed.data(), o.ptr, bytes), CUDA_SUCCESS);
+  expect_correct(*sel, &bufs);  // runs eagerly on the same buffers and checks against the reference
+  ASSERT_EQ(d->cuMemcpyDtoH(eager.data(), o.ptr, bytes), CUDA_SUCCESS);
+  EXPECT_EQ(replayed, eager) << "the replayed graph computed something else than an eager run";
+}
+
 TEST_F(TuneGpu, UseAndStrictModesNeverMeasure) {
   const Problem p = gemm(32, 512, 256);
   {

@@ -206,15 +206,15 @@ bool lt_context_ready() {
   return lock.owns_lock() && all.per_context.count(*ctx) != 0;
 }
 
-void start_lt_context() {
+void start_lt_context(bool with_cublas) {
   auto ctx = lt_current_context();
-  if (!ctx.ok() || lt_context_ready()) return;
+  if (!ctx.ok() || (lt_context_ready() && (!with_cublas || cublas_handle_ready()))) return;
   static LtStarter starter;
   std::lock_guard lock(starter.mu);
   if (starter.running.load()) return;
   if (starter.thread.joinable()) starter.thread.join();  // an earlier start that has finished
   starter.running = true;
-  starter.thread = std::thread([c = *ctx] {
+  starter.thread = std::thread([c = *ctx, with_cublas] {
     struct Done {
       ~Done() { starter.running = false; }
     } done;
@@ -223,8 +223,10 @@ void start_lt_context() {
     // Relaxed: a graph capture on another thread neither sees nor forbids the handle's allocations.
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     (*d)->cuThreadExchangeStreamCaptureMode(&mode);
-    // A failure is not kept: lt_context() tries again (and reports it) at the first run that needs it.
+    // A failure is not kept: lt_context() and cublas_ready() try again (and report it) at the first run that
+    // needs them.
     (void)lt_context();
+    if (with_cublas) (void)cublas_ready();
   });
 }
 
@@ -392,15 +394,23 @@ Status LtGemm::run(const LtAlgo* algo, const KilnGemmArgs& args, CUstream stream
 
 namespace {
 // cuBLAS handles per context, created once and kept for the life of the process, as cuBLAS advises.
+struct CublasHandles {
+  std::mutex mu;  // held while a handle is made and while one is used
+  std::map<CUcontext, cublasHandle_t> per_context;
+};
+CublasHandles& cublas_handles() {
+  static auto* all = new CublasHandles();  // never destroyed, like the handles
+  return *all;
+}
+
 Result<cublasHandle_t> cublas_handle(std::unique_lock<std::mutex>& lock) {
   KILN_ASSIGN_OR_RETURN(CUcontext ctx, current_context());
   if (ctx == nullptr) {
     return make_error(ErrorCode::kFailedPrecondition, "cuBLAS needs a current CUDA context (kiln::ensure_context)");
   }
-  static std::mutex mu;
-  static auto* handles = new std::map<CUcontext, cublasHandle_t>();
-  lock = std::unique_lock<std::mutex>(mu);
-  cublasHandle_t& h = (*handles)[ctx];
+  CublasHandles& all = cublas_handles();
+  lock = std::unique_lock<std::mutex>(all.mu);
+  cublasHandle_t& h = all.per_context[ctx];
   if (h == nullptr) {
     KILN_CHECK(cublasCreate(&h));
     KILN_ASSIGN_OR_RETURN(const LtContext* lt, lt_context());
@@ -415,6 +425,16 @@ Result<cublasHandle_t> cublas_handle(std::unique_lock<std::mutex>& lock) {
 Status cublas_ready() {
   std::unique_lock<std::mutex> lock;
   return cublas_handle(lock).status();
+}
+
+bool cublas_handle_ready() {
+  auto ctx = lt_current_context();
+  if (!ctx.ok()) return false;
+  CublasHandles& all = cublas_handles();
+  std::unique_lock lock(all.mu, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  auto it = all.per_context.find(*ctx);
+  return it != all.per_context.end() && it->second != nullptr;
 }
 
 Status cublas_default_gemm(const GemmProblem& p, DType out, const KilnGemmArgs& args, CUstream stream) {

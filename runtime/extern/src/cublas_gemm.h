@@ -34,8 +34,9 @@ Result<const LtContext*> lt_context();
 bool lt_context_ready();
 /// Starts making the current context's handle on a background thread and returns at once (nothing when it
 /// exists or is being made). cuBLASLt's first handle costs ~70 ms (measured on an H200: the library's own
-/// start-up), which a warm start must not wait for; lt_context() waits for it.
-void start_lt_context();
+/// start-up), which a warm start must not wait for; lt_context() waits for it. `with_cublas`: the cuBLAS
+/// handle too (cublas_ready()), which the default-GEMM choice needs.
+void start_lt_context(bool with_cublas = false);
 
 /// One cuBLASLt algorithm for a problem.
 struct LtAlgo {
@@ -83,6 +84,8 @@ class LtGemm {
 
 /// Makes sure cuBLAS's handle for the current context exists (creating one costs milliseconds).
 Status cublas_ready();
+/// Whether it exists now. Never blocks: false while one is being made or used.
+bool cublas_handle_ready();
 
 /// cuBLAS's default GEMM (cublasGemmEx, CUBLAS_GEMM_DEFAULT: what torch.mm calls), plain D = AB into `out`.
 Status cublas_default_gemm(const GemmProblem& p, DType out, const KilnGemmArgs& args, CUstream stream);

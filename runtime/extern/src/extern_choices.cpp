@@ -11,7 +11,6 @@
 namespace kiln::runtime {
 
 using detail::cublas_default_gemm;
-using detail::cublas_ready;
 using detail::LtAlgo;
 using detail::LtGemm;
 
@@ -22,13 +21,11 @@ class CublasDefaultChoice final : public Choice {
   explicit CublasDefaultChoice(const GemmProblem& p, DType out) : p_(p), out_(out) {}
   const std::string& name() const override { return name_; }
   ChoiceKind kind() const override { return ChoiceKind::kExtern; }
+  // Like cuBLASLt's below: a warm start does not wait for the handles (cuBLAS's needs cuBLASLt's); they are
+  // made on a background thread and the first run() waits for them if they are not ready by then.
   Status prepare(const Binaries&) override {
-    // cuBLAS's handle needs cuBLASLt's: while that is being made, run() waits for both instead of prepare().
-    if (!detail::lt_context_ready()) {
-      detail::start_lt_context();
-      return Status();
-    }
-    return cublas_ready();
+    detail::start_lt_context(/*with_cublas=*/true);
+    return Status();
   }
   Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
     const auto* a = std::get_if<KilnGemmArgs>(&args);
@@ -110,13 +107,8 @@ class UnfusedChoice final : public Choice {
     out.push_back({rendered_.source, target_});
     return out;
   }
-  Status prepare(const Binaries& binaries) override {
-    if (binaries.empty()) return make_error(ErrorCode::kInternal, fmt::format("{}: no binaries", name_));
-    Binaries inner(binaries.begin(), binaries.end() - 1);
-    KILN_RETURN_IF_ERROR(gemm_->prepare(inner));
-    KILN_ASSIGN_OR_RETURN(reduce_kernel_, load_kernel(binaries.back()));
-    return Status();
-  }
+  Status prepare(const Binaries& binaries) override { return prepare_both(binaries, false); }
+  Status prepare_deferred(const Binaries& binaries) override { return prepare_both(binaries, true); }
   size_t workspace_bytes() const override { return static_cast<size_t>(p_.m * p_.n) * sizeof(float); }
   Status run(const OpArgs& args, CUdeviceptr workspace, CUstream stream) const override {
     const auto* a = std::get_if<KilnGemmArgs>(&args);
@@ -138,7 +130,9 @@ class UnfusedChoice final : public Choice {
     r.ep = a->ep;
     templates::Shape s{a->m, a->n, 1, 1, 1};
     KILN_ASSIGN_OR_RETURN(templates::Launch g, reduce_->geometry(rendered_.params, s));
-    return templates::launch(*reduce_kernel_, g, r, stream);
+    auto reduce = reduce_kernel_->get();
+    if (!reduce.ok()) return reduce.status().with_context(fmt::format("loading {}'s epilogue kernel", name_));
+    return templates::launch(**reduce, g, r, stream);
   }
   std::map<std::string, std::string> parameters() const override {
     return {{"gemm", gemm_->name()}, {"epilogue_kernel", rendered_.config_name}};
@@ -150,8 +144,17 @@ class UnfusedChoice final : public Choice {
   templates::TemplatePtr reduce_;
   templates::Rendered rendered_;
   Target target_;
+  Status prepare_both(const Binaries& binaries, bool defer) {
+    if (binaries.empty()) return make_error(ErrorCode::kInternal, fmt::format("{}: no binaries", name_));
+    Binaries inner(binaries.begin(), binaries.end() - 1);
+    KILN_RETURN_IF_ERROR(defer ? gemm_->prepare_deferred(inner) : gemm_->prepare(inner));
+    KILN_ASSIGN_OR_RETURN(LazyKernel k, prepare_kernel(binaries.back(), defer));
+    reduce_kernel_.emplace(std::move(k));
+    return Status();
+  }
+
   std::string name_;
-  std::optional<Kernel> reduce_kernel_;
+  std::optional<LazyKernel> reduce_kernel_;
 };
 
 }  // namespace

@@ -51,6 +51,18 @@ Future<Binaries> Choice::precompile(PrecompileGate& gate, Priority priority) con
   return when_all(std::move(futures));
 }
 
+Result<LazyKernel> prepare_kernel(const Binary& binary, bool defer) {
+  if (!defer) {
+    KILN_ASSIGN_OR_RETURN(Kernel k, load_kernel(binary));
+    return LazyKernel(std::move(k));
+  }
+  KILN_ASSIGN_OR_RETURN(CUcontext ctx, current_context());
+  if (ctx == nullptr) {
+    return make_error(ErrorCode::kFailedPrecondition, "no current CUDA context to load kernels into (kiln::ensure_context)");
+  }
+  return LazyKernel(std::make_shared<const Binary>(binary), ctx);
+}
+
 namespace detail {
 
 Result<templates::Shape> shape_of(const OpArgs& args) {
@@ -101,21 +113,27 @@ class GeometryCache {
 // A choice that compiles one kernel: prepare() loads it and run() reaches it through loaded().
 class OneKernelChoice : public Choice {
  public:
-  Status prepare(const Binaries& binaries) override {
-    if (binaries.size() != 1) return make_error(ErrorCode::kInternal, fmt::format("{}: expected one binary", name()));
-    KILN_ASSIGN_OR_RETURN(kernel_, load_kernel(binaries[0]));
-    return Status();
-  }
+  Status prepare(const Binaries& binaries) override { return prepare_one(binaries, false); }
+  Status prepare_deferred(const Binaries& binaries) override { return prepare_one(binaries, true); }
 
  protected:
-  /// The loaded kernel; kFailedPrecondition before prepare().
+  /// The loaded kernel (loading it first when deferred); kFailedPrecondition before prepare().
   Result<const Kernel*> loaded() const {
     if (!kernel_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name()));
-    return &*kernel_;
+    auto k = kernel_->get();
+    if (!k.ok()) return k.status().with_context(fmt::format("loading {}", name()));
+    return k;
   }
 
  private:
-  std::optional<Kernel> kernel_;
+  Status prepare_one(const Binaries& binaries, bool defer) {
+    if (binaries.size() != 1) return make_error(ErrorCode::kInternal, fmt::format("{}: expected one binary", name()));
+    KILN_ASSIGN_OR_RETURN(LazyKernel k, prepare_kernel(binaries[0], defer));
+    kernel_.emplace(std::move(k));
+    return Status();
+  }
+
+  std::optional<LazyKernel> kernel_;
 };
 
 class TemplateChoice final : public OneKernelChoice {
@@ -172,21 +190,20 @@ class SubgraphChoice final : public Choice {
     for (const auto& s : graph_.steps) out.push_back({s.kernel.source, target_});
     return out;
   }
-  Status prepare(const Binaries& binaries) override {
-    if (binaries.size() != graph_.steps.size()) {
-      return make_error(ErrorCode::kInternal, fmt::format("{}: expected {} binaries", name(), graph_.steps.size()));
-    }
-    for (const auto& b : binaries) {
-      KILN_ASSIGN_OR_RETURN(Kernel k, load_kernel(b));
-      kernels_.push_back(std::make_unique<Kernel>(std::move(k)));
-    }
-    return Status();
-  }
+  Status prepare(const Binaries& binaries) override { return prepare_all(binaries, false); }
+  Status prepare_deferred(const Binaries& binaries) override { return prepare_all(binaries, true); }
   Status run(const OpArgs& args, CUdeviceptr workspace, CUstream stream) const override {
     const auto* gemm = std::get_if<KilnGemmArgs>(&args);
     if (gemm == nullptr) return make_error(ErrorCode::kInvalidArgument, fmt::format("{} runs GEMMs only", name()));
+    if (kernels_.size() != graph_.steps.size()) {
+      return make_error(ErrorCode::kFailedPrecondition, fmt::format("{} was not prepared", name()));
+    }
     std::vector<const Kernel*> ks;
-    for (const auto& k : kernels_) ks.push_back(k.get());
+    for (size_t i = 0; i < kernels_.size(); ++i) {
+      auto k = kernels_[i].get();
+      if (!k.ok()) return k.status().with_context(fmt::format("loading step {} of {}", i, name()));
+      ks.push_back(*k);
+    }
     if (gemm->m == shape_.m && gemm->n == shape_.n && gemm->k == shape_.k) {
       return templates::run(graph_, ks, *gemm, workspace, stream);
     }
@@ -220,7 +237,20 @@ class SubgraphChoice final : public Choice {
   templates::Subgraph graph_;
   Target target_;
   templates::Shape shape_;
-  std::vector<std::unique_ptr<Kernel>> kernels_;
+  Status prepare_all(const Binaries& binaries, bool defer) {
+    if (binaries.size() != graph_.steps.size()) {
+      return make_error(ErrorCode::kInternal, fmt::format("{}: expected {} binaries", name(), graph_.steps.size()));
+    }
+    std::vector<LazyKernel> kernels;
+    for (const auto& b : binaries) {
+      KILN_ASSIGN_OR_RETURN(LazyKernel k, prepare_kernel(b, defer));
+      kernels.push_back(std::move(k));
+    }
+    kernels_ = std::move(kernels);
+    return Status();
+  }
+
+  std::vector<LazyKernel> kernels_;
 };
 
 class UserChoice final : public OneKernelChoice {

@@ -320,7 +320,9 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
       auto binaries = s.compile(*c, Priority::kOnDemand);
       report.compile_wait_seconds = seconds_since(fetch);
       const Clock::time_point load = Clock::now();
-      Status ready = binaries.ok() ? c->prepare(*binaries) : binaries.status();
+      Status ready = !binaries.ok()          ? binaries.status()
+                     : s.options.defer_loads ? c->prepare_deferred(*binaries)
+                                             : c->prepare(*binaries);
       report.load_seconds = seconds_since(load);
       if (ready.ok()) {
         report.chosen = c->name();

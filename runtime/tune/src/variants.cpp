@@ -33,14 +33,13 @@ class VariantChoice final : public Choice {
   std::vector<CompileRequest> kernels() const override { return {{source_, target_}}; }
   std::map<std::string, std::string> parameters() const override { return variant_.parameters; }
 
-  Status prepare(const Binaries& binaries) override {
-    if (binaries.size() != 1) return make_error(ErrorCode::kInternal, fmt::format("{}: expected one binary", name()));
-    KILN_ASSIGN_OR_RETURN(kernel_, load_kernel(binaries[0]));
-    return Status();
-  }
+  Status prepare(const Binaries& binaries) override { return prepare_one(binaries, false); }
+  Status prepare_deferred(const Binaries& binaries) override { return prepare_one(binaries, true); }
 
   Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
     if (!kernel_) return make_error(ErrorCode::kFailedPrecondition, fmt::format("variant {} was not prepared", name()));
+    auto kernel = kernel_->get();
+    if (!kernel.ok()) return kernel.status().with_context(fmt::format("loading variant {}", name()));
     const auto* call = std::get_if<CustomArgs>(&args);
     if (call == nullptr || call->params == nullptr) {
       return make_error(ErrorCode::kInvalidArgument,
@@ -56,14 +55,21 @@ class VariantChoice final : public Choice {
     cfg.block = dims.block;
     cfg.shared_bytes = dims.shared_bytes;
     cfg.stream = stream;
-    return kernel_->launch(cfg, call->params);
+    return (*kernel)->launch(cfg, call->params);
   }
 
  private:
+  Status prepare_one(const Binaries& binaries, bool defer) {
+    if (binaries.size() != 1) return make_error(ErrorCode::kInternal, fmt::format("{}: expected one binary", name()));
+    KILN_ASSIGN_OR_RETURN(LazyKernel k, prepare_kernel(binaries[0], defer));
+    kernel_.emplace(std::move(k));
+    return Status();
+  }
+
   Variant variant_;
   KernelSource source_;
   Target target_;
-  std::optional<Kernel> kernel_;
+  std::optional<LazyKernel> kernel_;
 };
 
 // The ops registered through register_variants, by registry: the only ones it may replace.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kiln/jit/compiler.h"
+#include "kiln/jit/lazy_kernel.h"
 #include "kiln/jit/module.h"
 #include "kiln/pool/executor.h"
 #include "kiln/pool/future.h"
@@ -57,6 +58,11 @@ class Choice {
   /// Loads `binaries` (one per kernels() entry) into the current context and makes the choice runnable.
   /// Called once, before the first run(). Not thread-safe with run().
   virtual Status prepare(const Binaries& binaries) = 0;
+  /// As prepare(), with each module's load left to the first run() that needs it (the binaries are kept in
+  /// memory; a load that fails then is that run's error). What a warm start uses for cached decisions: a
+  /// module load costs the driver milliseconds, and a process may never run some of its decisions. Default:
+  /// prepare() (choices with nothing to load).
+  virtual Status prepare_deferred(const Binaries& binaries) { return prepare(binaries); }
   /// Computes the problem on `args` on `stream`. `workspace` holds at least workspace_bytes(). Thread-safe
   /// after prepare(). Launch errors are returned; faults show at the next synchronisation.
   virtual Status run(const OpArgs& args, CUdeviceptr workspace, CUstream stream) const = 0;
@@ -74,6 +80,10 @@ class Choice {
 };
 
 using ChoicePtr = std::shared_ptr<Choice>;
+
+/// A choice's kernel for prepare() (`defer` false: loaded now, a load error returned now) or
+/// prepare_deferred() (`defer` true: loaded into the current context at its first get()).
+Result<LazyKernel> prepare_kernel(const Binary& binary, bool defer);
 
 /// A rendered template configuration of one kernel, launched through its family's argument struct.
 ChoicePtr make_template_choice(templates::TemplatePtr tmpl, templates::Rendered rendered, Target target,

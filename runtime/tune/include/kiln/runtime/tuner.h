@@ -121,6 +121,11 @@ struct TuneOptions {
   std::vector<std::string> families;
   /// Seed of the random inputs. Default 1.
   uint32_t seed = 1;
+  /// A cached decision's kernels are read and kept, and each module is loaded at its first run
+  /// (Choice::prepare_deferred): a warm start of many decisions does not wait for the driver's loads, nor load
+  /// modules a process never runs. false: loaded by tune(), so that a binary the driver refuses is found there
+  /// (and chosen again) instead of at the first run.
+  bool defer_loads = true;
   /// Called from tune()'s thread as choices compile and are measured. Optional.
   std::function<void(const TuneProgress&)> progress;
 };
@@ -174,8 +179,9 @@ struct TuneReport {
   bool decision_from_cache = false;
   double compile_wait_seconds = 0;    // time spent waiting for binaries (compiles overlap benchmarking)
   double benchmark_seconds = 0;
-  /// A cached decision: loading the chosen choice's binaries into the context (prepare(): module loads,
-  /// library handles), apart from fetching them (compile_wait_seconds: a binary-cache hit).
+  /// A cached decision: preparing the chosen choice (apart from fetching its binaries, compile_wait_seconds:
+  /// a binary-cache hit): keeping the binaries when loads are deferred (TuneOptions::defer_loads), else the
+  /// module loads.
   double load_seconds = 0;
   /// Where a measured tune's host time goes before the first choice is timed: generating the choices (rendering,
   /// sampling), ranking them and handing their compiles to the gate (kernel keys, cache lookups), and the
