@@ -19,6 +19,8 @@ struct IncludeDirective {
 
 /// Every #include directive of `text`, taken or not (see key.cpp).
 std::vector<IncludeDirective> scan_includes(std::string_view text);
+/// `text` with line splices joined and comments replaced by a space (newlines kept): what scan_includes reads.
+std::string directive_view(std::string_view text);
 
 /// One directive met while following a source's includes.
 struct IncludeUse {

@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "includes.h"
 #include "kiln/jit/compiler.h"
 #include "kiln/jit/key.h"
 #include "kiln_test.h"
@@ -208,6 +210,70 @@ TEST(KernelKey, NoPathsOrHostNamesInTheHashedInputs) {
   s.options.push_back("-I/home/someone/include");
   s.options.push_back("--include-path=/opt/x");
   EXPECT_EQ(make_key(s, kSm90), make_key(test_kernels::probe_source(""), kSm90));
+}
+
+// The directive view skips runs of uninteresting characters in bulk; it must give exactly what the plain
+// character-at-a-time definition below gives (keys of existing caches depend on it), on the CUDA headers
+// every template includes and on random text dense in the characters that change state.
+std::string directive_view_by_character(std::string_view text) {
+  std::string out;
+  enum { kCode, kLine, kBlock, kString, kChar } state = kCode;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\\' && i + 1 < text.size() &&
+        (text[i + 1] == '\n' || (text[i + 1] == '\r' && i + 2 < text.size() && text[i + 2] == '\n'))) {
+      i += text[i + 1] == '\r' ? 2 : 1;
+      continue;
+    }
+    const char c = text[i];
+    const char next = i + 1 < text.size() ? text[i + 1] : '\0';
+    switch (state) {
+      case kCode:
+        if (c == '/' && next == '/') state = kLine, out.push_back(' '), ++i;
+        else if (c == '/' && next == '*') state = kBlock, out.push_back(' '), ++i;
+        else {
+          if (c == '"') state = kString;
+          else if (c == '\'') state = kChar;
+          out.push_back(c);
+        }
+        break;
+      case kLine:
+        if (c == '\n') state = kCode, out.push_back(c);
+        break;
+      case kBlock:
+        if (c == '*' && next == '/') state = kCode, ++i;
+        else if (c == '\n') out.push_back(c);
+        break;
+      case kString:
+      case kChar:
+        out.push_back(c);
+        if (c == '\\' && next != '\0' && next != '\n') out.push_back(next), ++i;
+        else if (c == (state == kString ? '"' : '\'') || c == '\n') state = kCode;
+        break;
+    }
+  }
+  return out;
+}
+
+TEST(KernelKey, TheDirectiveViewIsTheCharacterByCharacterOne) {
+  int files = 0;
+  for (const auto& dir : cuda_include_dirs()) {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (!it->is_regular_file() || it->file_size() > (4u << 20)) continue;
+      std::ifstream in(it->path(), std::ios::binary);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      ASSERT_EQ(detail::directive_view(text), directive_view_by_character(text)) << it->path();
+      ++files;
+    }
+  }
+  EXPECT_GT(files, 100) << "the CUDA toolkit's headers were not found";
+  std::mt19937 rng(16);
+  const std::string alphabet = "/*\"'\\\n\r #ia";
+  for (int round = 0; round < 20000; ++round) {
+    std::string text(rng() % 48, ' ');
+    for (char& c : text) c = alphabet[rng() % alphabet.size()];
+    ASSERT_EQ(detail::directive_view(text), directive_view_by_character(text)) << "round " << round;
+  }
 }
 
 }  // namespace

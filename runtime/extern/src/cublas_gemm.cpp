@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <atomic>
 #include <map>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -171,17 +173,51 @@ Result<CUcontext> lt_current_context() {
   return ctx;
 }
 
-// The thread start_lt_context() runs. A static whose destructor joins it, so that a process exiting while
-// cuBLASLt starts up waits for it (kiln's statics are destroyed before the cuBLASLt library it loaded).
+// The thread start_lt_context() and run_in_lt_start() use: tasks in order, each in the context it was
+// given for, the thread exiting when none is left. A static whose destructor joins it, so that a process
+// exiting while cuBLASLt starts up waits for it (kiln's statics are destroyed before the cuBLASLt library
+// it loaded).
 struct LtStarter {
   std::mutex mu;
   std::thread thread;
-  std::atomic<bool> running{false};  // a start is under way: later callers return at once, never join it
+  std::deque<std::pair<CUcontext, std::function<void()>>> tasks;
+  bool running = false;  // the thread is taking tasks: a new one is queued for it, no thread is started
+  std::map<CUcontext, int> started;  // per context, the handles start_lt_context() queued: 1 cuBLASLt, 2 cuBLAS
   ~LtStarter() {
-    std::lock_guard lock(mu);
-    if (thread.joinable()) thread.join();
+    std::unique_lock lock(mu);
+    std::thread t = std::move(thread);
+    lock.unlock();
+    if (t.joinable()) t.join();
   }
 };
+
+LtStarter& lt_starter() {
+  static LtStarter starter;
+  return starter;
+}
+
+void run_tasks() {
+  LtStarter& starter = lt_starter();
+  auto d = driver();
+  // Relaxed: a graph capture on another thread neither sees nor forbids what the tasks allocate.
+  if (d.ok()) {
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    (*d)->cuThreadExchangeStreamCaptureMode(&mode);
+  }
+  for (;;) {
+    std::pair<CUcontext, std::function<void()>> task;
+    {
+      std::lock_guard lock(starter.mu);
+      if (starter.tasks.empty()) {
+        starter.running = false;
+        return;
+      }
+      task = std::move(starter.tasks.front());
+      starter.tasks.pop_front();
+    }
+    if (d.ok() && (*d)->cuCtxSetCurrent(task.first) == CUDA_SUCCESS) task.second();
+  }
+}
 
 }  // namespace
 
@@ -206,25 +242,33 @@ bool lt_context_ready() {
   return lock.owns_lock() && all.per_context.count(*ctx) != 0;
 }
 
-void start_lt_context(bool with_cublas) {
+void run_in_lt_start(std::function<void()> task) {
   auto ctx = lt_current_context();
-  if (!ctx.ok() || (lt_context_ready() && (!with_cublas || cublas_handle_ready()))) return;
-  static LtStarter starter;
+  if (!ctx.ok()) return;
+  LtStarter& starter = lt_starter();
   std::lock_guard lock(starter.mu);
-  if (starter.running.load()) return;
-  if (starter.thread.joinable()) starter.thread.join();  // an earlier start that has finished
+  starter.tasks.emplace_back(*ctx, std::move(task));
+  if (starter.running) return;
+  if (starter.thread.joinable()) starter.thread.join();  // an earlier thread that has run out of tasks
   starter.running = true;
-  starter.thread = std::thread([c = *ctx, with_cublas] {
-    struct Done {
-      ~Done() { starter.running = false; }
-    } done;
-    auto d = driver();
-    if (!d.ok() || (*d)->cuCtxSetCurrent(c) != CUDA_SUCCESS) return;
-    // Relaxed: a graph capture on another thread neither sees nor forbids the handle's allocations.
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    (*d)->cuThreadExchangeStreamCaptureMode(&mode);
-    // A failure is not kept: lt_context() and cublas_ready() try again (and report it) at the first run that
-    // needs them.
+  starter.thread = std::thread(run_tasks);
+}
+
+void start_lt_context(bool with_cublas) {
+  if (lt_context_ready() && (!with_cublas || cublas_handle_ready())) return;
+  auto ctx = lt_current_context();
+  if (!ctx.ok()) return;
+  {
+    LtStarter& starter = lt_starter();
+    std::lock_guard lock(starter.mu);
+    const int want = with_cublas ? 3 : 1;
+    int& queued = starter.started[*ctx];
+    if ((queued & want) == want) return;  // being made, or made (a failed one is retried by the run needing it)
+    queued |= want;
+  }
+  // A failure is not kept: lt_context() and cublas_ready() try again (and report it) at the first run that
+  // needs them.
+  run_in_lt_start([with_cublas] {
     (void)lt_context();
     if (with_cublas) (void)cublas_ready();
   });

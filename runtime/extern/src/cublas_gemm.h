@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cuda.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ bool lt_context_ready();
 /// start-up), which a warm start must not wait for; lt_context() waits for it. `with_cublas`: the cuBLAS
 /// handle too (cublas_ready()), which the default-GEMM choice needs.
 void start_lt_context(bool with_cublas = false);
+/// Runs `task` on the thread start_lt_context() uses, in the current context, after what it has queued
+/// already (the handles first): start-up work that must not hold up a warm start. Nothing without a context.
+void run_in_lt_start(std::function<void()> task);
 
 /// One cuBLASLt algorithm for a problem.
 struct LtAlgo {

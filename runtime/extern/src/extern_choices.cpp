@@ -42,7 +42,7 @@ class CublasDefaultChoice final : public Choice {
   std::string name_ = "cublas_default";
 };
 
-class CublasLtChoice final : public Choice {
+class CublasLtChoice final : public Choice, public std::enable_shared_from_this<CublasLtChoice> {
  public:
   CublasLtChoice(const GemmProblem& p, bool fuse, DType plain_out, std::string algo)
       : p_(p), fuse_(fuse), plain_out_(plain_out), name_(std::move(algo)) {}
@@ -58,6 +58,17 @@ class CublasLtChoice final : public Choice {
       return Status();
     }
     return build();
+  }
+  // A cached decision: even with the handle made, building waits for cuBLASLt's first descriptor and
+  // algorithm calls in the process (~70 ms on an H200): that happens on the start-up thread after the handle,
+  // and the first run() builds itself (or waits for that build) if it comes first.
+  Status prepare_deferred(const Binaries&) override {
+    prepared_ = true;
+    detail::start_lt_context();
+    detail::run_in_lt_start([weak = weak_from_this()] {
+      if (auto self = weak.lock()) (void)self->build();  // a failure is the first run's to report
+    });
+    return Status();
   }
   Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
     const auto* a = std::get_if<KilnGemmArgs>(&args);
