@@ -44,8 +44,8 @@ void Store::Impl::report_invalid(int cf, std::string_view key, const Status& why
   }
   std::string printable;
   for (unsigned char c : key.substr(0, 120)) printable += (c >= 0x20 && c < 0x7f) ? char(c) : '.';
-  spdlog::warn("kiln cache: {} entry '{}' is a miss: {} (it is replaced when written again)", kCfNames[cf],
-               printable, why.to_string());
+  spdlog::warn("kiln cache: {} entry '{}' is a miss: {} (it is replaced when written again; `kiln cache verify` "
+               "checks the whole cache)", kCfNames[cf], printable, why.to_string());
 }
 
 void Store::Impl::report_stale(int cf, const Toolchain& made_with) {
@@ -216,7 +216,12 @@ Result<std::shared_ptr<const Binary>> Store::get_binary(const KernelKey& key, st
     KILN_RETURN_IF_ERROR(m.catch_up(false));
   }
   if (s.IsNotFound()) return make_error(ErrorCode::kNotFound, fmt::format("no binary {} in the cache", key.hex()));
-  KILN_CHECK(s);
+  if (!s.ok()) {
+    // A damaged table block (or a failing disk): a compile replaces the entry, but the user hears of it.
+    Status unreadable = to_status(s, "Get", __FILE__, __LINE__);
+    m.report_invalid(kBinaries, key.hex(), unreadable);
+    return unreadable;
+  }
   KILN_ASSIGN_OR_RETURN(auto b, m.decode_stored_binary(key, k, value.ToStringView(), remember));
   return check_arch(key, std::move(b), arch);
 }
@@ -263,7 +268,9 @@ std::vector<Result<std::shared_ptr<const Binary>>> Store::get_binaries(const std
       continue;
     }
     if (!s.ok()) {
-      out[i] = to_status(s, "MultiGet", __FILE__, __LINE__);
+      Status unreadable = to_status(s, "MultiGet", __FILE__, __LINE__);
+      m.report_invalid(kBinaries, keys[i].hex(), unreadable);
+      out[i] = std::move(unreadable);
       continue;
     }
     auto b = m.decode_stored_binary(keys[i], names[i], values[j].ToStringView(), remember);

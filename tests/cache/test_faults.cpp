@@ -10,6 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "cache_test_util.h"
 #include "fault_fs.h"
@@ -316,6 +320,40 @@ TEST(StorageFaults, CorruptedTableFileIsQuarantinedAndTheRestRebuilt) {
   auto after = verify_cache(d.path());
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(after->ok()) << (after->damage.empty() ? "" : after->damage[0]);
+}
+
+// A damaged block of the binaries' table file is found only when a binary is read (an open reads the decisions
+// and timings, not every binary). The read is a miss its caller compiles again, and it says so in the log:
+// `kiln precompile` on a tampered cache recompiled every kernel without a word before.
+TEST(StorageFaults, AnUnreadableBinaryIsAMissThatIsLogged) {
+  TempDir d;
+  std::vector<Binary> bins;
+  {
+    auto store = Store::open(store_options(d));
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    for (int i = 0; i < 40; ++i) {
+      bins.push_back(testing::fake_binary(uint64_t(i) + 1, 16384));
+      KILN_ASSERT_OK((*store)->put_binary(bins.back()));
+    }
+    KILN_ASSERT_OK((*store)->flush());
+  }
+  flip_bytes(largest_sst(d.path() + "/db"), 4096, 64);  // the binaries' table, inside its first data block
+  auto store = Store::open(store_options(d));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  int unreadable = 0;
+  for (const auto& b : bins) {
+    auto got = (*store)->get_binary(b.key, {}, false);
+    if (got.ok()) continue;
+    ++unreadable;
+    EXPECT_EQ(got.status().code(), ErrorCode::kCorrupt) << got.status().to_string();
+  }
+  spdlog::set_default_logger(previous);
+  EXPECT_GT(unreadable, 0) << "the flipped bytes damaged no binary";
+  EXPECT_NE(log.str().find("is a miss"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("kiln cache verify"), std::string::npos) << log.str();
 }
 
 // A copy of a database taken while its writer runs: what a machine that lost power leaves (the write-ahead
