@@ -117,3 +117,79 @@ Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options) 
 }
 
 }  // namespace kiln
+
+namespace kiln {
+
+DeferredExecutor::DeferredExecutor(std::function<Result<std::shared_ptr<Executor>>()> make, std::string kind,
+                                   int concurrency)
+    : make_(std::move(make)), kind_(std::move(kind)), concurrency_(concurrency) {}
+
+DeferredExecutor::~DeferredExecutor() { shutdown(); }
+
+void DeferredExecutor::start() { (void)get(); }
+
+bool DeferredExecutor::started() const {
+  std::lock_guard lock(mu_);
+  return started_;
+}
+
+Executor* DeferredExecutor::get() {
+  std::lock_guard lock(mu_);
+  if (!started_ && !shut_down_) {
+    started_ = true;
+    auto made = make_();
+    if (made.ok()) {
+      made_ = std::move(made).value();
+    } else {
+      error_ = made.status().with_context("starting the compile executor");
+      report_fallback_once("deferred executor", error_.to_string());
+    }
+  }
+  return made_.get();
+}
+
+Submission DeferredExecutor::submit(CompileJob job) {
+  if (Executor* e = get()) return e->submit(std::move(job));
+  std::lock_guard lock(mu_);
+  Status why = shut_down_ && error_.ok()
+                   ? make_error(ErrorCode::kShutdown, fmt::format("pool shut down before compiling '{}'", job.source.name))
+                   : error_;
+  return Submission{make_ready_future<Binary>(why), 0};
+}
+
+void DeferredExecutor::raise_priority(JobId id, Priority priority) {
+  std::shared_ptr<Executor> e;
+  {
+    std::lock_guard lock(mu_);
+    e = made_;
+  }
+  if (e) e->raise_priority(id, priority);
+}
+
+void DeferredExecutor::shutdown() {
+  std::shared_ptr<Executor> e;
+  {
+    std::lock_guard lock(mu_);
+    shut_down_ = true;
+    e = made_;
+  }
+  // Outside the lock: a job's continuation may submit while the executor winds down.
+  if (e) e->shutdown();
+}
+
+std::string_view DeferredExecutor::kind() const {
+  std::lock_guard lock(mu_);
+  return made_ ? made_->kind() : std::string_view(kind_);
+}
+
+int DeferredExecutor::concurrency() const {
+  std::lock_guard lock(mu_);
+  return made_ ? made_->concurrency() : concurrency_;
+}
+
+ExecutorCounters DeferredExecutor::counters() const {
+  std::lock_guard lock(mu_);
+  return made_ ? made_->counters() : ExecutorCounters{};
+}
+
+}  // namespace kiln

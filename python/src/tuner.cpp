@@ -22,67 +22,6 @@ namespace {
 Result<bool> capturing(CUstream stream);
 bool measured(const runtime::TuneReport& r);
 
-// The executor, made on the first compile. A warm start whose binaries are all cached compiles nothing, so
-// it never starts the process pool (spawning a worker per core, and the handshake with a worker named by
-// $KILN_COMPILE_WORKER, which cost start-up time on the critical path of a serving engine's first request).
-class LazyExecutor final : public Executor {
- public:
-  explicit LazyExecutor(ExecutorOptions options) : options_(std::move(options)) {}
-  ~LazyExecutor() override { shutdown(); }
-
-  Submission submit(CompileJob job) override {
-    auto e = get(true);
-    if (!e.ok()) return {make_ready_future<Binary>(e.status()), 0};
-    return (*e)->submit(std::move(job));
-  }
-  void raise_priority(JobId id, Priority priority) override {
-    if (auto e = get(false); e.ok() && *e) (*e)->raise_priority(id, priority);
-  }
-  void shutdown() override {
-    std::shared_ptr<Executor> e;
-    {
-      std::lock_guard lock(mu_);
-      shut_ = true;
-      e = made_;
-    }
-    if (e) e->shutdown();
-  }
-  std::string_view kind() const override {
-    auto e = get(false);
-    return e.ok() && *e ? (*e)->kind() : std::string_view("lazy");
-  }
-  int concurrency() const override {
-    auto e = get(false);
-    return e.ok() && *e ? (*e)->concurrency() : 1;
-  }
-  ExecutorCounters counters() const override {
-    auto e = get(false);
-    return e.ok() && *e ? (*e)->counters() : ExecutorCounters{};
-  }
-
- private:
-  // The executor; with `make`, made now if it was not (its error is kept and returned to every submit).
-  Result<std::shared_ptr<Executor>> get(bool make) const {
-    std::lock_guard lock(mu_);
-    if (made_ || !make) return made_;
-    if (shut_) return make_error(ErrorCode::kShutdown, "pool shut down");
-    if (!error_.ok()) return error_;
-    auto e = make_executor(options_);
-    if (!e.ok()) {
-      error_ = e.status();
-      return error_;
-    }
-    made_ = *e;
-    return made_;
-  }
-
-  ExecutorOptions options_;
-  mutable std::mutex mu_;
-  mutable std::shared_ptr<Executor> made_;
-  mutable Status error_;
-  bool shut_ = false;
-};
-
 // A thread that loads modules while another thread may be capturing a CUDA graph: in the default (global)
 // capture mode, a module load or allocation from any thread during another thread's global capture is
 // refused and invalidates that capture; relaxed mode exempts this thread. cuThreadExchangeStreamCaptureMode
@@ -300,7 +239,10 @@ Result<runtime::Tuner*> PyTuner::tuner(int device) {
     if (!options_.executor.empty()) {
       KILN_ASSIGN_OR_RETURN(eo.kind, parse_executor_kind(options_.executor));
     }
-    executor_ = std::make_shared<LazyExecutor>(std::move(eo));
+    // Made when compiles are coming (the tuner starts it): a warm start whose binaries are all cached compiles
+    // nothing, so it never starts the process pool (a worker per core, and the handshake with a worker named
+    // by $KILN_COMPILE_WORKER), which would cost start-up time on a serving engine's first request.
+    executor_ = std::make_shared<DeferredExecutor>([eo] { return make_executor(eo); }, "lazy", 1);
   }
   runtime::TuneOptions o;
   o.cache = cache_;

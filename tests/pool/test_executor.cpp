@@ -304,5 +304,73 @@ TEST(Executors, ChosenByOptionsThenEnvironment) {
   }
 }
 
+// The deferred executor makes its executor once, at start() or the first job (from any number of threads),
+// answers kind() and concurrency() without making it, and turns a failed make or a shutdown into every job's
+// error without ever calling make again.
+TEST(DeferredExecutor, MakesItsExecutorOnceAtStartOrTheFirstJob) {
+  std::atomic<int> made{0};
+  auto make = [&]() -> Result<std::shared_ptr<Executor>> {
+    ++made;
+    return std::shared_ptr<Executor>(make_inline_executor([](const KernelSource& s, const Target& t, const CompileSettings&) {
+      Binary b;
+      b.name = s.name;
+      b.arch = t.arch;
+      return Result<Binary>(b);
+    }));
+  };
+  {
+    DeferredExecutor idle(make, "lazy", 3);
+    EXPECT_EQ(idle.kind(), "lazy");
+    EXPECT_EQ(idle.concurrency(), 3);
+    EXPECT_FALSE(idle.started());
+  }
+  EXPECT_EQ(made.load(), 0) << "an executor nobody used was made";
+
+  DeferredExecutor on_demand(make, "lazy", 3);
+  std::vector<std::thread> threads;
+  std::vector<Future<Binary>> futures(8);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] { futures[i] = on_demand.submit(job("k" + std::to_string(i))).future; });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(made.load(), 1);
+  for (int i = 0; i < 8; ++i) {
+    KILN_ASSERT_OK_AND_ASSIGN(Binary b, futures[i].get());
+    EXPECT_EQ(b.name, "k" + std::to_string(i));
+  }
+  EXPECT_EQ(on_demand.kind(), "inline");
+
+  DeferredExecutor started(make, "lazy", 3);
+  started.start();
+  started.start();
+  EXPECT_TRUE(started.started());
+  EXPECT_EQ(made.load(), 2);
+}
+
+TEST(DeferredExecutor, AFailedMakeOrAShutdownFailsEveryJob) {
+  int calls = 0;
+  DeferredExecutor broken([&]() -> Result<std::shared_ptr<Executor>> {
+    ++calls;
+    return make_error(ErrorCode::kNotFound, "no compile worker");
+  }, "lazy", 1);
+  for (int i = 0; i < 3; ++i) {
+    auto r = broken.submit(job("k")).future.get();
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("no compile worker"), std::string::npos) << r.status().to_string();
+  }
+  EXPECT_EQ(calls, 1);
+
+  int never = 0;
+  DeferredExecutor shut([&]() -> Result<std::shared_ptr<Executor>> {
+    ++never;
+    return std::shared_ptr<Executor>(make_inline_executor());
+  }, "lazy", 1);
+  shut.shutdown();
+  auto r = shut.submit(job("late")).future.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kShutdown);
+  EXPECT_EQ(never, 0);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -148,9 +148,18 @@ TEST_F(TuneGpu, ACachedDecisionLoadsAtItsFirstRunEvenInsideAGlobalCapture) {
     ASSERT_EQ(sel->choice()->kind(), ChoiceKind::kTemplate)
         << "the test needs a template decision (a module to load); chosen: " << sel->choice_name();
   }
-  auto t = tuner(cache::TuneMode::kTune);  // TuneOptions::defer_loads is the default
+  // TuneOptions::defer_loads is the default. The executor is made only when compiles are coming: none are.
+  int executors_made = 0;
+  TuneOptions warm;
+  warm.cache = cache(cache::TuneMode::kTune);
+  warm.executor = std::make_shared<DeferredExecutor>([&] {
+    ++executors_made;
+    return make_executor();
+  }, "lazy", 1);
+  KILN_ASSERT_OK_AND_ASSIGN(auto t, make_tuner(warm));
   KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(p));
   ASSERT_TRUE(sel->report().decision_from_cache);
+  EXPECT_EQ(executors_made, 0) << "a warm start started the compile executor";
   auto def = default_ops().find(p.op);
   KILN_ASSERT_OK(def.status());
   KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(p, 77));

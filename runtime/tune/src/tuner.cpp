@@ -48,6 +48,10 @@ struct Tuner::Impl {
   TuneServices services;
   std::shared_ptr<cache::TuningCache> cache;
   std::shared_ptr<Executor> executor;
+  std::shared_ptr<DeferredExecutor> deferred;  // the executor when it is the default one, started on demand
+  void compiles_coming() const {
+    if (deferred) deferred->start();
+  }
   std::unique_ptr<PrecompileGate> gate;
   ChoiceContext ctx;
   cache::DeviceFingerprint fingerprint;
@@ -151,10 +155,21 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices s
     KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode, {}, std::move(remote)));
     impl->cache = std::move(opened);
   }
+  auto env_set = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0';
+  };
   if (options.executor) {
     impl->executor = options.executor;
-  } else {
+    impl->deferred = std::dynamic_pointer_cast<DeferredExecutor>(options.executor);  // started on demand too
+  } else if (env_set("KILN_EXECUTOR") || env_set("KILN_COMPILE_WORKER") || env_set("KILN_COMPILE_WORKERS")) {
+    // Configured: made (and checked) now, so that a mistake fails make_tuner() rather than the first compile.
     KILN_ASSIGN_OR_RETURN(impl->executor, make_executor());
+  } else {
+    // The default pool starts when compiles are coming (a tune without a cached decision, a plan): a warm
+    // start that finds everything cached never starts compile workers.
+    impl->deferred = std::make_shared<DeferredExecutor>([] { return make_executor(); }, "process", available_cores());
+    impl->executor = impl->deferred;
   }
   KILN_ASSIGN_OR_RETURN(impl->gate, make_cached_gate(impl->cache, impl->executor));
   impl->options = std::move(options);
@@ -239,6 +254,7 @@ std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std:
 }
 
 Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) const {
+  impl_->compiles_coming();
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
   impl_->keep_generated(impl_->key_of(problem), choices);  // tune() takes them instead of generating again
   KILN_ASSIGN_OR_RETURN(auto def, impl_->services.ops->find(problem.op));
@@ -341,6 +357,7 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
                         fmt::format("strict mode: the cached decision for {} cannot be used", report.problem));
     }
   }
+  s.compiles_coming();  // before generating, so that the pool is up when the first compiles come
   KILN_RETURN_IF_ERROR(generate());
   report.effort = std::string(effort_name(s.effort));
   if (!s.policy.measure && s.cache->mode() != cache::TuneMode::kStrict) {
