@@ -29,7 +29,7 @@ case "$step" in
       echo "== Llama-3-8B workload, warm $i (new process, decisions cached, module loads deferred to first runs)"
       timeout 60 $D/bench_tuning_speed workload --cache-dir "$c/w" --json "$OUT/tuning-llama3-8b-warm-$i.json" 2>&1 | tail -10
     done
-    echo "== Llama-3-8B workload, warm, compiles in this process (KILN_EXECUTOR=arena: no compile workers started)"
+    echo "== Llama-3-8B workload, warm, KILN_EXECUTOR=arena (the executor made with the tuner)"
     KILN_EXECUTOR=arena timeout 60 $D/bench_tuning_speed workload --cache-dir "$c/w" --json "$OUT/tuning-llama3-8b-warm-arena.json" 2>&1 | tail -3
     echo "== Llama-3-8B workload, warm, module loads in tune() (--eager-loads)"
     timeout 60 $D/bench_tuning_speed workload --cache-dir "$c/w" --eager-loads --json "$OUT/tuning-llama3-8b-warm-eager.json" 2>&1 | tail -10
