@@ -149,7 +149,16 @@ Executor* DeferredExecutor::get() {
 }
 
 Submission DeferredExecutor::submit(CompileJob job) {
-  if (Executor* e = get()) return e->submit(std::move(job));
+  if (Executor* e = get()) {
+    // A process pool sends what comes before all its workers have said hello to its host arena (threads in
+    // this process, where NVRTC's lock caps them). The first jobs come right after the start: they wait for
+    // the workers once (~10 ms; bounded, a pool that cannot start gives up on its own), and so does any job
+    // submitted meanwhile.
+    std::call_once(first_submit_, [&] {
+      if (auto* pool = dynamic_cast<ProcessPool*>(e)) (void)pool->wait_ready(std::chrono::seconds(2));
+    });
+    return e->submit(std::move(job));
+  }
   std::lock_guard lock(mu_);
   Status why = shut_down_ && error_.ok()
                    ? make_error(ErrorCode::kShutdown, fmt::format("pool shut down before compiling '{}'", job.source.name))
@@ -190,6 +199,18 @@ int DeferredExecutor::concurrency() const {
 ExecutorCounters DeferredExecutor::counters() const {
   std::lock_guard lock(mu_);
   return made_ ? made_->counters() : ExecutorCounters{};
+}
+
+Result<std::shared_ptr<Executor>> make_executor_on_demand(const ExecutorOptions& options) {
+  auto env_set = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0';
+  };
+  const bool configured = options.kind || options.workers > 0 || options.process || env_set("KILN_EXECUTOR") ||
+                          env_set("KILN_COMPILE_WORKER") || env_set("KILN_COMPILE_WORKERS");
+  if (configured) return make_executor(options);
+  return std::shared_ptr<Executor>(
+      std::make_shared<DeferredExecutor>([options] { return make_executor(options); }, "process", available_cores()));
 }
 
 }  // namespace kiln

@@ -92,8 +92,13 @@ set(worker ${prefix}/${BINDIR}/kiln-compile-worker)
 if(NOT EXISTS ${worker})
   message(FATAL_ERROR "cmake --install did not install ${worker}")
 endif()
+# An empty cache: the kernel must really compile (the pool starts at the first compile, so a cache hit would
+# never look for the worker).
 file(RENAME ${worker} ${worker}.away)
+set(ENV{KILN_CACHE_DIR} ${WORK_DIR}/cache-without-worker)
+file(REMOVE_RECURSE ${WORK_DIR}/cache-without-worker)
 execute_process(COMMAND ${WORK_DIR}/c/kiln_c_consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(ENV{KILN_CACHE_DIR} ${WORK_DIR}/cache)
 file(RENAME ${worker}.away ${worker})
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "without its worker the C consumer failed (${rc}):\n${out}\n${err}")

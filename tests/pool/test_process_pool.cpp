@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -165,6 +166,46 @@ void expect_crash_isolated(const std::string& what, const std::string& expected_
   KILN_EXPECT_OK(pool->submit(real("after_" + what)).future.get());
   EXPECT_EQ(pool->stats().crashes, 1u);
   EXPECT_EQ(pool->worker_pids().size(), 2u);
+}
+
+// A pool made on demand (DeferredExecutor) gets its first jobs right after it starts: they wait for the
+// workers' hello, once, instead of running in the host arena. The workers hold their hello until the test
+// opens the gate, so the first submit is certain to come before they are ready.
+TEST(ProcessPool, ADeferredPoolsFirstJobsWaitForItsWorkers) {
+  std::string fifo = ::testing::TempDir() + "kiln_deferred_gate_" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  FakeCompiler host;
+  ProcessPool* made = nullptr;
+  DeferredExecutor deferred([&]() -> Result<std::shared_ptr<Executor>> {
+    ProcessPoolOptions o;
+    o.workers = 2;
+    o.enable_test_faults = true;
+    o.host_compile = host.fn();
+    o.worker_env = {"KILN_WORKER_TEST_HELLO_GATE=" + fifo};
+    KILN_ASSIGN_OR_RETURN(auto pool, ProcessPool::start(o));
+    made = pool.get();
+    return std::shared_ptr<Executor>(std::move(pool));
+  }, "lazy", 2);
+  std::vector<Future<Binary>> futures(3);
+  std::thread first([&] {
+    for (int i = 0; i < 3; ++i) futures[i] = deferred.submit(echo("early" + std::to_string(i))).future;
+  });
+  int gate = ::open(fifo.c_str(), O_RDWR | O_CLOEXEC);  // a FIFO opened read-write does not block
+  ASSERT_GE(gate, 0);
+  ASSERT_EQ(::write(gate, "xx", 2), 2);
+  first.join();
+  for (auto& f : futures) {
+    KILN_ASSERT_OK_AND_ASSIGN(Binary b, f.get());
+    EXPECT_TRUE(b.cubin.empty()) << "compiled by the host, not a worker";
+    EXPECT_NE(b.log.find("received_ns="), std::string::npos);
+  }
+  EXPECT_EQ(host.calls(), 0);
+  ASSERT_NE(made, nullptr);
+  EXPECT_EQ(made->stats().jobs_in_host, 0u);
+  deferred.shutdown();
+  ::close(gate);
+  ::unlink(fifo.c_str());
 }
 
 TEST(ProcessPool, SegfaultingWorkerFailsOnlyItsJob) { expect_crash_isolated("segv", "killed by signal 11"); }

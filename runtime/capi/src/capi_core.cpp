@@ -265,7 +265,9 @@ KILN_API kiln_status kiln_context_create(const kiln_context_options* options, ki
     store.dir = ctx->cache_dir;
     KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode, store, ctx->remote));
     ctx->cache = std::move(opened);
-    KILN_ASSIGN_OR_RETURN(ctx->executor, make_executor(eo));
+    // Unless configured, started at the first compile (or by the tuner when compiles are coming): a warm start
+    // that finds every kernel cached starts no compile workers.
+    KILN_ASSIGN_OR_RETURN(ctx->executor, make_executor_on_demand(eo));
     KILN_ASSIGN_OR_RETURN(ctx->gate, runtime::make_cached_gate(ctx->cache, ctx->executor));
     if (o.log != nullptr) {
       auto sink = std::make_shared<capi::CallbackSink>(o.log, o.log_user);

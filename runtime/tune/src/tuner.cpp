@@ -155,22 +155,14 @@ Result<std::unique_ptr<Tuner>> Tuner::create(TuneOptions options, TuneServices s
     KILN_ASSIGN_OR_RETURN(auto opened, cache::TuningCache::open(mode, {}, std::move(remote)));
     impl->cache = std::move(opened);
   }
-  auto env_set = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr && *v != '\0';
-  };
   if (options.executor) {
     impl->executor = options.executor;
-    impl->deferred = std::dynamic_pointer_cast<DeferredExecutor>(options.executor);  // started on demand too
-  } else if (env_set("KILN_EXECUTOR") || env_set("KILN_COMPILE_WORKER") || env_set("KILN_COMPILE_WORKERS")) {
-    // Configured: made (and checked) now, so that a mistake fails make_tuner() rather than the first compile.
-    KILN_ASSIGN_OR_RETURN(impl->executor, make_executor());
   } else {
-    // The default pool starts when compiles are coming (a tune without a cached decision, a plan): a warm
-    // start that finds everything cached never starts compile workers.
-    impl->deferred = std::make_shared<DeferredExecutor>([] { return make_executor(); }, "process", available_cores());
-    impl->executor = impl->deferred;
+    // Unless configured, the default pool starts when compiles are coming (a tune without a cached decision, a
+    // plan): a warm start that finds everything cached never starts compile workers.
+    KILN_ASSIGN_OR_RETURN(impl->executor, make_executor_on_demand());
   }
+  impl->deferred = std::dynamic_pointer_cast<DeferredExecutor>(impl->executor);  // started on demand
   KILN_ASSIGN_OR_RETURN(impl->gate, make_cached_gate(impl->cache, impl->executor));
   impl->options = std::move(options);
   // Resolved, so that whoever reads the options (the isolation sandbox regenerating choices in its worker,

@@ -142,7 +142,8 @@ Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options =
 /// that finds everything it needs in the cache compiles nothing, and starting a pool of compile workers
 /// would only slow its start (16 workers starting took 20-30 ms of a warm start on an H200's 16 cores);
 /// its owner calls start() as soon as it knows compiles are coming, so that the pool is up before the
-/// first burst of them. A failed make is logged once and fails every job with its error.
+/// first burst of them (a process pool's first jobs wait for its workers' hello, once, rather than run in
+/// its host arena). A failed make is logged once and fails every job with its error.
 class DeferredExecutor final : public Executor {
  public:
   /// `kind` and `concurrency` are what kind() and concurrency() answer before the executor is made.
@@ -168,8 +169,14 @@ class DeferredExecutor final : public Executor {
   mutable std::mutex mu_;
   bool started_ = false;
   bool shut_down_ = false;
+  std::once_flag first_submit_;
   std::shared_ptr<Executor> made_;
   Status error_;
 };
+
+/// make_executor(options), deferred (a DeferredExecutor) when nothing configures it: no kind, worker count
+/// or pool options in `options`, and none of $KILN_EXECUTOR, $KILN_COMPILE_WORKER, $KILN_COMPILE_WORKERS. A
+/// configured executor is made (and checked) now, so that a mistake in it is reported at once.
+Result<std::shared_ptr<Executor>> make_executor_on_demand(const ExecutorOptions& options = {});
 
 }  // namespace kiln
