@@ -116,10 +116,6 @@ Result<std::shared_ptr<Executor>> make_executor(const ExecutorOptions& options) 
   return make_error(ErrorCode::kInvalidArgument, "unknown executor kind");
 }
 
-}  // namespace kiln
-
-namespace kiln {
-
 DeferredExecutor::DeferredExecutor(std::function<Result<std::shared_ptr<Executor>>()> make, std::string kind,
                                    int concurrency)
     : make_(std::move(make)), kind_(std::move(kind)), concurrency_(concurrency) {}

@@ -103,7 +103,9 @@ struct TuneOptions {
   /// The fleet's remote tier behind the cache opened when `cache` is null (a given cache keeps its own).
   /// Default: from $KILN_REMOTE_CACHE (none when unset); see kiln/cache/remote.h.
   std::optional<cache::RemoteOptions> remote;
-  /// Where choices compile; null (the default): kiln::make_executor() (the arena, or $KILN_EXECUTOR).
+  /// Where choices compile; null (the default): kiln::make_executor_on_demand(), the process pool (or what
+  /// $KILN_EXECUTOR names) started when compiles are coming, so that a warm start starts no compile workers.
+  /// A DeferredExecutor given here is started the same way.
   std::shared_ptr<Executor> executor;
   int device = 0;
   BenchmarkOptions bench;
