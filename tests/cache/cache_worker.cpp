@@ -3,7 +3,8 @@
 //
 //   kiln_cache_worker tune DIR ID PROBLEMS CHOICES
 //     prints "ready writer|reader", waits for "go", tunes PROBLEMS x CHOICES (overlapping with every other
-//     worker), prints "done N"; on "sync" syncs and prints "synced"; on "report" refreshes and prints
+//     worker), prints "done WRITTEN FOUND" (entries it wrote, and entries another process had written before
+//     it measured them); on "sync" syncs and prints "synced"; on "report" refreshes and prints
 //     "report <hash of all decisions> <decisions> <timings> <binaries ok> <invalid>"; on "exit" closes.
 //   kiln_cache_worker write DIR FIRST writer|auto
 //     opens as the writer (or as whatever role is free), writes entries FIRST, FIRST+1, ... forever, printing "begin K" before and "ack K" after each entry
@@ -52,13 +53,16 @@ int tune(const std::string& dir, int id, int problems, int choices) {
   auto& tc = *opened;
   say(tc->store()->is_writer() ? "ready writer" : "ready reader");
   if (expect_line() != "go") fail("expected go");
-  int written = 0;
+  int written = 0, found = 0;
   for (int i = 0; i < problems; ++i) {
     int p = (i + id * 5) % problems;  // each worker starts elsewhere: their writes overlap in time
     std::string problem = test_worker::problem(p);
     for (int c = 0; c < choices; ++c) {
       std::string choice = test_worker::choice(c);
-      if (!tc->should_measure(problem, choice)) continue;
+      if (!tc->should_measure(problem, choice)) {
+        found += 2;  // another process's timing, already here (the writer ingests readers' entries as they come)
+        continue;
+      }
       if (auto s = tc->record_binary(test_worker::binary(p, c, 2048)); !s.ok()) fail(s.to_string());
       TimingRecord t;
       t.problem = problem;
@@ -81,7 +85,7 @@ int tune(const std::string& dir, int id, int problems, int choices) {
     if (auto s = tc->record_decision(d); !s.ok()) fail(s.to_string());
     ++written;
   }
-  say(fmt::format("done {}", written));
+  say(fmt::format("done {} {}", written, found));
   Store& store = *tc->store();
   while (true) {
     std::string cmd = expect_line();

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -118,10 +120,16 @@ TEST(MultiProcess, EightProcessesTuneOneCacheAndConverge) {
   }
   EXPECT_EQ(writers, 1);
   for (auto& w : workers) ASSERT_TRUE(w->send("go"));  // all tune at once
+  // Each process writes what it measured and a decision per problem. What it finds already measured by another
+  // (the writer ingests the readers' entries every 100 ms, so a slow run sees some) it does not measure again:
+  // written + found covers every entry, and every problem gets its decision.
   for (auto& w : workers) {
     auto l = w->line();
-    ASSERT_TRUE(l && l->rfind("done", 0) == 0) << l.value_or("(no output)");
-    EXPECT_EQ(*l, fmt::format("done {}", kProblems * (2 * kChoices + 1)));
+    ASSERT_TRUE(l && l->rfind("done ", 0) == 0) << l.value_or("(no output)");
+    int written = -1, found = -1;
+    ASSERT_EQ(std::sscanf(l->c_str(), "done %d %d", &written, &found), 2) << *l;
+    EXPECT_EQ(written + found, kProblems * (2 * kChoices + 1)) << *l;
+    EXPECT_GE(written, kProblems) << *l;
   }
   for (auto& w : workers) ASSERT_TRUE(w->send("sync"));
   for (auto& w : workers) {
