@@ -70,7 +70,7 @@ struct Options {
   std::string shapes;
   double max_seconds = 480;
   double hang_seconds = 60;
-  size_t max_configs = 12;
+  size_t max_configs = 24;
   int lt_algos = 32;
   int samples = 5;
   int rounds = 5;
@@ -184,6 +184,7 @@ struct Device {
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   DeviceBuffer lt_workspace, blas_workspace, sums;
+  DeviceBuffer kiln_workspace;  // stream-K configurations' flags and partial slots (others ignore it)
   std::unique_ptr<Kernel> fill_bf16, fill_f16, compare_bf16, compare_f16;
   DeviceInfo info;
   const DriverApi* api = nullptr;
@@ -229,6 +230,11 @@ Status setup(Device& d) {
     return make_error(ErrorCode::kLibraryError, "cublasSetWorkspace failed");
   }
   KILN_ASSIGN_OR_RETURN(d.sums, DeviceBuffer::allocate(64));
+  // The largest stream-K workspace: a flag area and a 256 x 256 fp32 slot per SM; poisoned, as a shared workspace
+  // may be (the launch lowers the flags).
+  KILN_ASSIGN_OR_RETURN(d.kiln_workspace,
+                        DeviceBuffer::allocate(4096 + static_cast<size_t>(d.info.sm_count) * 256 * 256 * 4));
+  KILN_RETURN_IF_ERROR(d.kiln_workspace.fill_bytes(0xFF, d.stream));
   KILN_ASSIGN_OR_RETURN(Target plain, Target::from_device(0));
   KernelSource src{"gemm_suite_helpers", "fill_bf16", kHelpers, {}, {}, {}, {}};
   KILN_ASSIGN_OR_RETURN(Binary b, compile(src, plain));
@@ -288,6 +294,12 @@ GemmArgs args_for(const SuiteShape& s, const Operands& o, int set, const DeviceB
   a.a = o.a[set].as<void>();
   a.b = o.b[set].as<void>();
   a.d = out.as<void>();
+  return a;
+}
+
+GemmArgs kiln_args(const SuiteShape& s, const Operands& o, int set, const Device& d) {
+  GemmArgs a = args_for(s, o, set, o.d);
+  a.workspace = d.kiln_workspace.as<float>();
   return a;
 }
 
@@ -680,7 +692,7 @@ json run_shape(Device& d, const Options& opt, const SuiteShape& s, size_t index,
     progress.mark(index, "cand:" + c.name);
     Op op = [&, i](int set) {
       const KilnCandidate& k = cands[i];
-      return launch_gemm(*k.kernel, k.params, k.geometry, args_for(s, o, set, o.d), d.stream);
+      return launch_gemm(*k.kernel, k.params, k.geometry, kiln_args(s, o, set, d), d.stream);
     };
     Status r = o.d.fill_bytes(0xFF, d.stream);
     if (r.ok()) r = op(0);
@@ -736,7 +748,7 @@ json run_shape(Device& d, const Options& opt, const SuiteShape& s, size_t index,
   Op kiln_op;
   if (best.c) {
     const KilnCandidate* k = best.c;
-    kiln_op = [&, k](int set) { return launch_gemm(*k->kernel, k->params, k->geometry, args_for(s, o, set, o.d), d.stream); };
+    kiln_op = [&, k](int set) { return launch_gemm(*k->kernel, k->params, k->geometry, kiln_args(s, o, set, d), d.stream); };
   }
   auto interleaved = [&](const Op& op, std::vector<double>& into, const char* what) {
     bool g = false;
@@ -854,7 +866,7 @@ int main(int argc, char** argv) {
                  "Comma-separated filter: id/model/layer substrings, m<=N, max=N (default: every shape)");
   app.add_option("--max-seconds", opt.max_seconds, "Stop starting shapes after this long (default 480)");
   app.add_option("--hang-seconds", opt.hang_seconds, "A step making no progress this long is killed (default 60)");
-  app.add_option("--max-configs", opt.max_configs, "Configurations per kiln family per shape (default 12)");
+  app.add_option("--max-configs", opt.max_configs, "Configurations per kiln family per shape (default 24)");
   app.add_option("--lt-algos", opt.lt_algos, "cuBLASLt heuristic results to try (default 32)");
   app.add_option("--samples", opt.samples, "Timed graphs per candidate (median; default 5)");
   app.add_option("--rounds", opt.rounds, "Interleaved rounds of the final comparison (default 5)");

@@ -25,6 +25,7 @@ struct Wgmma {
   bool swap_ab;
   bool epi_smem = false;  // epi=smem: the staged epilogue (bm x 128 bytes of shared memory more)
   int64_t mcast = 1;      // 2: clusters of two blocks sharing A through TMA multicast
+  bool stream_k = false;  // persistent: the tiles short of whole waves share their K loops over every SM
 };
 Wgmma staged(Wgmma w) {
   w.epi_smem = true;
@@ -53,7 +54,33 @@ int64_t cluster_for(int64_t tiles, int64_t k, int64_t sms) {
   return ck;
 }
 
+std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l);
+
+// Each persistent tile whose count leaves SMs idle in its last wave, followed by its stream-K twin (so that
+// --max-configs keeps both); decode shapes also get persistent stream-K swap-AB tiles next to the cluster splits.
 std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
+  const int64_t sms = std::max(l.sm_count, 1);
+  std::vector<Wgmma> out;
+  for (const Wgmma& w : wgmma_order_plain(s, l)) {
+    out.push_back(w);
+    const int64_t tiles = ceil_div(w.swap_ab ? s.n : s.m, w.bm) * ceil_div(w.swap_ab ? s.m : s.n, w.bn);
+    if (w.persistent && w.mcast == 1 && w.cluster_k == 1 && tiles % sms != 0) {
+      Wgmma t = w;
+      t.stream_k = true;
+      out.push_back(t);
+    }
+    if (w.swap_ab && !w.persistent && w.blocks_per_sm == 1 && w.cluster_k > 1) {
+      Wgmma t = w;  // the cluster split's alternative: every SM shares the tiles' K loops
+      t.persistent = true;
+      t.cluster_k = 1;
+      t.stream_k = true;
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l) {
   const int64_t sms = std::max(l.sm_count, 1);
   std::vector<Wgmma> out;
   auto tiles = [&](int64_t bm, int64_t bn, bool swap) {
@@ -127,6 +154,7 @@ Params wgmma_params(const Params& base, const Wgmma& w) {
   p.insert_or_assign("swap_ab", Value::boolean(w.swap_ab));
   p.insert_or_assign("epi", Value::enumeration(w.epi_smem ? "smem" : "direct"));
   p.insert_or_assign("mcast", Value::integer(w.mcast));
+  p.insert_or_assign("stream_k", Value::boolean(w.stream_k));
   return p;
 }
 
@@ -213,6 +241,7 @@ std::string variant_of(const std::string& family, const Params& p) {
   if (family != "gemm_wgmma_sm90") return "";
   if (templates::get_bool(p, "swap_ab")) return "swap_ab";
   if (templates::get_int(p, "cluster_k") > 1) return "cluster_k";
+  if (templates::get_bool(p, "stream_k")) return "stream_k";
   if (templates::get_bool(p, "persistent")) return "persistent";
   return "tile";
 }

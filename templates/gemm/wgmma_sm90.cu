@@ -28,6 +28,14 @@
 // halving A's L2-to-SM traffic; a stage is refilled only when the consumers of both blocks have released it (each
 // consumer warp arrives on its own and on the peer's "empty" mbarrier). With an odd number of tile columns the
 // last pair's second block computes a tile past N (B zero-filled, nothing stored) so that its half of A arrives.
+// With stream_k = ${stream_k} (persistent grids only) the blocks share the K loop iterations of the tiles that do not
+// fill whole waves (all tiles when there are fewer than two waves, else the last partial wave plus one full wave):
+// block b takes iterations [b * I / G, (b + 1) * I / G) of the I = tiles x K-blocks of those tiles, then whole tiles
+// as usual. A block that starts inside a tile parks its fp32 partial in its workspace slot and raises its flag;
+// the block that holds the tile's first K block adds the slots of the blocks that started inside the tile, in block
+// order (so the sum's order is fixed), then applies the epilogue. The contributors write before they wait for
+// anything, so the waits end as long as the blocks get SMs. Workspace: G flags (4096 bytes, zeroed by
+// launch_gemm() before each launch), then G slots of bm x bn floats.
 #include "common/kiln_device.cuh"
 #include "kiln/templates/kernel_args.h"
 ${epilogue}
@@ -54,6 +62,8 @@ constexpr bool PARTIALS = ${partials};
 constexpr int CLUSTER_K = ${cluster_k};
 constexpr int BLOCKS_PER_SM = ${blocks_per_sm};
 constexpr int MCAST = ${mcast};
+constexpr bool STREAM_K = ${stream_k};
+constexpr int SK_FLAG_BYTES = 4096;  // the workspace's flags (at most 1024 blocks), before the slots
 enum class Epi { direct, smem };
 constexpr bool EPI_SMEM = Epi::${epi} == Epi::smem;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
@@ -68,6 +78,7 @@ static_assert(MCAST == 1 || (MCAST == 2 && CLUSTER_K == 1 && !SWAP_AB && (A_COL 
 constexpr int EPI_ROW_BYTES = 128;
 constexpr int EPI_BYTES = EPI_SMEM ? CONSUMERS * WG_M * EPI_ROW_BYTES : 0;
 constexpr int BARRIER_BYTES = (STAGES * 16 + 127) / 128 * 128;
+static_assert(!STREAM_K || (CLUSTER_K == 1 && MCAST == 1 && !PARTIALS), "stream-K: its own K split");
 static_assert(CLUSTER_K == 1 || (!PARTIALS && CONSUMERS * MW * BN * 128 * 2 <= STAGES * STAGE_BYTES),
               "cluster split-K parks the accumulators in the pipeline's shared memory");
 
@@ -271,13 +282,18 @@ __device__ __forceinline__ void store_tile_staged(const KilnGemmArgs& args, cons
   }
 }
 
+enum class Role { full, contribute, finish };
 struct Work {
   int z, m0, n0, k_begin, k_blocks;
+  Role role;
+  long long tile_end;  // stream-K: the tile's end in the iteration space (a finisher's contributors start before it)
 };
 // Work unit w: a tile (and, for split-K partials, a K slice z); with CLUSTER_K > 1, cluster block w % CLUSTER_K
 // takes its share of the tile's K blocks.
 __device__ __forceinline__ Work work_of(const KilnGemmArgs& args, int w, int tiles_m, int tiles_n) {
   Work r;
+  r.role = Role::full;
+  r.tile_end = 0;
   if constexpr (MCAST == 2) {
     // Work unit w: block w % 2 of the pair w / 2, which covers tile columns 2p and 2p + 1 of one tile row.
     const int pairs_n = (tiles_n + 1) / 2, per_slice = tiles_m * pairs_n, pair = w / 2;
@@ -313,6 +329,89 @@ __device__ __forceinline__ Work work_of(const KilnGemmArgs& args, int w, int til
   }
   return r;
 }
+
+// Stream-K's split of the iterations (tile, K block) of the first sk_tiles tiles over the grid's G blocks.
+struct SkPlan {
+  int tiles, kpt, sk_tiles, blocks;
+  long long iters;
+  __device__ __forceinline__ long long start(int b) const { return iters * b / blocks; }
+};
+__device__ __forceinline__ SkPlan sk_plan(const KilnGemmArgs& args, int tiles) {
+  SkPlan p;
+  p.tiles = tiles;
+  p.kpt = (args.k + BK - 1) / BK;
+  p.blocks = gridDim.x;
+  const int rest = tiles % p.blocks;
+  // Whole waves need no split; fewer than two waves are split entirely; otherwise the partial wave and one full
+  // wave share the grid and the other waves run as whole tiles.
+  p.sk_tiles = rest == 0 ? 0 : (tiles < 2 * p.blocks ? tiles : rest + p.blocks);
+  p.iters = static_cast<long long>(p.sk_tiles) * p.kpt;
+  return p;
+}
+__device__ __forceinline__ Work tile_work(int tile, int tiles_m, int tiles_n, int kb0, int kb1, Role role,
+                                          long long tile_end) {
+  Work r;
+  int tm, tn;
+  kiln_tile_of(tile, tiles_m, tiles_n, GROUP_M, tm, tn);
+  r.z = 0;
+  r.m0 = tm * BM;
+  r.n0 = tn * BN;
+  r.k_begin = kb0 * BK;
+  r.k_blocks = kb1 - kb0;
+  r.role = role;
+  r.tile_end = tile_end;
+  return r;
+}
+// This block's work units, in the order the producer loads and the consumers compute them.
+class Units {
+ public:
+  __device__ __forceinline__ Units(const KilnGemmArgs& args, int tiles_m, int tiles_n, int total)
+      : args_(args), tiles_m_(tiles_m), tiles_n_(tiles_n), total_(total), w_(blockIdx.x) {
+    if constexpr (STREAM_K) {
+      p_ = sk_plan(args, tiles_m * tiles_n);
+      it_ = p_.start(blockIdx.x);
+      end_ = p_.start(blockIdx.x + 1);
+      w_ = p_.sk_tiles + blockIdx.x;  // the first whole tile after the shared iterations
+    }
+  }
+  __device__ __forceinline__ bool next(Work& r) {
+    if constexpr (STREAM_K) {
+      if (it_ < end_) {
+        const int tile = static_cast<int>(it_ / p_.kpt);
+        const long long t0 = static_cast<long long>(tile) * p_.kpt, t1 = t0 + p_.kpt;
+        const long long seg_end = end_ < t1 ? end_ : t1;
+        const Role role = it_ != t0 ? Role::contribute : (seg_end == t1 ? Role::full : Role::finish);
+        r = tile_work(tile, tiles_m_, tiles_n_, static_cast<int>(it_ - t0), static_cast<int>(seg_end - t0), role, t1);
+        it_ = seg_end;
+        return true;
+      }
+      if (w_ >= p_.tiles) return false;
+      r = tile_work(w_, tiles_m_, tiles_n_, 0, p_.kpt, Role::full, 0);
+      w_ += p_.blocks;
+      return true;
+    } else {
+      if (w_ >= total_) return false;
+      r = work_of(args_, w_, tiles_m_, tiles_n_);
+      w_ += gridDim.x;
+      return true;
+    }
+  }
+  __device__ __forceinline__ const SkPlan& plan() const { return p_; }
+
+ private:
+  const KilnGemmArgs& args_;
+  int tiles_m_, tiles_n_, total_, w_;
+  SkPlan p_;
+  long long it_ = 0, end_ = 0;
+};
+
+__device__ __forceinline__ unsigned* sk_flags(const KilnGemmArgs& args) { return reinterpret_cast<unsigned*>(args.workspace); }
+__device__ __forceinline__ float4* sk_slot(const KilnGemmArgs& args, int block) {
+  return reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(args.workspace) + SK_FLAG_BYTES) +
+         static_cast<long long>(block) * (BM * BN / 4);
+}
+// The float4 of consumer thread (c, tid) for accumulators (mi, 4j..4j+3) in a slot: thread order, so coalesced.
+__device__ __forceinline__ int sk_index(int c, int mi, int j, int tid) { return ((c * MW + mi) * (BN / 8) + j) * 128 + tid; }
 
 }  // namespace
 
@@ -356,8 +455,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&tma_b)) : "memory");
       int stage = 0;
       unsigned phase = 0;
-      for (int w = blockIdx.x; w < total; w += gridDim.x) {
-        const Work wk = work_of(args, w, tiles_m, tiles_n);
+      Units units(args, tiles_m, tiles_n, total);
+      for (Work wk; units.next(wk);) {
         for (int kb = 0; kb < wk.k_blocks; ++kb) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const unsigned full = full_bar + 8 * stage;
@@ -410,8 +509,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
       if constexpr (MCAST > 1) mbar_arrive_remote(cluster_addr(empty_bar + 8 * s, peer));
     };
     float acc[MW][BN / 2];
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
-      const Work wk = work_of(args, w, tiles_m, tiles_n);
+    Units units(args, tiles_m, tiles_n, total);
+    for (Work wk; units.next(wk);) {
 #pragma unroll
       for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
@@ -479,6 +578,57 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         }
         cluster_sync();  // the others' shared memory stays alive until the first block has read it
         if (rank != 0) continue;
+      }
+
+      if constexpr (STREAM_K) {
+        if (wk.role == Role::contribute) {
+          // Park the partial in this block's slot, then raise its flag once every consumer's stores are done.
+          float4* slot = sk_slot(args, blockIdx.x);
+#pragma unroll
+          for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+              asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(slot + sk_index(c, mi, j, tid)),
+                           "f"(acc[mi][4 * j]), "f"(acc[mi][4 * j + 1]), "f"(acc[mi][4 * j + 2]), "f"(acc[mi][4 * j + 3])
+                           : "memory");
+          asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 128) : "memory");
+          if (c == 0 && tid == 0) {
+            asm volatile("fence.acq_rel.gpu;\nst.relaxed.gpu.global.u32 [%0], 1;\n" ::"l"(sk_flags(args) + blockIdx.x)
+                         : "memory");
+          }
+          continue;
+        }
+        if (wk.role == Role::finish) {
+          // Add the partials of the blocks that start inside this tile, in block order.
+          const SkPlan& p = units.plan();
+#pragma unroll 1
+          for (int b = blockIdx.x + 1; b < p.blocks && p.start(b) < wk.tile_end; ++b) {
+            if (p.start(b + 1) == p.start(b)) continue;  // an empty range (fewer iterations than blocks)
+            if (c == 0 && tid == 0) {
+              const unsigned* flag = sk_flags(args) + b;
+              unsigned ready;
+              do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(ready) : "l"(flag) : "memory");
+              } while (ready == 0);
+            }
+            asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 128) : "memory");
+            const float4* slot = sk_slot(args, b);
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+              for (int j = 0; j < BN / 8; ++j) {
+                float4 v;  // through L2 (.cg): L1 is not coherent with the other SMs' stores
+                asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                             : "l"(slot + sk_index(c, mi, j, tid))
+                             : "memory");
+                acc[mi][4 * j] += v.x;
+                acc[mi][4 * j + 1] += v.y;
+                acc[mi][4 * j + 2] += v.z;
+                acc[mi][4 * j + 3] += v.w;
+              }
+          }
+        }
       }
 
       if constexpr (EPI_SMEM) {

@@ -45,6 +45,7 @@ struct Sm90Config {
   int64_t bm, bn, consumers, stages, cluster_k, blocks_per_sm;
   bool swap_ab, epi_smem;
   int64_t mcast;
+  bool stream_k;
   int64_t wg_m() const { return bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
   int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
@@ -61,8 +62,12 @@ struct Sm90Config {
 Sm90Config config_of(const Params& p) {
   return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
           get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab"), get_enum(p, "epi") == "smem",
-          get_int(p, "mcast")};
+          get_int(p, "mcast"), get_bool(p, "stream_k")};
 }
+
+// Stream-K's workspace (wgmma_sm90.cu): a flag per block in the first 4096 bytes, then a bm x bn fp32 slot per block.
+constexpr int64_t kStreamKFlagBytes = 4096;
+constexpr int64_t kStreamKMaxBlocks = kStreamKFlagBytes / 4;
 
 // The kernel's own operands. Without swap_ab they are A and B; with it the kernel computes D^T = B^T . A^T, so
 // its "A" (the wgmma M side, bm rows) is B^T and its "B" (the wgmma N side, bn columns) is A^T.
@@ -167,6 +172,10 @@ Status constraints(const Params& p, const DeviceLimits& l) {
                                                            "{}", c.bm, a_mn ? 128 : 16));
     }
   }
+  if (c.stream_k && (!get_bool(p, "persistent") || c.cluster_k > 1 || c.mcast > 1 || get_bool(p, "partials"))) {
+    return fail(ErrorCode::kInvalidArgument, "stream_k needs persistent and excludes cluster_k > 1, mcast 2 and "
+                                             "partials (it splits K itself)");
+  }
   if (c.cluster_k < 1 || c.cluster_k > 8) return fail(ErrorCode::kOutOfRange, "cluster_k must be in [1, 8] (portable clusters)");
   if (c.cluster_k > 1) {
     if (get_bool(p, "persistent") || get_bool(p, "partials")) {
@@ -217,8 +226,9 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
 
 std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
-  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn, c.consumers,
-                     c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
+  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn,
+                     c.consumers, c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
+                     c.stream_k ? "_sk" : "",
                      c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
                      c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", c.epi_smem ? "_es" : "",
                      c.mcast > 1 ? fmt::format("_mc{}", c.mcast) : "", gemm_problem_suffix(p));
@@ -299,6 +309,14 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
     KILN_ASSIGN_OR_RETURN(int sms, sm_count_of_current_device());
     cfg.grid.x = std::min<unsigned>(cfg.grid.x, static_cast<unsigned>(sms));
     if (c.mcast == 2) cfg.grid.x &= ~1u;  // whole pairs: a block and its peer walk the same tile rows
+    // Stream-K spreads few tiles' K loops over every SM.
+    if (c.stream_k) cfg.grid.x = static_cast<unsigned>(std::min<int64_t>(sms, kStreamKMaxBlocks));
+  }
+  if (c.stream_k) {
+    if (!k.workspace) return bad("gemm_wgmma_sm90: stream_k needs a workspace (Template::workspace_bytes)");
+    if (reinterpret_cast<uintptr_t>(k.workspace) % 16) return bad("gemm_wgmma_sm90: the workspace must be 16-byte aligned");
+    // The flags start lowered on every launch: the workspace may hold anything (another choice's partials).
+    KILN_CHECK(api->cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(k.workspace), 0, cfg.grid.x, stream));
   }
   void* ptrs[] = {&k, &map_a, &map_b, nullptr};
   return kernel.launch(cfg, ptrs);
@@ -343,6 +361,11 @@ TemplateDef gemm_wgmma_sm90_def() {
                               "tile and multicasting it to both (TMA .multicast::cluster); not sampled (on par so far)");
   mcast.default_value = Value::integer(1);
   d.params.push_back(std::move(mcast));
+  ParamSpec stream_k = bool_param("stream_k", ParamRole::kTunable, "sk",
+                                  "persistent only: the tiles short of whole waves share their K loops over every "
+                                  "SM, partials summed in a workspace (for tile counts that leave SMs idle)");
+  stream_k.default_value = Value::boolean(false);
+  d.params.push_back(std::move(stream_k));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "
@@ -353,6 +376,13 @@ TemplateDef gemm_wgmma_sm90_def() {
   d.geometry = geometry;
   d.config_name = config_name;
   d.gemm_launch = launch_gemm_tma;
+  d.workspace_bytes = [](const Params& p) -> size_t {
+    const Sm90Config c = config_of(p);
+    if (!c.stream_k) return 0;
+    auto sms = sm_count_of_current_device();
+    if (!sms.ok()) return 0;  // no device: nothing runs (the launch refuses a missing workspace)
+    return static_cast<size_t>(kStreamKFlagBytes + std::min<int64_t>(*sms, kStreamKMaxBlocks) * c.bm * c.bn * 4);
+  };
   return d;
 }
 

@@ -369,6 +369,75 @@ TEST(GemmGpu, WgmmaStagedEpilogue) {
   }
 }
 
+// Stream-K (gemm_wgmma_sm90, stream_k): the tiles short of whole waves share their K loops over every SM. Cases
+// cover fewer tiles than SMs (each split many ways), one to two waves (all shared), more (a partial wave plus one
+// shared, whole tiles after), whole waves (no sharing), K tails, fewer iterations than blocks (empty ranges) and
+// swap_ab; each runs twice on a poisoned workspace and must give the same result both times (a fixed sum order).
+TEST(GemmGpu, WgmmaStreamK) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  using templates::Value;
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  struct Case {
+    int64_t m, n, k;
+    DType in;
+    Layout lb;
+    const char* ep;
+    DType out;
+    int bm, bn, consumers, stages;
+    bool swap_ab;
+  };
+  const std::vector<Case> cases = {
+      {333, 576, 7168, DType::kBF16, C, "bias+gelu", DType::kBF16, 128, 128, 2, 6, false},  // 15 tiles, ~9 ways each
+      {1000, 1280, 8192, DType::kBF16, C, "", DType::kF32, 128, 128, 2, 6, false},          // 80 tiles
+      {4095, 1000, 1000, DType::kBF16, C, "bias+gelu", DType::kBF16, 128, 256, 2, 4, false},  // 128 tiles, K tail
+      {1500, 3000, 520, DType::kBF16, C, "scale+residual", DType::kF32, 128, 192, 2, 5, false},  // 192 tiles
+      {3000, 6000, 200, DType::kF16, C, "", DType::kBF16, 128, 256, 2, 4, false},  // 576: 180 shared, 3 waves whole
+      {2000, 4104, 264, DType::kF16, R, "scale+bias+relu", DType::kF16, 128, 128, 2, 6, false},  // 528 = 4 x 132
+      {64, 128, 40, DType::kBF16, C, "bias", DType::kBF16, 64, 128, 1, 4, false},   // one iteration, 131 empty ranges
+      {130, 200, 72, DType::kBF16, C, "", DType::kF32, 256, 128, 2, 4, false},      // 4 iterations over the grid
+      {17, 5000, 3000, DType::kBF16, C, "bias+silu", DType::kBF16, 128, 24, 1, 8, true},  // swap_ab: 40 tiles
+      {40, 4096, 4096, DType::kF16, R, "residual", DType::kF16, 64, 40, 1, 8, true},
+  };
+  std::vector<std::pair<TemplatePtr, Params>> cfgs;
+  for (const Case& c : cases) {
+    for (const char* epi : {"direct", "smem"}) {
+      if (c.swap_ab && std::string_view(epi) == "smem") continue;
+      Params p = templates::gemm_problem_params(c.in, R, c.lb, spec(c.ep, c.out), false);
+      for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
+               {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
+               {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(c.swap_ab ? 1 : 8)},
+               {"persistent", Value::boolean(true)}, {"cluster_k", Value::integer(1)},
+               {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(c.swap_ab)},
+               {"epi", Value::enumeration(epi)}, {"stream_k", Value::boolean(true)}})
+        p.insert_or_assign(k, v);
+      KILN_ASSERT_OK(t->check(p, DeviceLimits::from_device(info, Target{"sm_90a"})));
+      cfgs.emplace_back(t, std::move(p));
+    }
+  }
+  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
+  size_t ci = 0;
+  for (const Case& c : cases) {
+    for (int e = 0; e < (c.swap_ab ? 1 : 2); ++e, ++ci) {
+      KILN_ASSERT_OK(compiled[ci]);
+      GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.out), 1};
+      const GemmData d = make_gemm_data(p, 900 + ci);
+      KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
+      auto err = run_and_check(*compiled[ci], p, d, g);
+      KILN_ASSERT_OK(err);
+      auto again = run_and_check(*compiled[ci], p, d, g);
+      KILN_ASSERT_OK(again);
+      std::printf("  %-64s %s regs %d err %.2e\n", compiled[ci]->rendered.config_name.c_str(), p.str().c_str(),
+                  compiled[ci]->attr.registers, *err);
+      EXPECT_LE(*err, gemm_tolerance(p.ep.out)) << compiled[ci]->rendered.config_name << " on " << p.str();
+      EXPECT_EQ(*err, *again) << compiled[ci]->rendered.config_name << ": the sum order changed between runs";
+      EXPECT_EQ(compiled[ci]->attr.local_bytes, 0) << compiled[ci]->rendered.config_name;
+    }
+  }
+}
+
 // TMA multicast (gemm_wgmma_sm90, mcast=2): clusters of two blocks on adjacent tile columns sharing A, each
 // loading half and multicasting it. Odd tile-column counts (the last pair's second block past N), M, N, K not
 // multiples of the tile, A K-major (half boxes) and MN-major (whole 64-row boxes), both B layouts, persistent

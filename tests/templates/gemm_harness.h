@@ -185,6 +185,13 @@ inline Result<double> run_and_check(const CompiledGemm& c, const GemmProblem& p,
     args.d = nullptr;
     gs.splits = args.split_k;
   }
+  // A configuration's own workspace (stream-K), poisoned: its flags must start lowered whatever it held.
+  DeviceBuffer own;
+  if (const size_t bytes = c.tmpl->workspace_bytes(c.rendered.params); bytes > 0 && p.splits <= 1) {
+    KILN_ASSIGN_OR_RETURN(own, DeviceBuffer::allocate(bytes));
+    KILN_RETURN_IF_ERROR(poison(own));
+    args.workspace = own.as<float>();
+  }
   KILN_RETURN_IF_ERROR(c.tmpl->check_problem(c.rendered.params, gs));
   KILN_ASSIGN_OR_RETURN(templates::Launch geo, c.tmpl->geometry(c.rendered.params, gs));
   KILN_RETURN_IF_ERROR(poison(g.d));

@@ -268,6 +268,42 @@ TEST(GemmTemplates, WgmmaMulticastParameter) {
                              limits("sm_90a")));
 }
 
+// stream_k: a tunable added later (default false: older sets keep their name and text); persistent grids only,
+// not with the other K splits or multicast; its workspace is a flag area plus a bm x bn fp32 slot per block.
+TEST(GemmTemplates, WgmmaStreamKParameter) {
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  const ParamSpec* sk = sm90->param("stream_k");
+  ASSERT_NE(sk, nullptr);
+  ASSERT_TRUE(sk->default_value.has_value());
+  EXPECT_EQ(*sk->default_value, Value::boolean(false));
+  const Params old = sm90_params(128, 128, 2, 6, true);
+  Params off = old, on = old;
+  off.insert_or_assign("stream_k", Value::boolean(false));
+  on.insert_or_assign("stream_k", Value::boolean(true));
+  auto a = sm90->render(old), b = sm90->render(off), c = sm90->render(on);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->source.source, b->source.source);
+  EXPECT_EQ(a->config_name, b->config_name);
+  EXPECT_NE(b->source.source, c->source.source);
+  EXPECT_EQ(c->config_name, "gemm_wgmma_128x128x64_c2_s6_g8_p_sk_bf16_rc_bias_gelu_bf16");
+  KILN_EXPECT_OK(sm90->check(on, limits("sm_90a")));
+  EXPECT_EQ(sm90->workspace_bytes(*sm90->complete(off)), 0u);
+
+  auto with = [&](Params p, const char* k, Value v) {
+    p.insert_or_assign(k, v);
+    p.insert_or_assign("stream_k", Value::boolean(true));
+    return p;
+  };
+  for (const Params& bad : {with(old, "persistent", Value::boolean(false)), with(sm90_params(64, 64, 1, 4, true), "cluster_k", Value::integer(2)),
+                            with(old, "mcast", Value::integer(2)),
+                            with(sm90_params(128, 128, 2, 6, true, DType::kBF16, Layout::kRowMajor, Layout::kColMajor, true, ""),
+                                 "group_m", Value::integer(8))}) {
+    const Status st = sm90->check(bad, limits("sm_90a"));
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.to_string().find("stream_k"), std::string::npos) << st.to_string();
+  }
+}
+
 // Swap-AB (decode): the kernel computes D^T = B^T . A^T, N on wgmma's 64-row side and M in the tile's bn.
 // A small bn needs the kernel's B (A^T) K-major: A row-major; the kernel's A is B^T, MN-major for B row-major.
 TEST(GemmTemplates, SwapAbTilesGeometryAndNames) {
@@ -404,6 +440,14 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
       {sm90, [&] { Params p = sm90_params(128, 128, 1, 6, false, DType::kF16, C, R, true, "", DType::kF32);
                    p.insert_or_assign("mcast", Value::integer(2)); return p; }(),
        "sm_90a", {"multicast::cluster", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"}},
+      // stream_k: partials parked in the workspace behind a release flag, acquired and read through L2; with the
+      // staged epilogue, and with swap_ab on a row-major B and fp16.
+      {sm90, [&] { Params p = es(sm90_params(128, 256, 2, 4, true)); p.insert_or_assign("stream_k", Value::boolean(true)); return p; }(),
+       "sm_90a", {"ld.acquire.gpu", "fence.acq_rel.gpu", "ld.global.cg.v4.f32", "st.global.v4.f32", "st.global.v4"}},
+      {sm90, [&] { Params p = sm90_params(128, 32, 1, 8, true, DType::kF16, R, R, false, "bias", DType::kF16);
+                   p.insert_or_assign("swap_ab", Value::boolean(true)); p.insert_or_assign("stream_k", Value::boolean(true));
+                   return p; }(),
+       "sm_90a", {"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "ld.acquire.gpu"}},
       {sm80, sm80_params(128, 256, 32, 2, 4, 4, 8), "sm_80",
        {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans"}},
       {sm80, sm80_params(16, 64, 64, 1, 4, 3, 1, DType::kF16, C, C, true, "", DType::kF32), "sm_90",

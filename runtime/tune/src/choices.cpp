@@ -145,7 +145,7 @@ class TemplateChoice final : public OneKernelChoice {
   ChoiceKind kind() const override { return ChoiceKind::kTemplate; }
   std::vector<CompileRequest> kernels() const override { return {{rendered_.source, target_}}; }
 
-  Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
+  Status run(const OpArgs& args, CUdeviceptr workspace, CUstream stream) const override {
     KILN_ASSIGN_OR_RETURN(const Kernel* kernel, loaded());
     KILN_ASSIGN_OR_RETURN(templates::Shape shape, detail::shape_of(args));
     KILN_ASSIGN_OR_RETURN(templates::Launch geometry, geometry_.get(*tmpl_, rendered_.params, shape));
@@ -153,7 +153,10 @@ class TemplateChoice final : public OneKernelChoice {
         [&](const auto& a) -> Status {
           using T = std::decay_t<decltype(a)>;
           if constexpr (std::is_same_v<T, KilnGemmArgs>) {
-            return templates::launch_gemm(*kernel, rendered_.params, geometry, a, stream);
+            if (workspace == 0) return templates::launch_gemm(*kernel, rendered_.params, geometry, a, stream);
+            KilnGemmArgs with = a;  // the configuration's own workspace (stream-K); others ignore it
+            with.workspace = reinterpret_cast<float*>(static_cast<uintptr_t>(workspace));
+            return templates::launch_gemm(*kernel, rendered_.params, geometry, with, stream);
           } else if constexpr (std::is_same_v<T, CustomArgs>) {
             return make_error(ErrorCode::kInvalidArgument, "a template choice cannot run custom arguments");
           } else {
@@ -162,6 +165,9 @@ class TemplateChoice final : public OneKernelChoice {
         },
         args);
   }
+
+  // Asked when the choice is about to run, in its device's context (stream-K sizes it by the SM count).
+  size_t workspace_bytes() const override { return tmpl_->workspace_bytes(rendered_.params); }
 
   std::map<std::string, std::string> parameters() const override {
     std::map<std::string, std::string> out{{"template", tmpl_->name()}, {"arch", target_.arch}};

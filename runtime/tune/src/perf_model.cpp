@@ -59,7 +59,7 @@ double reachable_gbps(const DevicePeaks& d, int64_t active_sms, double bytes_in_
 
 struct GemmTile {
   int64_t bm = 0, bn = 0, stages = 2, consumers = 1, occupancy = 1, stage_bytes = 0;
-  bool swap_ab = false, persistent = false, tensor_cores_async = true;
+  bool swap_ab = false, persistent = false, tensor_cores_async = true, stream_k = false;
   int64_t splits = 1;  // cluster_k or subgraph slices
 };
 
@@ -76,6 +76,7 @@ std::optional<GemmTile> gemm_tile(const Params& p, const DevicePeaks& d) {
     g.occupancy = std::max<int64_t>(1, num(p, "blocks_per_sm", 1));
     g.swap_ab = flag(p, "swap_ab");
     g.persistent = flag(p, "persistent");
+    g.stream_k = g.persistent && flag(p, "stream_k");
     g.splits = std::max<int64_t>(1, num(p, "cluster_k", 1));
     g.stage_bytes = (g.bm + g.bn) * 64 * 2;
   } else if (t == "gemm_mma_sm80") {
@@ -110,7 +111,8 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   e.waves = static_cast<double>(e.blocks) / static_cast<double>(std::max<int64_t>(1, slots));
   // A persistent grid loops over the tiles with the next tile's loads under this one's epilogue: no launch
   // tail between waves, the same quantisation.
-  const double full_waves = std::ceil(e.waves - 1e-9);
+  // Stream-K shares the K loops of the tiles short of whole waves over every SM: no quantisation.
+  const double full_waves = g.stream_k ? e.waves : std::ceil(e.waves - 1e-9);
   const double per_sm_tflops = d.tensor_tflops / d.sms * (g.tensor_cores_async ? 1.0 : 0.6);
   double eff = tile_efficiency(g.bm, g.bn, g.stages, g.consumers);
   if (g.persistent) eff *= 1.04;
@@ -137,7 +139,7 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   const double cluster_streams = tiles * splits <= static_cast<int64_t>(d.sms) * g.occupancy || subgraph_slices > 1
                                      ? static_cast<double>(splits)
                                      : 1.0;
-  const int64_t active_sms = std::min<int64_t>(d.sms, ceil_div(static_cast<int64_t>(std::ceil(static_cast<double>(tiles) * cluster_streams)), g.occupancy));
+  const int64_t active_sms = g.stream_k ? static_cast<int64_t>(d.sms) : std::min<int64_t>(d.sms, ceil_div(static_cast<int64_t>(std::ceil(static_cast<double>(tiles) * cluster_streams)), g.occupancy));
   const double in_flight = static_cast<double>(g.occupancy * g.stages * g.stage_bytes);
   const double gbps = reachable_gbps(d, active_sms, in_flight);
   e.memory_us = std::max(bytes / (gbps * 1e3), l2_bytes / (d.l2_gbps * 1e3 * std::min(1.0, active_sms / double(d.sms)) + 1e-9));
@@ -147,6 +149,8 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   // Pipeline fill and drain per block, and the cluster reduction through distributed shared memory.
   e.us += 1.0;
   if (g.splits > 1 && subgraph_slices <= 1) e.us += 1.0 * static_cast<double>(g.splits - 1);
+  // Stream-K: the flags' memset, and partial tiles parked in and summed from L2 by the blocks sharing a tile.
+  if (g.stream_k && std::fmod(e.waves, 1.0) > 1e-9) e.us += 2.0;
   if (subgraph_slices > 1 || unfused) e.us += d.launch_us;
   return e;
 }

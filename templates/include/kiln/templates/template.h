@@ -212,6 +212,9 @@ struct TemplateDef {
   /// encoded from the args): launches a compiled configuration (`params` complete). Subgraphs (launch.h
   /// run()) call it for their GEMM steps when set; otherwise they use launch(kernel, geometry, args, stream).
   std::function<Status(const Kernel&, const Params&, const Launch&, const KilnGemmArgs&, CUstream)> gemm_launch;
+  /// Device memory a configuration needs at launch beyond its arguments (GEMM: passed as KilnGemmArgs::workspace),
+  /// for the current device; at most this much for any problem size. Optional: none.
+  std::function<size_t(const Params&)> workspace_bytes;
 };
 
 /// A rendered configuration: everything needed to compile it and name it.
@@ -254,6 +257,8 @@ class Template {
   /// Whether the configuration can run `shape`, then its launch geometry.
   Status check_problem(const Params& params, const Shape& shape) const;
   Result<Launch> geometry(const Params& params, const Shape& shape) const;
+  /// TemplateDef::workspace_bytes for complete params, or 0.
+  size_t workspace_bytes(const Params& params) const { return def_.workspace_bytes ? def_.workspace_bytes(params) : 0; }
   /// complete() + render the text: the KernelSource (name = configuration name, entry, options, headers).
   /// Memoised per parameter set (see generation_cache_enabled()): the same parameters give the same text.
   Result<Rendered> render(const Params& params) const;
