@@ -56,20 +56,22 @@ int64_t cluster_for(int64_t tiles, int64_t k, int64_t sms) {
 
 std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l);
 
-// Each persistent tile whose count leaves SMs idle in its last wave, followed by its stream-K twin (so that
-// --max-configs keeps both); decode shapes also get persistent stream-K swap-AB tiles next to the cluster splits.
+// Each persistent tile whose last wave stream-K would split, followed by its stream-K twin (so that --max-configs
+// keeps both); decode shapes also get persistent stream-K swap-AB tiles next to the cluster splits.
 std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
   const int64_t sms = std::max(l.sm_count, 1);
   std::vector<Wgmma> out;
   for (const Wgmma& w : wgmma_order_plain(s, l)) {
     out.push_back(w);
     const int64_t tiles = ceil_div(w.swap_ab ? s.n : s.m, w.bm) * ceil_div(w.swap_ab ? s.m : s.n, w.bn);
-    if (w.persistent && w.mcast == 1 && w.cluster_k == 1 && tiles % sms != 0) {
+    // Stream-K splits the partial wave's tiles in min(SMs / tiles, K blocks / 4) pieces (wgmma_sm90.cu's SkPlan).
+    const int64_t rest = tiles % sms, pieces = rest == 0 ? 1 : std::min(sms / rest, std::max<int64_t>(1, ceil_div(s.k, 64) / 4));
+    if (w.persistent && w.mcast == 1 && w.cluster_k == 1 && pieces > 1) {
       Wgmma t = w;
       t.stream_k = true;
       out.push_back(t);
     }
-    if (w.swap_ab && !w.persistent && w.blocks_per_sm == 1 && w.cluster_k > 1) {
+    if (w.swap_ab && !w.persistent && w.blocks_per_sm == 1 && w.cluster_k > 1 && pieces > 1) {
       Wgmma t = w;  // the cluster split's alternative: every SM shares the tiles' K loops
       t.persistent = true;
       t.cluster_k = 1;

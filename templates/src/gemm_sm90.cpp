@@ -176,6 +176,11 @@ Status constraints(const Params& p, const DeviceLimits& l) {
     return fail(ErrorCode::kInvalidArgument, "stream_k needs persistent and excludes cluster_k > 1, mcast 2 and "
                                              "partials (it splits K itself)");
   }
+  // Measured (H200, NVRTC 13.0): 256x128 with the direct epilogue left 8 bytes in local memory once the partial sums
+  // were added (two m64 rows of 64 accumulator pairs per consumer); the staged epilogue stays clear.
+  if (c.stream_k && c.acc_regs() == 128 && c.wg_m() > 64 && !c.epi_smem) {
+    return fail(ErrorCode::kOutOfRange, "stream_k with two m64 rows of 128 accumulators per consumer needs epi smem");
+  }
   if (c.cluster_k < 1 || c.cluster_k > 8) return fail(ErrorCode::kOutOfRange, "cluster_k must be in [1, 8] (portable clusters)");
   if (c.cluster_k > 1) {
     if (get_bool(p, "persistent") || get_bool(p, "partials")) {

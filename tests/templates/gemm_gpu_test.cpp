@@ -369,10 +369,10 @@ TEST(GemmGpu, WgmmaStagedEpilogue) {
   }
 }
 
-// Stream-K (gemm_wgmma_sm90, stream_k): the tiles short of whole waves share their K loops over every SM. Cases
-// cover fewer tiles than SMs (each split many ways), one to two waves (all shared), more (a partial wave plus one
-// shared, whole tiles after), whole waves (no sharing), K tails, fewer iterations than blocks (empty ranges) and
-// swap_ab; each runs twice on a poisoned workspace and must give the same result both times (a fixed sum order).
+// Stream-K (gemm_wgmma_sm90, stream_k): the tiles of the last, partial wave split along K to fill the grid. Cases
+// cover fewer tiles than SMs (15 tiles in 8 pieces, 80 in 1: nothing to split), whole waves then a tail, exact
+// waves (no tail), K tails, K too short to split, swap_ab and both epilogues; each runs twice on a poisoned
+// workspace and must give the same result both times (a fixed sum order).
 TEST(GemmGpu, WgmmaStreamK) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
@@ -396,8 +396,8 @@ TEST(GemmGpu, WgmmaStreamK) {
       {1500, 3000, 520, DType::kBF16, C, "scale+residual", DType::kF32, 128, 192, 2, 5, false},  // 192 tiles
       {3000, 6000, 200, DType::kF16, C, "", DType::kBF16, 128, 256, 2, 4, false},  // 576: 180 shared, 3 waves whole
       {2000, 4104, 264, DType::kF16, R, "scale+bias+relu", DType::kF16, 128, 128, 2, 6, false},  // 528 = 4 x 132
-      {64, 128, 40, DType::kBF16, C, "bias", DType::kBF16, 64, 128, 1, 4, false},   // one iteration, 131 empty ranges
-      {130, 200, 72, DType::kBF16, C, "", DType::kF32, 256, 128, 2, 4, false},      // 4 iterations over the grid
+      {64, 128, 40, DType::kBF16, C, "bias", DType::kBF16, 64, 128, 1, 4, false},   // one K block: one piece
+      {130, 200, 1000, DType::kBF16, C, "", DType::kF32, 256, 128, 2, 4, false},    // 2 tiles in 4 pieces (K / 4)
       {17, 5000, 3000, DType::kBF16, C, "bias+silu", DType::kBF16, 128, 24, 1, 8, true},  // swap_ab: 40 tiles
       {40, 4096, 4096, DType::kF16, R, "residual", DType::kF16, 64, 40, 1, 8, true},
   };

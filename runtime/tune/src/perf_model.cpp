@@ -111,8 +111,14 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   e.waves = static_cast<double>(e.blocks) / static_cast<double>(std::max<int64_t>(1, slots));
   // A persistent grid loops over the tiles with the next tile's loads under this one's epilogue: no launch
   // tail between waves, the same quantisation.
-  // Stream-K shares the K loops of the tiles short of whole waves over every SM: no quantisation.
-  const double full_waves = g.stream_k ? e.waves : std::ceil(e.waves - 1e-9);
+  // Stream-K splits the partial wave's tiles in `pieces` along K (wgmma_sm90.cu's SkPlan): that wave takes 1 / pieces.
+  int64_t sk_pieces = 1;
+  if (g.stream_k) {
+    const int64_t rest = e.blocks % std::max<int64_t>(1, slots);
+    if (rest > 0) sk_pieces = std::max<int64_t>(1, std::min<int64_t>(slots / rest, ceil_div(p.k, 64) / 4));
+  }
+  const double full_waves = sk_pieces > 1 ? std::floor(e.waves) + 1.0 / static_cast<double>(sk_pieces)
+                                          : std::ceil(e.waves - 1e-9);
   const double per_sm_tflops = d.tensor_tflops / d.sms * (g.tensor_cores_async ? 1.0 : 0.6);
   double eff = tile_efficiency(g.bm, g.bn, g.stages, g.consumers);
   if (g.persistent) eff *= 1.04;
@@ -139,7 +145,7 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   const double cluster_streams = tiles * splits <= static_cast<int64_t>(d.sms) * g.occupancy || subgraph_slices > 1
                                      ? static_cast<double>(splits)
                                      : 1.0;
-  const int64_t active_sms = g.stream_k ? static_cast<int64_t>(d.sms) : std::min<int64_t>(d.sms, ceil_div(static_cast<int64_t>(std::ceil(static_cast<double>(tiles) * cluster_streams)), g.occupancy));
+  const int64_t active_sms = sk_pieces > 1 ? static_cast<int64_t>(d.sms) : std::min<int64_t>(d.sms, ceil_div(static_cast<int64_t>(std::ceil(static_cast<double>(tiles) * cluster_streams)), g.occupancy));
   const double in_flight = static_cast<double>(g.occupancy * g.stages * g.stage_bytes);
   const double gbps = reachable_gbps(d, active_sms, in_flight);
   e.memory_us = std::max(bytes / (gbps * 1e3), l2_bytes / (d.l2_gbps * 1e3 * std::min(1.0, active_sms / double(d.sms)) + 1e-9));
@@ -149,8 +155,9 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   // Pipeline fill and drain per block, and the cluster reduction through distributed shared memory.
   e.us += 1.0;
   if (g.splits > 1 && subgraph_slices <= 1) e.us += 1.0 * static_cast<double>(g.splits - 1);
-  // Stream-K: the flags' memset, and partial tiles parked in and summed from L2 by the blocks sharing a tile.
-  if (g.stream_k && std::fmod(e.waves, 1.0) > 1e-9) e.us += 2.0;
+  // Stream-K: the flags' memset, and each tail tile's other pieces parked in and summed from L2 (~0.7 us per
+  // 64 KiB partial read by one SM).
+  if (sk_pieces > 1) e.us += 1.5 + 0.7 * static_cast<double>(sk_pieces - 1) * static_cast<double>(g.bm * g.bn) / 16384.0;
   if (subgraph_slices > 1 || unfused) e.us += d.launch_us;
   return e;
 }
