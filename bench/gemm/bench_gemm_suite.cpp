@@ -70,7 +70,7 @@ struct Options {
   std::string shapes;
   double max_seconds = 480;
   double hang_seconds = 60;
-  size_t max_configs = 24;
+  size_t max_configs = 40;
   int lt_algos = 32;
   int samples = 5;
   int rounds = 5;
@@ -866,7 +866,7 @@ int main(int argc, char** argv) {
                  "Comma-separated filter: id/model/layer substrings, m<=N, max=N (default: every shape)");
   app.add_option("--max-seconds", opt.max_seconds, "Stop starting shapes after this long (default 480)");
   app.add_option("--hang-seconds", opt.hang_seconds, "A step making no progress this long is killed (default 60)");
-  app.add_option("--max-configs", opt.max_configs, "Configurations per kiln family per shape (default 24)");
+  app.add_option("--max-configs", opt.max_configs, "Configurations per kiln family per shape (default 40)");
   app.add_option("--lt-algos", opt.lt_algos, "cuBLASLt heuristic results to try (default 32)");
   app.add_option("--samples", opt.samples, "Timed graphs per candidate (median; default 5)");
   app.add_option("--rounds", opt.rounds, "Interleaved rounds of the final comparison (default 5)");

@@ -25,8 +25,13 @@ struct Wgmma {
   bool swap_ab;
   bool epi_smem = false;  // epi=smem: the staged epilogue (bm x 128 bytes of shared memory more)
   int64_t mcast = 1;      // 2: clusters of two blocks sharing A through TMA multicast
-  bool stream_k = false;  // persistent: the tiles short of whole waves share their K loops over every SM
+  bool stream_k = false;  // persistent: the partial wave's tiles split along K to fill the grid
+  bool pingpong = false;  // persistent, two consumers taking whole bm x bn tiles in turn
 };
+Wgmma pingpong(Wgmma w) {
+  w.pingpong = true;
+  return w;
+}
 Wgmma staged(Wgmma w) {
   w.epi_smem = true;
   return w;
@@ -66,7 +71,7 @@ std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
     const int64_t tiles = ceil_div(w.swap_ab ? s.n : s.m, w.bm) * ceil_div(w.swap_ab ? s.m : s.n, w.bn);
     // Stream-K splits the partial wave's tiles in min(SMs / tiles, K blocks / 4) pieces (wgmma_sm90.cu's SkPlan).
     const int64_t rest = tiles % sms, pieces = rest == 0 ? 1 : std::min(sms / rest, std::max<int64_t>(1, ceil_div(s.k, 64) / 4));
-    if (w.persistent && w.mcast == 1 && w.cluster_k == 1 && pieces > 1) {
+    if (w.persistent && w.mcast == 1 && w.cluster_k == 1 && !w.pingpong && pieces > 1) {
       Wgmma t = w;
       t.stream_k = true;
       out.push_back(t);
@@ -111,6 +116,11 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
     return out;
   }
   const bool few = tiles(128, 128, false) < sms;
+  // Ping-pong: each consumer a whole tile, one's epilogue under the other's MMAs (short K, many tiles).
+  out.push_back(pingpong({128, 128, 2, 6, 8, true, 1, 1, false}));
+  out.push_back(pingpong(staged({128, 128, 2, 5, 8, true, 1, 1, false})));
+  out.push_back(pingpong(staged({64, 256, 2, 5, 8, true, 1, 1, false})));
+  out.push_back(pingpong({64, 256, 2, 5, 8, true, 1, 1, false}));
   if (s.m <= 1024) {
     out.push_back({128, 128, 2, 6, 8, true, 1, 1, false});
     out.push_back(staged({128, 128, 2, 6, 8, true, 1, 1, false}));
@@ -157,6 +167,7 @@ Params wgmma_params(const Params& base, const Wgmma& w) {
   p.insert_or_assign("epi", Value::enumeration(w.epi_smem ? "smem" : "direct"));
   p.insert_or_assign("mcast", Value::integer(w.mcast));
   p.insert_or_assign("stream_k", Value::boolean(w.stream_k));
+  p.insert_or_assign("pingpong", Value::boolean(w.pingpong));
   return p;
 }
 
@@ -244,6 +255,7 @@ std::string variant_of(const std::string& family, const Params& p) {
   if (templates::get_bool(p, "swap_ab")) return "swap_ab";
   if (templates::get_int(p, "cluster_k") > 1) return "cluster_k";
   if (templates::get_bool(p, "stream_k")) return "stream_k";
+  if (templates::get_bool(p, "pingpong")) return "pingpong";
   if (templates::get_bool(p, "persistent")) return "persistent";
   return "tile";
 }

@@ -44,7 +44,9 @@ namespace {
 typedef ${dtype} In;
 constexpr int BM = ${bm}, BN = ${bn}, BK = 64;
 constexpr int CONSUMERS = ${consumers};
-constexpr int WG_M = BM / CONSUMERS;  // rows per consumer warpgroup
+constexpr bool PINGPONG = ${pingpong};
+constexpr int WG_M = PINGPONG ? BM : BM / CONSUMERS;  // rows per consumer warpgroup
+constexpr int C_ROWS = PINGPONG ? 0 : WG_M;           // consumer c's rows start at c * C_ROWS in the tile
 constexpr int MW = WG_M / 64;         // m64 wgmmas per consumer per k16 step
 constexpr int STAGES = ${stages};
 constexpr int GROUP_M = ${group_m};
@@ -77,6 +79,8 @@ constexpr int EPI_ROW_BYTES = 128;
 constexpr int EPI_BYTES = EPI_SMEM ? CONSUMERS * WG_M * EPI_ROW_BYTES : 0;
 constexpr int BARRIER_BYTES = (STAGES * 16 + 127) / 128 * 128;
 static_assert(!STREAM_K || (CLUSTER_K == 1 && MCAST == 1 && !PARTIALS), "stream-K: its own K split");
+static_assert(!PINGPONG || (CONSUMERS == 2 && !STREAM_K && CLUSTER_K == 1 && MCAST == 1 && !SWAP_AB),
+              "ping-pong: two consumers taking whole tiles in turn");
 static_assert(CLUSTER_K == 1 || (!PARTIALS && CONSUMERS * MW * BN * 128 * 2 <= STAGES * STAGE_BYTES),
               "cluster split-K parks the accumulators in the pipeline's shared memory");
 
@@ -234,7 +238,7 @@ __device__ __forceinline__ void store_tile_staged(const KilnGemmArgs& args, cons
   }
   // 16-byte stores need a 16-byte aligned D and rows that keep it so.
   const bool vec_ok = (reinterpret_cast<unsigned long long>(out) % 16 == 0) && (ld % VEC == 0);
-  const int row0 = m0 + c * WG_M;
+  const int row0 = m0 + c * C_ROWS;
 #pragma unroll
   for (int ch = 0; ch < CHUNKS; ++ch) {
     const int col0 = n0 + ch * CHUNK_COLS;
@@ -426,7 +430,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, CONSUMERS * 4 * MCAST);  // one arrival per consumer warp (of both blocks)
+      // One arrival per warp of the consumers that read a stage (of both blocks); ping-pong: one consumer.
+      mbar_init(empty_bar + 8 * s, (PINGPONG ? 1 : CONSUMERS) * 4 * MCAST);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -507,7 +512,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     };
     float acc[MW][BN / 2];
     Units units(args, tiles_m, tiles_n, total);
-    for (Work wk; units.next(wk);) {
+    int unit = 0;  // ping-pong: consumer unit % 2 takes the block's unit `unit`
+    for (Work wk; units.next(wk); ++unit) {
+      if constexpr (PINGPONG) {
+        if ((unit & 1) != c) {
+          // The other consumer's tile: step over its stages in the ring.
+          const int ahead = stage + wk.k_blocks;
+          phase ^= static_cast<unsigned>(ahead / STAGES) & 1u;
+          stage = ahead % STAGES;
+          continue;
+        }
+        // Mainloops take turns (the other consumer's epilogue runs under this one's MMAs), and this consumer's
+        // parity waits never run more than one phase ahead of the ring: the first unit needs no turn.
+        if (unit > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(4 + c) : "memory");
+      }
 #pragma unroll
       for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
@@ -521,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
 #pragma unroll
-          for (int mi = 0; mi < MW; ++mi) kiln_wgmma(acc[mi], desc_a(sa, c * WG_M + mi * 64, kk), desc_b(sb, kk));
+          for (int mi = 0; mi < MW; ++mi) kiln_wgmma(acc[mi], desc_a(sa, c * C_ROWS + mi * 64, kk), desc_b(sb, kk));
         }
         wgmma_commit();
         // Keep this stage's wgmmas in flight; the previous stage's are done, so its buffers can be refilled.
@@ -535,6 +553,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
       }
       wgmma_wait<0>();
       if (prev >= 0 && lane == 0) release(prev);
+      if constexpr (PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 + (c ^ 1)) : "memory");  // its turn
 
       if constexpr (CLUSTER_K > 1) {
         // Every block of the cluster parks its accumulators in its (now idle) pipeline memory, as float4s in
@@ -634,7 +653,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         // columns 8j + 2 (lane % 4) (+ 1) in registers 4j (+ 1) and, for the row + 8, 4j + 2 (+ 1).
 #pragma unroll
         for (int mi = 0; mi < MW; ++mi) {
-          const int row = wk.m0 + c * WG_M + mi * 64 + warp * 16 + lane / 4;
+          const int row = wk.m0 + c * C_ROWS + mi * 64 + warp * 16 + lane / 4;
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
             const int col = wk.n0 + j * 8 + 2 * (lane % 4);
@@ -648,6 +667,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
           }
         }
       }
+    }
+    // Ping-pong: the last mainloop's arrival has no taker; take it so that no barrier is left half arrived.
+    if constexpr (PINGPONG) {
+      if (unit > 0 && ((unit - 1) & 1) != c) asm volatile("bar.sync %0, 256;\n" ::"r"(4 + c) : "memory");
     }
   }
   if constexpr (MCAST > 1) cluster_sync();  // no block leaves while its peer may still arrive on or write into it

@@ -45,12 +45,13 @@ struct Sm90Config {
   int64_t bm, bn, consumers, stages, cluster_k, blocks_per_sm;
   bool swap_ab, epi_smem;
   int64_t mcast;
-  bool stream_k;
-  int64_t wg_m() const { return bm / consumers; }
+  bool stream_k, pingpong;
+  // Rows of a consumer's accumulators: a share of the tile, or (ping-pong) whole tiles in turn.
+  int64_t wg_m() const { return pingpong ? bm : bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
   int64_t stage_bytes() const { return (bm + bn) * 64 * 2; }
-  // epi=smem: a buffer of 128-byte rows, bm in all (wgmma_sm90.cu's EPI_BYTES), after the barriers.
-  int64_t epi_bytes() const { return epi_smem ? bm * 128 : 0; }
+  // epi=smem: a buffer of 128-byte rows per consumer row (wgmma_sm90.cu's EPI_BYTES), after the barriers.
+  int64_t epi_bytes() const { return epi_smem ? consumers * wg_m() * 128 : 0; }
   // The stages, 1 KiB of slack to align them to 1024 bytes (128-byte swizzle), and two mbarriers per stage
   // (rounded up to 128 bytes when a staging buffer follows them).
   int64_t smem_bytes() const {
@@ -62,7 +63,7 @@ struct Sm90Config {
 Sm90Config config_of(const Params& p) {
   return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
           get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab"), get_enum(p, "epi") == "smem",
-          get_int(p, "mcast"), get_bool(p, "stream_k")};
+          get_int(p, "mcast"), get_bool(p, "stream_k"), get_bool(p, "pingpong")};
 }
 
 // Stream-K's workspace (wgmma_sm90.cu): a flag per block in the first 4096 bytes, then a bm x bn fp32 slot per block.
@@ -114,7 +115,12 @@ Status constraints(const Params& p, const DeviceLimits& l) {
   const Sm90Config c = config_of(p);
   auto fail = [](ErrorCode code, std::string msg) { return make_error(code, std::move(msg)); };
   if (c.consumers != 1 && c.consumers != 2) return fail(ErrorCode::kOutOfRange, "consumers must be 1 or 2");
-  if (c.bm % (64 * c.consumers) || c.wg_m() > 256) {
+  if (c.pingpong && (c.consumers != 2 || !get_bool(p, "persistent") || c.stream_k || c.cluster_k > 1 || c.mcast > 1 ||
+                     c.swap_ab)) {
+    return fail(ErrorCode::kInvalidArgument, "pingpong needs two consumers and persistent, and excludes stream_k, "
+                                             "cluster_k > 1, mcast 2 and swap_ab");
+  }
+  if (c.bm % (c.pingpong ? 64 : 64 * c.consumers) || c.wg_m() > 256) {
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("bm {} must be a multiple of 64 x consumers {}", c.bm, c.consumers));
   }
@@ -233,7 +239,7 @@ std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
   return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn,
                      c.consumers, c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
-                     c.stream_k ? "_sk" : "",
+                     c.stream_k ? "_sk" : c.pingpong ? "_pp" : "",
                      c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
                      c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", c.epi_smem ? "_es" : "",
                      c.mcast > 1 ? fmt::format("_mc{}", c.mcast) : "", gemm_problem_suffix(p));
@@ -371,6 +377,11 @@ TemplateDef gemm_wgmma_sm90_def() {
                                   "SM, partials summed in a workspace (for tile counts that leave SMs idle)");
   stream_k.default_value = Value::boolean(false);
   d.params.push_back(std::move(stream_k));
+  ParamSpec pingpong = bool_param("pingpong", ParamRole::kTunable, "pp",
+                                  "persistent, two consumers: each takes whole bm x bn tiles in turn, one's epilogue "
+                                  "under the other's MMAs (instead of splitting each tile's rows)");
+  pingpong.default_value = Value::boolean(false);
+  d.params.push_back(std::move(pingpong));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "

@@ -302,6 +302,42 @@ TEST(GemmTemplates, WgmmaStreamKParameter) {
     EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
     EXPECT_NE(st.to_string().find("stream_k"), std::string::npos) << st.to_string();
   }
+  // 256x128 over two consumers (two m64 rows of 128 accumulators each) spills with the direct epilogue.
+  Params tall = with(sm90_params(256, 128, 2, 4, true), "group_m", Value::integer(8));
+  EXPECT_EQ(sm90->check(tall, limits("sm_90a")).code(), ErrorCode::kOutOfRange);
+  tall.insert_or_assign("epi", Value::enumeration("smem"));
+  KILN_EXPECT_OK(sm90->check(tall, limits("sm_90a")));
+}
+
+// pingpong: a tunable added later (default false); two consumers each take whole bm x bn tiles, so bm need only be a
+// multiple of 64 and the accumulators (and the staged epilogue's buffer) are a whole tile per consumer.
+TEST(GemmTemplates, WgmmaPingPongParameter) {
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  const ParamSpec* pp = sm90->param("pingpong");
+  ASSERT_NE(pp, nullptr);
+  ASSERT_TRUE(pp->default_value.has_value());
+  EXPECT_EQ(*pp->default_value, Value::boolean(false));
+  Params on = sm90_params(128, 128, 2, 6, true);
+  const auto before = sm90->render(on);
+  on.insert_or_assign("pingpong", Value::boolean(true));
+  auto r = sm90->render(on);
+  ASSERT_TRUE(r.ok() && before.ok());
+  EXPECT_NE(r->source.source, before->source.source);
+  EXPECT_EQ(r->config_name, "gemm_wgmma_128x128x64_c2_s6_g8_p_pp_bf16_rc_bias_gelu_bf16");
+  KILN_EXPECT_OK(sm90->check(on, limits("sm_90a")));
+  Params wide = sm90_params(64, 256, 2, 5, true);  // one m64 row of 128 accumulators per consumer
+  wide.insert_or_assign("pingpong", Value::boolean(true));
+  KILN_EXPECT_OK(sm90->check(wide, limits("sm_90a")));
+  wide.insert_or_assign("bm", Value::integer(128));  // a whole 128x256 tile per consumer: 256 accumulators
+  EXPECT_EQ(sm90->check(wide, limits("sm_90a")).code(), ErrorCode::kOutOfRange);
+  for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
+           {"persistent", Value::boolean(false)}, {"stream_k", Value::boolean(true)}, {"consumers", Value::integer(1)}}) {
+    Params bad = on;
+    bad.insert_or_assign(k, v);
+    const Status st = sm90->check(bad, limits("sm_90a"));
+    EXPECT_FALSE(st.ok()) << k;
+    EXPECT_NE(st.to_string().find("pingpong"), std::string::npos) << st.to_string();
+  }
 }
 
 // Swap-AB (decode): the kernel computes D^T = B^T . A^T, N on wgmma's 64-row side and M in the tile's bn.
@@ -448,6 +484,12 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
                    p.insert_or_assign("swap_ab", Value::boolean(true)); p.insert_or_assign("stream_k", Value::boolean(true));
                    return p; }(),
        "sm_90a", {"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "ld.acquire.gpu"}},
+      // pingpong: named-barrier turns between the consumers; 64x256 staged, 128x128 direct with fp16 row-major B.
+      {sm90, [&] { Params p = es(sm90_params(64, 256, 2, 5, true)); p.insert_or_assign("pingpong", Value::boolean(true)); return p; }(),
+       "sm_90a", {"bar.arrive", "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "st.global.v4"}},
+      {sm90, [&] { Params p = sm90_params(128, 128, 2, 6, true, DType::kF16, R, R, false, "bias+residual", DType::kF16);
+                   p.insert_or_assign("pingpong", Value::boolean(true)); return p; }(),
+       "sm_90a", {"bar.arrive", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"}},
       {sm80, sm80_params(128, 256, 32, 2, 4, 4, 8), "sm_80",
        {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans"}},
       {sm80, sm80_params(16, 64, 64, 1, 4, 3, 1, DType::kF16, C, C, true, "", DType::kF32), "sm_90",
