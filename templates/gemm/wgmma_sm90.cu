@@ -371,25 +371,25 @@ __device__ __forceinline__ Work tile_work(int tile, int tiles_m, int tiles_n, in
 class Units {
  public:
   __device__ __forceinline__ Units(const KilnGemmArgs& args, int tiles_m, int tiles_n, int total)
-      : args_(args), tiles_m_(tiles_m), tiles_n_(tiles_n), total_(total), w_(blockIdx.x) {
-    if constexpr (STREAM_K) p_ = sk_plan(args, tiles_m * tiles_n);
-  }
+      : args_(args), tiles_m_(tiles_m), tiles_n_(tiles_n), total_(total), w_(blockIdx.x) {}
   __device__ __forceinline__ bool next(Work& r) {
     if constexpr (STREAM_K) {
-      if (w_ < p_.whole) {
-        r = tile_work(w_, tiles_m_, tiles_n_, 0, p_.kpt, Role::full, 1, 0);
-        w_ += p_.blocks;
+      // The plan is recomputed per unit rather than kept: fewer registers live across the mainloop.
+      const SkPlan p = sk_plan(args_, tiles_m_ * tiles_n_);
+      if (w_ < p.whole) {
+        r = tile_work(w_, tiles_m_, tiles_n_, 0, p.kpt, Role::full, 1, 0);
+        w_ += p.blocks;
         return true;
       }
       // The tail: at most one unit per block, past the whole tiles.
       const int u = static_cast<int>(blockIdx.x);
-      if (tail_done_ || u >= p_.rest * p_.pieces) return false;
-      tail_done_ = true;
-      const int j = u / p_.rest, tile = p_.whole + u % p_.rest;
-      const int kb0 = static_cast<int>(static_cast<long long>(j) * p_.kpt / p_.pieces);
-      const int kb1 = static_cast<int>(static_cast<long long>(j + 1) * p_.kpt / p_.pieces);
-      const Role role = p_.pieces == 1 ? Role::full : (j == 0 ? Role::finish : Role::contribute);
-      r = tile_work(tile, tiles_m_, tiles_n_, kb0, kb1, role, p_.pieces, p_.rest);
+      if (w_ < 0 || u >= p.rest * p.pieces) return false;
+      w_ = -1;  // taken
+      const int j = u / p.rest, tile = p.whole + u % p.rest;
+      const int kb0 = static_cast<int>(static_cast<long long>(j) * p.kpt / p.pieces);
+      const int kb1 = static_cast<int>(static_cast<long long>(j + 1) * p.kpt / p.pieces);
+      const Role role = p.pieces == 1 ? Role::full : (j == 0 ? Role::finish : Role::contribute);
+      r = tile_work(tile, tiles_m_, tiles_n_, kb0, kb1, role, p.pieces, p.rest);
       return true;
     } else {
       if (w_ >= total_) return false;
@@ -402,8 +402,6 @@ class Units {
  private:
   const KilnGemmArgs& args_;
   int tiles_m_, tiles_n_, total_, w_;
-  SkPlan p_;
-  bool tail_done_ = false;
 };
 
 __device__ __forceinline__ unsigned* sk_flags(const KilnGemmArgs& args) { return reinterpret_cast<unsigned*>(args.workspace); }
@@ -599,12 +597,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
       if constexpr (STREAM_K) {
         if (wk.role == Role::contribute) {
           // Park the partial in this block's slot, then raise its flag once every consumer's stores are done.
-          float4* slot = sk_slot(args, blockIdx.x);
+          float4* mine = sk_slot(args, blockIdx.x) + sk_index(c, 0, 0, tid);
 #pragma unroll
           for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
-              asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(slot + sk_index(c, mi, j, tid)),
+              asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(mine + (mi * (BN / 8) + j) * 128),
                            "f"(acc[mi][4 * j]), "f"(acc[mi][4 * j + 1]), "f"(acc[mi][4 * j + 2]), "f"(acc[mi][4 * j + 3])
                            : "memory");
           asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 128) : "memory");
@@ -615,19 +613,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
           continue;
         }
         if (wk.role == Role::finish) {
-          // Add the tile's other pieces in piece order (a fixed sum order, run to run).
+          // Add the tile's other pieces in piece order (a fixed sum order, run to run). This thread's float4s of a
+          // slot sit 128 apart from its first (sk_index); the slots of successive pieces `step` blocks apart.
+          const float4* mine = sk_slot(args, blockIdx.x + wk.step) + sk_index(c, 0, 0, tid);
+          const long long stride = static_cast<long long>(wk.step) * (BM * BN / 4);
 #pragma unroll 1
-          for (int piece = 1; piece < wk.pieces; ++piece) {
-            const int b = static_cast<int>(blockIdx.x) + piece * wk.step;
+          for (int piece = 1; piece < wk.pieces; ++piece, mine += stride) {
             if (c == 0 && tid == 0) {
-              const unsigned* flag = sk_flags(args) + b;
+              const unsigned* flag = sk_flags(args) + blockIdx.x + piece * wk.step;
               unsigned ready;
               do {
                 asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(ready) : "l"(flag) : "memory");
               } while (ready == 0);
             }
             asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 128) : "memory");
-            const float4* slot = sk_slot(args, b);
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
@@ -635,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
                 float4 v;  // through L2 (.cg): L1 is not coherent with the other SMs' stores
                 asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                              : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                             : "l"(slot + sk_index(c, mi, j, tid))
+                             : "l"(mine + (mi * (BN / 8) + j) * 128)
                              : "memory");
                 acc[mi][4 * j] += v.x;
                 acc[mi][4 * j + 1] += v.y;

@@ -13,6 +13,8 @@
 #include "kiln/runtime.h"
 #include "kiln/runtime/helper_kernels.h"
 #include "kiln/runtime/measure.h"
+#include "kiln/templates/gemm.h"
+#include "kiln/templates/registry.h"
 #include "kiln_test.h"
 #include "reference_check.h"
 #include "test_isolation_planted.h"
@@ -298,6 +300,55 @@ TEST_F(TuneGpu, DeferredSelectionBecomesADispatcherThatWorksInAGraph) {
   Selection at40(gemm(40, 1024, 1024), s64.choice(), s64.report());
   KILN_ASSERT_OK(at40.reserve_workspace(s64.choice()->workspace_bytes()));
   expect_correct(at40, &bufs);
+}
+
+// A stream-K template choice carries a fixed workspace (flags and per-SM slots): a selection reserves it once and
+// serves a 64x larger call, inside graph capture too, without growing it (a workspace scaled by the call's size
+// would be ~64x larger and refused in capture), and the results are right on a poisoned workspace.
+TEST_F(TuneGpu, AStreamKChoiceServesLargerCallsFromItsFixedWorkspace) {
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "stream-K is a gemm_wgmma_sm90 mode (Hopper)";
+  KILN_ASSERT_OK_AND_ASSIGN(templates::TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  using templates::Value;
+  templates::Params p = templates::gemm_problem_params(DType::kBF16, templates::Layout::kRowMajor,
+                                                        templates::Layout::kColMajor,
+                                                        *templates::parse_epilogue("", DType::kBF16), false);
+  for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
+           {"bm", Value::integer(128)}, {"bn", Value::integer(128)}, {"consumers", Value::integer(2)},
+           {"stages", Value::integer(6)}, {"group_m", Value::integer(8)}, {"persistent", Value::boolean(true)},
+           {"cluster_k", Value::integer(1)}, {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(false)},
+           {"stream_k", Value::boolean(true)}})
+    p.insert_or_assign(k, v);
+  KILN_ASSERT_OK_AND_ASSIGN(templates::Rendered r, t->render(p));
+  ChoicePtr c = make_template_choice(t, r, Target{"sm_90a"}, templates::Shape{16, 1024, 4096});
+  const size_t bytes = c->workspace_bytes();
+  EXPECT_EQ(bytes, 4096u + static_cast<size_t>(info.sm_count) * 128 * 128 * 4);
+  EXPECT_FALSE(c->workspace_scales());
+  KILN_ASSERT_OK_AND_ASSIGN(auto gate, PrecompileGate::create({.executor = make_inline_executor()}));
+  auto binaries = c->precompile(*gate, Priority::kNormal);
+  KILN_ASSERT_OK(binaries.get());
+  KILN_ASSERT_OK(c->prepare(*binaries.get()));
+  Selection small(gemm(16, 1024, 4096), c, TuneReport{});
+  KILN_ASSERT_OK(small.reserve_workspace(bytes));
+  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
+  Selection large(gemm(1000, 1024, 4096), c, TuneReport{});
+  KILN_ASSERT_OK(large.reserve_workspace(bytes));
+  auto def = default_ops().find("gemm");
+  KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(large.problem(), 77));
+  KILN_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::create());
+  // The small selection (dynamic size 16) runs the 1000-row call in capture: no growth is needed.
+  CUgraph graph = nullptr;
+  ASSERT_EQ(d->cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  Status captured = small.run(bufs.args, stream.get());
+  ASSERT_EQ(d->cuStreamEndCapture(stream.get(), &graph), CUDA_SUCCESS);
+  KILN_ASSERT_OK(captured);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(d->cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(d->cuGraphLaunch(exec, stream.get()), CUDA_SUCCESS);
+  KILN_ASSERT_OK(stream.synchronize());
+  d->cuGraphExecDestroy(exec);
+  d->cuGraphDestroy(graph);
+  expect_correct(large, &bufs);
 }
 
 }  // namespace

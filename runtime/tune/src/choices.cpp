@@ -168,6 +168,7 @@ class TemplateChoice final : public OneKernelChoice {
 
   // Asked when the choice is about to run, in its device's context (stream-K sizes it by the SM count).
   size_t workspace_bytes() const override { return tmpl_->workspace_bytes(rendered_.params); }
+  bool workspace_scales() const override { return false; }  // Template::workspace_bytes bounds every size
 
   std::map<std::string, std::string> parameters() const override {
     std::map<std::string, std::string> out{{"template", tmpl_->name()}, {"arch", target_.arch}};

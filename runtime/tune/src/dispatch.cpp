@@ -26,7 +26,9 @@ Status Selection::run(const OpArgs& args, CUstream stream) const {
   const size_t tuned = choice_->workspace_bytes();
   if (tuned > 0) {
     const int64_t dyn = dynamic_size_of(args), base = problem_.dynamic_size();
-    const size_t need = dyn > base && base > 0 ? tuned * static_cast<size_t>((dyn + base - 1) / base) : tuned;
+    const size_t need = dyn > base && base > 0 && choice_->workspace_scales()
+                            ? tuned * static_cast<size_t>((dyn + base - 1) / base)
+                            : tuned;
     CUdeviceptr ws;
     size_t have;
     {

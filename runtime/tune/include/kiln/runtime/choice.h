@@ -68,6 +68,9 @@ class Choice {
   virtual Status run(const OpArgs& args, CUdeviceptr workspace, CUstream stream) const = 0;
   /// Device memory run() needs besides the op's buffers (split-K partials, an unfused intermediate).
   virtual size_t workspace_bytes() const { return 0; }
+  /// Whether workspace_bytes() grows with the problem's dynamic size (a dispatcher scales it for larger calls):
+  /// true for partials of the output's size; false for a fixed need (stream-K's per-SM slots).
+  virtual bool workspace_scales() const { return true; }
   /// What the choice is, for reports and decisions: template parameters, an algorithm's fields.
   virtual std::map<std::string, std::string> parameters() const { return {}; }
   /// Ties within measurement noise go to the lower rank: externs first (they need no compile and are the
