@@ -375,6 +375,7 @@ class Units {
   __device__ __forceinline__ bool next(Work& r) {
     if constexpr (STREAM_K) {
       // The plan is recomputed per unit rather than kept: fewer registers live across the mainloop.
+      if (w_ < 0) return false;  // the tail unit was taken
       const SkPlan p = sk_plan(args_, tiles_m_ * tiles_n_);
       if (w_ < p.whole) {
         r = tile_work(w_, tiles_m_, tiles_n_, 0, p.kpt, Role::full, 1, 0);
@@ -383,8 +384,8 @@ class Units {
       }
       // The tail: at most one unit per block, past the whole tiles.
       const int u = static_cast<int>(blockIdx.x);
-      if (w_ < 0 || u >= p.rest * p.pieces) return false;
-      w_ = -1;  // taken
+      w_ = -1;
+      if (u >= p.rest * p.pieces) return false;
       const int j = u / p.rest, tile = p.whole + u % p.rest;
       const int kb0 = static_cast<int>(static_cast<long long>(j) * p.kpt / p.pieces);
       const int kb1 = static_cast<int>(static_cast<long long>(j + 1) * p.kpt / p.pieces);
