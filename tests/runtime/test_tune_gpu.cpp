@@ -310,8 +310,9 @@ TEST_F(TuneGpu, AStreamKChoiceServesLargerCallsFromItsFixedWorkspace) {
   if (info.cc_major != 9) GTEST_SKIP() << "stream-K is a gemm_wgmma_sm90 mode (Hopper)";
   KILN_ASSERT_OK_AND_ASSIGN(templates::TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
   using templates::Value;
+  // The layouts of gemm()'s problems: A and B row-major.
   templates::Params p = templates::gemm_problem_params(DType::kBF16, templates::Layout::kRowMajor,
-                                                        templates::Layout::kColMajor,
+                                                        templates::Layout::kRowMajor,
                                                         *templates::parse_epilogue("", DType::kBF16), false);
   for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
            {"bm", Value::integer(128)}, {"bn", Value::integer(128)}, {"consumers", Value::integer(2)},
