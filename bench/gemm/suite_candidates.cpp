@@ -115,6 +115,14 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
     out.push_back({64, 64, 1, 8, 1, false, cluster_for(tiles(64, 64, false), s.k, sms), 1, false});
     return out;
   }
+  if (s.m > 256 && s.m <= 512) {
+    // Swap-AB past decode: M in two column tiles of round_up(M / 2, 8) pads M = 333 to 336 where 128-row tiles
+    // pad it to 384 (the kernel's rows are N, in 64-row steps).
+    const int64_t bn = round_up(ceil_div(s.m, 2), 8);
+    out.push_back({128, bn, 2, fit_stages(l, 128, bn, 6), 8, true, 1, 1, true});
+    out.push_back({128, bn, 2, fit_stages(l, 128, bn, 6), 8, false, 1, 1, true});
+    out.push_back({64, bn, 1, fit_stages(l, 64, bn, 8), 8, true, 1, 1, true});
+  }
   const bool few = tiles(128, 128, false) < sms;
   // Ping-pong: each consumer a whole tile, one's epilogue under the other's MMAs (short K, many tiles).
   out.push_back(pingpong({128, 128, 2, 6, 8, true, 1, 1, false}));
