@@ -103,13 +103,14 @@ TEST_F(ChoiceMemo, LaterProblemsOfAKindRenderAndSampleNothing) {
   auto first = delta(s0, templates::generation_stats());
   EXPECT_GT(first.samples, 0u);
   EXPECT_GT(first.renders, 10u);
-  // Other sizes of the same kind: every sample and render is reused.
+  // Other sizes of the same kind: every sample and render is reused; M in (256, 512] adds only its own swap-AB
+  // seeds (M in two column tiles of round_up(M / 2, 8), one render per pipeline depth the device allows).
   for (int64_t m : {1024, 2048, 512}) {
     auto s = templates::generation_stats();
     signature(gemm(m, 4096, 4096), ctx);
     auto d = delta(s, templates::generation_stats());
     EXPECT_EQ(d.samples, 0u) << m;
-    EXPECT_EQ(d.renders, 0u) << m;
+    EXPECT_LE(d.renders, m == 512 ? 2u : 0u) << m;
     EXPECT_EQ(d.sample_hits, first.samples) << m;
     EXPECT_GE(d.render_hits, first.renders) << m;
   }

@@ -72,6 +72,12 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       const int64_t consumers = bn > 128 ? 2 : 1;
       for (int64_t ck : {1, 2, 4}) out.push_back(w(128, bn, consumers, 8, 1, false, ck, 1, true));
       out.push_back(w(64, bn, 1, 8, 1, false, 2, 1, true));
+    } else if (shape.m <= 512) {
+      // Swap-AB past decode: M in two column tiles of round_up(M / 2, 8), so M = 333 computes 336 rows where
+      // 128-row tiles compute 384 (bench/results/gemm-issue15-nvidia-h200-2026-11-27.md: 333x4096x4096 0.88 ->
+      // 0.99 of cuBLAS, 333x4096x14336 0.88 -> 1.01). The deeper pipeline where it fits, else five stages.
+      const int64_t bn = (shape.m / 2 + shape.m % 2 + 7) / 8 * 8;
+      for (int64_t stages : {7, 5}) out.push_back(w(64, bn, 1, stages, 8, true, 1, 1, true));
     }
   } else if (tmpl == "gemm_mma_sm80") {
     out.push_back(ints({{"bm", 128}, {"bn", 128}, {"bk", 32}, {"warps_m", 2}, {"warps_n", 2}, {"stages", 4}, {"group_m", 8}}));
