@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "kiln/cache/tuning.h"
 #include "kiln/jit/driver.h"
@@ -52,6 +53,24 @@ Problem gemm(int64_t m, int64_t n, int64_t k, const char* epilogue = "") {
   g.m = m, g.n = n, g.k = k;
   g.epilogue = *templates::parse_epilogue(epilogue, DType::kBF16);
   return Problem::gemm(g);
+}
+
+// Captures body(stream) into a CUDA graph (`mode`), checks that the capture ended and body succeeded, then
+// replays the graph `replays` times and waits for it. `why` is added to a failed end of capture.
+void capture_and_replay(const Stream& stream, CUstreamCaptureMode mode, int replays,
+                        const std::function<Status(CUstream)>& body, const char* why = "") {
+  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
+  CUgraph graph = nullptr;
+  ASSERT_EQ(d->cuStreamBeginCapture(stream.get(), mode), CUDA_SUCCESS);
+  Status captured = body(stream.get());
+  ASSERT_EQ(d->cuStreamEndCapture(stream.get(), &graph), CUDA_SUCCESS) << why;
+  KILN_ASSERT_OK(captured);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(d->cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  for (int i = 0; i < replays; ++i) ASSERT_EQ(d->cuGraphLaunch(exec, stream.get()), CUDA_SUCCESS);
+  KILN_ASSERT_OK(stream.synchronize());
+  d->cuGraphExecDestroy(exec);
+  d->cuGraphDestroy(graph);
 }
 
 TEST_F(TuneGpu, GemmPicksACheckedChoiceAndRecordsEverything) {
@@ -167,17 +186,9 @@ TEST_F(TuneGpu, ACachedDecisionLoadsAtItsFirstRunEvenInsideAGlobalCapture) {
   KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(p, 77));
   KILN_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::create());
   KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
-  CUgraph graph = nullptr;
-  ASSERT_EQ(d->cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  Status captured = sel->run(bufs.args, stream.get());
-  ASSERT_EQ(d->cuStreamEndCapture(stream.get(), &graph), CUDA_SUCCESS) << "the first run's load broke the capture";
-  KILN_ASSERT_OK(captured);
-  CUgraphExec exec = nullptr;
-  ASSERT_EQ(d->cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
-  ASSERT_EQ(d->cuGraphLaunch(exec, stream.get()), CUDA_SUCCESS);
-  KILN_ASSERT_OK(stream.synchronize());
-  d->cuGraphExecDestroy(exec);
-  d->cuGraphDestroy(graph);
+  capture_and_replay(stream, CU_STREAM_CAPTURE_MODE_GLOBAL, 1,
+                     [&](CUstream st) { return sel->run(bufs.args, st); }, "the first run's load broke the capture");
+  if (HasFatalFailure()) return;
   ASSERT_FALSE(bufs.outputs.empty());
   const auto& o = bufs.outputs[0];
   const size_t bytes = static_cast<size_t>(o.rows * o.ld) * templates::dtype_bytes(o.dtype);
@@ -285,18 +296,9 @@ TEST_F(TuneGpu, DeferredSelectionBecomesADispatcherThatWorksInAGraph) {
   auto def = default_ops().find("gemm");
   KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(gemm(40, 1024, 1024), 77));
   KILN_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::create());
-  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
-  CUgraph graph = nullptr;
-  ASSERT_EQ(d->cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
-  Status captured = dispatcher->run(bufs.args, stream.get());
-  ASSERT_EQ(d->cuStreamEndCapture(stream.get(), &graph), CUDA_SUCCESS);
-  KILN_ASSERT_OK(captured);
-  CUgraphExec exec = nullptr;
-  ASSERT_EQ(d->cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(d->cuGraphLaunch(exec, stream.get()), CUDA_SUCCESS);
-  KILN_ASSERT_OK(stream.synchronize());
-  d->cuGraphExecDestroy(exec);
-  d->cuGraphDestroy(graph);
+  capture_and_replay(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, 3,
+                     [&](CUstream st) { return dispatcher->run(bufs.args, st); });
+  if (HasFatalFailure()) return;
   Selection at40(gemm(40, 1024, 1024), s64.choice(), s64.report());
   KILN_ASSERT_OK(at40.reserve_workspace(s64.choice()->workspace_bytes()));
   expect_correct(at40, &bufs);
@@ -331,24 +333,15 @@ TEST_F(TuneGpu, AStreamKChoiceServesLargerCallsFromItsFixedWorkspace) {
   KILN_ASSERT_OK(c->prepare(*binaries.get()));
   Selection small(gemm(16, 1024, 4096), c, TuneReport{});
   KILN_ASSERT_OK(small.reserve_workspace(bytes));
-  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
   Selection large(gemm(1000, 1024, 4096), c, TuneReport{});
   KILN_ASSERT_OK(large.reserve_workspace(bytes));
   auto def = default_ops().find("gemm");
   KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(large.problem(), 77));
   KILN_ASSERT_OK_AND_ASSIGN(Stream stream, Stream::create());
   // The small selection (dynamic size 16) runs the 1000-row call in capture: no growth is needed.
-  CUgraph graph = nullptr;
-  ASSERT_EQ(d->cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
-  Status captured = small.run(bufs.args, stream.get());
-  ASSERT_EQ(d->cuStreamEndCapture(stream.get(), &graph), CUDA_SUCCESS);
-  KILN_ASSERT_OK(captured);
-  CUgraphExec exec = nullptr;
-  ASSERT_EQ(d->cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(d->cuGraphLaunch(exec, stream.get()), CUDA_SUCCESS);
-  KILN_ASSERT_OK(stream.synchronize());
-  d->cuGraphExecDestroy(exec);
-  d->cuGraphDestroy(graph);
+  capture_and_replay(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, 3,
+                     [&](CUstream st) { return small.run(bufs.args, st); });
+  if (HasFatalFailure()) return;
   expect_correct(large, &bufs);
 }
 

@@ -303,6 +303,60 @@ TEST(GemmGpu, SwapAbDecode) {
   }
 }
 
+using TileField = std::pair<const char*, templates::Value>;
+
+// A gemm_wgmma_sm90 configuration for problem `p`: the tunables a test leaves alone at their plain values (group_m
+// 8, not persistent, no cluster split, one block per SM, no swap, the direct epilogue), then the test's own.
+Params wgmma_config(const GemmProblem& p, std::initializer_list<TileField> fields) {
+  using templates::Value;
+  Params out = templates::gemm_problem_params(p.in, p.la, p.lb, p.ep, p.splits > 1);
+  for (auto [k, v] : std::initializer_list<TileField>{
+           {"group_m", Value::integer(8)}, {"persistent", Value::boolean(false)}, {"cluster_k", Value::integer(1)},
+           {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(false)},
+           {"epi", Value::enumeration("direct")}})
+    out.insert_or_assign(k, v);
+  for (auto [k, v] : fields) out.insert_or_assign(k, v);
+  return out;
+}
+
+// One configuration to check, on the data of `seed` (the configurations of one case share it).
+struct WgmmaCheck {
+  GemmProblem problem;
+  Params params;
+  uint64_t seed;
+};
+
+// Compiles every configuration for sm_90a (each must pass the device's constraints), then runs each `runs` times
+// against the float64 reference with the output poisoned first: within the output dtype's tolerance (1e-5 for
+// split-K partials), the same error every run (a fixed sum order), and nothing in local memory.
+void check_wgmma(const DeviceInfo& info, const std::vector<WgmmaCheck>& checks, int runs = 1) {
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  std::vector<std::pair<TemplatePtr, Params>> cfgs;
+  for (const WgmmaCheck& c : checks) {
+    KILN_ASSERT_OK(t->check(c.params, DeviceLimits::from_device(info, Target{"sm_90a"})));
+    cfgs.emplace_back(t, c.params);
+  }
+  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
+  for (size_t i = 0; i < checks.size(); ++i) {
+    KILN_ASSERT_OK(compiled[i]);
+    const GemmProblem& p = checks[i].problem;
+    const GemmData d = make_gemm_data(p, checks[i].seed);
+    KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
+    const std::string& name = compiled[i]->rendered.config_name;
+    auto err = run_and_check(*compiled[i], p, d, g);
+    KILN_ASSERT_OK(err);
+    for (int r = 1; r < runs; ++r) {
+      auto again = run_and_check(*compiled[i], p, d, g);
+      KILN_ASSERT_OK(again);
+      EXPECT_EQ(*err, *again) << name << ": the sum order changed between runs";
+    }
+    const double tol = p.splits > 1 ? 1e-5 : gemm_tolerance(p.ep.out);
+    std::printf("  %-64s %s regs %d err %.2e\n", name.c_str(), p.str().c_str(), compiled[i]->attr.registers, *err);
+    EXPECT_LE(*err, tol) << name << " on " << p.str();
+    EXPECT_EQ(compiled[i]->attr.local_bytes, 0) << name;
+  }
+}
+
 // The staged epilogue (gemm_wgmma_sm90, epi=smem): each tile both ways, direct and staged, on the same data;
 // M, N, K not multiples of the tile, N odd (the element-wise path: rows not 16-byte aligned), both B layouts,
 // every epilogue op and output dtype (bf16, f16, f32), persistent and not, split-K partials (fp32 chunks), a
@@ -312,7 +366,6 @@ TEST(GemmGpu, WgmmaStagedEpilogue) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
   if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
   using templates::Value;
   const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
   struct Case {
@@ -337,36 +390,20 @@ TEST(GemmGpu, WgmmaStagedEpilogue) {
       {300, 392, 4096, DType::kBF16, C, "", DType::kF32, 128, 128, 2, 4, true, 1, 3},  // split-K partials
       {300, 393, 4096, DType::kF16, C, "", DType::kF32, 128, 64, 1, 6, false, 1, 3},  // partials, N odd
   };
-  std::vector<std::pair<TemplatePtr, Params>> cfgs;
-  for (const Case& c : cases) {
+  std::vector<WgmmaCheck> checks;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.out), c.splits};
     for (const char* epi : {"direct", "smem"}) {
-      Params p = templates::gemm_problem_params(c.in, R, c.lb, spec(c.ep, c.out), c.splits > 1);
-      for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
-               {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
-               {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(8)},
-               {"persistent", Value::boolean(c.persistent)}, {"cluster_k", Value::integer(c.cluster_k)},
-               {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(false)},
-               {"epi", Value::enumeration(epi)}})
-        p.insert_or_assign(k, v);
-      KILN_ASSERT_OK(t->check(p, DeviceLimits::from_device(info, Target{"sm_90a"})));
-      cfgs.emplace_back(t, std::move(p));
+      checks.push_back({p,
+                        wgmma_config(p, {{"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)},
+                                         {"consumers", Value::integer(c.consumers)}, {"stages", Value::integer(c.stages)},
+                                         {"persistent", Value::boolean(c.persistent)},
+                                         {"cluster_k", Value::integer(c.cluster_k)}, {"epi", Value::enumeration(epi)}}),
+                        700 + i});
     }
   }
-  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
-  for (size_t i = 0; i < cfgs.size(); ++i) {
-    KILN_ASSERT_OK(compiled[i]);
-    const Case& c = cases[i / 2];
-    GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.out), c.splits};
-    const GemmData d = make_gemm_data(p, 700 + i / 2);
-    KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
-    auto err = run_and_check(*compiled[i], p, d, g);
-    KILN_ASSERT_OK(err);
-    const double tol = c.splits > 1 ? 1e-5 : gemm_tolerance(p.ep.out);
-    std::printf("  %-64s %s regs %d err %.2e\n", compiled[i]->rendered.config_name.c_str(), p.str().c_str(),
-                compiled[i]->attr.registers, *err);
-    EXPECT_LE(*err, tol) << compiled[i]->rendered.config_name << " on " << p.str();
-    EXPECT_EQ(compiled[i]->attr.local_bytes, 0) << compiled[i]->rendered.config_name;
-  }
+  check_wgmma(info, checks);
 }
 
 // Stream-K (gemm_wgmma_sm90, stream_k): the tiles of the last, partial wave split along K to fill the grid. Cases
@@ -377,7 +414,6 @@ TEST(GemmGpu, WgmmaStreamK) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
   if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
   using templates::Value;
   const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
   struct Case {
@@ -402,42 +438,23 @@ TEST(GemmGpu, WgmmaStreamK) {
       {17, 5000, 3000, DType::kBF16, C, "bias+silu", DType::kBF16, 128, 24, 1, 8, true},  // swap_ab: 40 tiles
       {40, 4096, 4096, DType::kF16, R, "residual", DType::kF16, 64, 40, 1, 8, true},
   };
-  std::vector<std::pair<TemplatePtr, Params>> cfgs;
-  for (const Case& c : cases) {
+  std::vector<WgmmaCheck> checks;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.out), 1};
     for (const char* epi : {"direct", "smem"}) {
       if (c.swap_ab && std::string_view(epi) == "smem") continue;
       if (c.bm == 256 && std::string_view(epi) == "direct") continue;  // refused (spills): GemmTemplates.WgmmaStreamKParameter
-      Params p = templates::gemm_problem_params(c.in, R, c.lb, spec(c.ep, c.out), false);
-      for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
-               {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
-               {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(c.swap_ab ? 1 : 8)},
-               {"persistent", Value::boolean(true)}, {"cluster_k", Value::integer(1)},
-               {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(c.swap_ab)},
-               {"epi", Value::enumeration(epi)}, {"stream_k", Value::boolean(true)}})
-        p.insert_or_assign(k, v);
-      KILN_ASSERT_OK(t->check(p, DeviceLimits::from_device(info, Target{"sm_90a"})));
-      cfgs.emplace_back(t, std::move(p));
+      checks.push_back({p,
+                        wgmma_config(p, {{"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)},
+                                         {"consumers", Value::integer(c.consumers)}, {"stages", Value::integer(c.stages)},
+                                         {"group_m", Value::integer(c.swap_ab ? 1 : 8)},
+                                         {"persistent", Value::boolean(true)}, {"swap_ab", Value::boolean(c.swap_ab)},
+                                         {"epi", Value::enumeration(epi)}, {"stream_k", Value::boolean(true)}}),
+                        900 + i});
     }
   }
-  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
-  size_t ci = 0;
-  for (const Case& c : cases) {
-    for (int e = 0; e < (c.swap_ab || c.bm == 256 ? 1 : 2); ++e, ++ci) {
-      KILN_ASSERT_OK(compiled[ci]);
-      GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.out), 1};
-      const GemmData d = make_gemm_data(p, 900 + ci);
-      KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
-      auto err = run_and_check(*compiled[ci], p, d, g);
-      KILN_ASSERT_OK(err);
-      auto again = run_and_check(*compiled[ci], p, d, g);
-      KILN_ASSERT_OK(again);
-      std::printf("  %-64s %s regs %d err %.2e\n", compiled[ci]->rendered.config_name.c_str(), p.str().c_str(),
-                  compiled[ci]->attr.registers, *err);
-      EXPECT_LE(*err, gemm_tolerance(p.ep.out)) << compiled[ci]->rendered.config_name << " on " << p.str();
-      EXPECT_EQ(*err, *again) << compiled[ci]->rendered.config_name << ": the sum order changed between runs";
-      EXPECT_EQ(compiled[ci]->attr.local_bytes, 0) << compiled[ci]->rendered.config_name;
-    }
-  }
+  check_wgmma(info, checks, 2);
 }
 
 // Ping-pong (gemm_wgmma_sm90, pingpong): two consumers take a block's tiles in turn. Cases give blocks one tile
@@ -446,7 +463,6 @@ TEST(GemmGpu, WgmmaPingPong) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
   if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
   using templates::Value;
   const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
   struct Case {
@@ -464,35 +480,20 @@ TEST(GemmGpu, WgmmaPingPong) {
       {3000, 6000, 200, DType::kF16, C, "", DType::kBF16, 64, 256, 5},              // 1128 tiles: 8-9 each
       {77, 5000, 4096, DType::kBF16, R, "bias+silu", DType::kBF16, 128, 128, 6},    // 40 tiles
   };
-  std::vector<std::pair<TemplatePtr, Params>> cfgs;
-  for (const Case& c : cases) {
+  std::vector<WgmmaCheck> checks;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.out), 1};
     for (const char* epi : {"direct", "smem"}) {
-      Params p = templates::gemm_problem_params(c.in, R, c.lb, spec(c.ep, c.out), false);
-      for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
-               {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(2)},
-               {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(8)},
-               {"persistent", Value::boolean(true)}, {"cluster_k", Value::integer(1)},
-               {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(false)},
-               {"epi", Value::enumeration(epi)}, {"pingpong", Value::boolean(true)}})
-        p.insert_or_assign(k, v);
-      KILN_ASSERT_OK(t->check(p, DeviceLimits::from_device(info, Target{"sm_90a"})));
-      cfgs.emplace_back(t, std::move(p));
+      checks.push_back({p,
+                        wgmma_config(p, {{"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)},
+                                         {"consumers", Value::integer(2)}, {"stages", Value::integer(c.stages)},
+                                         {"persistent", Value::boolean(true)}, {"epi", Value::enumeration(epi)},
+                                         {"pingpong", Value::boolean(true)}}),
+                        950 + i});
     }
   }
-  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
-  for (size_t i = 0; i < cfgs.size(); ++i) {
-    KILN_ASSERT_OK(compiled[i]);
-    const Case& c = cases[i / 2];
-    GemmProblem p{c.m, c.n, c.k, c.in, R, c.lb, spec(c.ep, c.out), 1};
-    const GemmData d = make_gemm_data(p, 950 + i / 2);
-    KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
-    auto err = run_and_check(*compiled[i], p, d, g);
-    KILN_ASSERT_OK(err);
-    std::printf("  %-64s %s regs %d err %.2e\n", compiled[i]->rendered.config_name.c_str(), p.str().c_str(),
-                compiled[i]->attr.registers, *err);
-    EXPECT_LE(*err, gemm_tolerance(p.ep.out)) << compiled[i]->rendered.config_name << " on " << p.str();
-    EXPECT_EQ(compiled[i]->attr.local_bytes, 0) << compiled[i]->rendered.config_name;
-  }
+  check_wgmma(info, checks);
 }
 
 // TMA multicast (gemm_wgmma_sm90, mcast=2): clusters of two blocks on adjacent tile columns sharing A, each
@@ -504,7 +505,6 @@ TEST(GemmGpu, WgmmaMulticast) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
   if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
   using templates::Value;
   const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
   struct Case {
@@ -528,34 +528,18 @@ TEST(GemmGpu, WgmmaMulticast) {
       {300, 392, 4096, DType::kBF16, R, C, "", DType::kF32, 128, 128, 2, 4, true, "smem", 3},  // partials
       {4096, 4096, 512, DType::kBF16, R, C, "", DType::kBF16, 128, 256, 2, 4, true, "smem", 1},
   };
-  std::vector<std::pair<TemplatePtr, Params>> cfgs;
-  for (const Case& c : cases) {
-    Params p = templates::gemm_problem_params(c.in, c.la, c.lb, spec(c.ep, c.out), c.splits > 1);
-    for (auto [k, v] : std::initializer_list<std::pair<const char*, Value>>{
-             {"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)}, {"consumers", Value::integer(c.consumers)},
-             {"stages", Value::integer(c.stages)}, {"group_m", Value::integer(8)},
-             {"persistent", Value::boolean(c.persistent)}, {"cluster_k", Value::integer(1)},
-             {"blocks_per_sm", Value::integer(1)}, {"swap_ab", Value::boolean(false)},
-             {"epi", Value::enumeration(c.epi)}, {"mcast", Value::integer(2)}})
-      p.insert_or_assign(k, v);
-    KILN_ASSERT_OK(t->check(p, DeviceLimits::from_device(info, Target{"sm_90a"})));
-    cfgs.emplace_back(t, std::move(p));
-  }
-  auto compiled = compile_all(cfgs, std::vector<Target>(cfgs.size(), Target{"sm_90a"}));
+  std::vector<WgmmaCheck> checks;
   for (size_t i = 0; i < cases.size(); ++i) {
-    KILN_ASSERT_OK(compiled[i]);
     const Case& c = cases[i];
-    GemmProblem p{c.m, c.n, c.k, c.in, c.la, c.lb, spec(c.ep, c.out), c.splits};
-    const GemmData d = make_gemm_data(p, 900 + i);
-    KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
-    auto err = run_and_check(*compiled[i], p, d, g);
-    KILN_ASSERT_OK(err);
-    const double tol = c.splits > 1 ? 1e-5 : gemm_tolerance(p.ep.out);
-    std::printf("  %-64s %s regs %d err %.2e\n", compiled[i]->rendered.config_name.c_str(), p.str().c_str(),
-                compiled[i]->attr.registers, *err);
-    EXPECT_LE(*err, tol) << compiled[i]->rendered.config_name << " on " << p.str();
-    EXPECT_EQ(compiled[i]->attr.local_bytes, 0) << compiled[i]->rendered.config_name;
+    const GemmProblem p{c.m, c.n, c.k, c.in, c.la, c.lb, spec(c.ep, c.out), c.splits};
+    checks.push_back({p,
+                      wgmma_config(p, {{"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)},
+                                       {"consumers", Value::integer(c.consumers)}, {"stages", Value::integer(c.stages)},
+                                       {"persistent", Value::boolean(c.persistent)}, {"epi", Value::enumeration(c.epi)},
+                                       {"mcast", Value::integer(2)}}),
+                      900 + i});
   }
+  check_wgmma(info, checks);
 }
 
 }  // namespace
