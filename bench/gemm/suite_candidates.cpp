@@ -69,8 +69,7 @@ std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
   for (const Wgmma& w : wgmma_order_plain(s, l)) {
     out.push_back(w);
     const int64_t tiles = ceil_div(w.swap_ab ? s.n : s.m, w.bm) * ceil_div(w.swap_ab ? s.m : s.n, w.bn);
-    // Stream-K splits the partial wave's tiles in min(SMs / tiles, K blocks / 4) pieces (wgmma_sm90.cu's SkPlan).
-    const int64_t rest = tiles % sms, pieces = rest == 0 ? 1 : std::min(sms / rest, std::max<int64_t>(1, ceil_div(s.k, 64) / 4));
+    const int64_t pieces = templates::stream_k_pieces(tiles, sms, s.k);
     if (w.persistent && w.mcast == 1 && w.cluster_k == 1 && !w.pingpong && pieces > 1) {
       Wgmma t = w;
       t.stream_k = true;

@@ -2,6 +2,8 @@
 // entry point (see kiln/templates/gemm.h).
 #include "gemm_family.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "kiln/templates/gemm.h"
@@ -16,6 +18,12 @@ Params gemm_problem_params(DType in, Layout a, Layout b, const EpilogueSpec& epi
   p.emplace("epilogue", epilogue_value(epilogue));
   p.emplace("partials", Value::boolean(partials));
   return p;
+}
+
+int64_t stream_k_pieces(int64_t tiles, int64_t blocks, int64_t k) {
+  if (tiles <= 0 || blocks <= 0) return 1;
+  const int64_t rest = tiles % blocks;
+  return rest == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(blocks / rest, (k + 63) / 64 / 4));
 }
 
 int gemm_alignment(int64_t lda, int64_t ldb) {

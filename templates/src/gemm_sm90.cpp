@@ -373,8 +373,8 @@ TemplateDef gemm_wgmma_sm90_def() {
   mcast.default_value = Value::integer(1);
   d.params.push_back(std::move(mcast));
   ParamSpec stream_k = bool_param("stream_k", ParamRole::kTunable, "sk",
-                                  "persistent only: the tiles short of whole waves share their K loops over every "
-                                  "SM, partials summed in a workspace (for tile counts that leave SMs idle)");
+                                  "persistent only: the tiles of the last, partial wave split along K to fill the "
+                                  "grid, partials summed in a workspace (for tile counts that leave SMs idle)");
   stream_k.default_value = Value::boolean(false);
   d.params.push_back(std::move(stream_k));
   ParamSpec pingpong = bool_param("pingpong", ParamRole::kTunable, "pp",

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "kiln/templates/gemm.h"
 #include "kiln/templates/template.h"
 
 namespace kiln::runtime {
@@ -112,11 +113,7 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   // A persistent grid loops over the tiles with the next tile's loads under this one's epilogue: no launch
   // tail between waves, the same quantisation.
   // Stream-K splits the partial wave's tiles in `pieces` along K (wgmma_sm90.cu's SkPlan): that wave takes 1 / pieces.
-  int64_t sk_pieces = 1;
-  if (g.stream_k) {
-    const int64_t rest = e.blocks % std::max<int64_t>(1, slots);
-    if (rest > 0) sk_pieces = std::max<int64_t>(1, std::min<int64_t>(slots / rest, ceil_div(p.k, 64) / 4));
-  }
+  const int64_t sk_pieces = g.stream_k ? templates::stream_k_pieces(e.blocks, slots, p.k) : 1;
   const double full_waves = sk_pieces > 1 ? std::floor(e.waves) + 1.0 / static_cast<double>(sk_pieces)
                                           : std::ceil(e.waves - 1e-9);
   const double per_sm_tflops = d.tensor_tflops / d.sms * (g.tensor_cores_async ? 1.0 : 0.6);

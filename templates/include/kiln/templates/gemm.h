@@ -50,6 +50,9 @@ Params gemm_problem_params(DType in, Layout a, Layout b, const EpilogueSpec& epi
 int gemm_alignment(int64_t lda, int64_t ldb);
 
 /// The leading dimensions of dense operands: lda = K (row-major A) or M, ldb = N (row-major B) or K.
+/// gemm_wgmma_sm90 with stream_k: the K pieces each tile of the partial wave is split into, for `tiles` output
+/// tiles over `blocks` resident blocks and K elements (1: nothing to split). The kernel's SkPlan computes the same.
+int64_t stream_k_pieces(int64_t tiles, int64_t blocks, int64_t k);
 int64_t dense_lda(Layout a, const Shape& s);
 int64_t dense_ldb(Layout b, const Shape& s);
 /// Arguments for one dense GEMM of `s` (m, n, k) with A and B in their layouts and D row-major: sizes, one K
