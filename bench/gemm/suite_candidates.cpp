@@ -101,6 +101,9 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
       out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 8), 1, false, ck, 1, true});
       if (ck < 4 && ceil_div(s.k, 64) >= 8 * ck) out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 8), 1, false, 2 * ck, 1, true});
       if (ck > 1) out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 8), 1, false, ck / 2, 1, true});
+      // Memory-bound: the deepest ring that fits keeps more of B in flight per SM.
+      out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, false, ck, 1, true});
+      out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, false, 1, 1, true});
     }
     out.push_back({64, bn, 1, fit_stages(l, 64, bn, 6, 2), 1, false, 1, 2, true});
     out.push_back({128, bn, bn > 128 ? 2 : 1, fit_stages(l, 128, bn, 5), 1, false,
