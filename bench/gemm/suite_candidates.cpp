@@ -27,7 +27,16 @@ struct Wgmma {
   int64_t mcast = 1;      // 2: clusters of two blocks sharing A through TMA multicast
   bool stream_k = false;  // persistent: the partial wave's tiles split along K to fill the grid
   bool pingpong = false;  // persistent, two consumers taking whole bm x bn tiles in turn
+  bool sk_even = false;   // persistent stream-K, every block an equal share of all the tiles' K iterations
 };
+// Free-running stream-K over a persistent grid: for decode's memory-bound swap-AB tiles, which share no B panel.
+Wgmma even(Wgmma w) {
+  w.persistent = true;
+  w.cluster_k = 1;
+  w.stream_k = true;
+  w.sk_even = true;
+  return w;
+}
 Wgmma pingpong(Wgmma w) {
   w.pingpong = true;
   return w;
@@ -70,7 +79,7 @@ std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
     out.push_back(w);
     const int64_t tiles = ceil_div(w.swap_ab ? s.n : s.m, w.bm) * ceil_div(w.swap_ab ? s.m : s.n, w.bn);
     const int64_t pieces = templates::stream_k_pieces(tiles, sms, s.k);
-    if (w.persistent && w.mcast == 1 && w.cluster_k == 1 && !w.pingpong && pieces > 1) {
+    if (w.persistent && w.mcast == 1 && w.cluster_k == 1 && !w.pingpong && !w.stream_k && pieces > 1) {
       Wgmma t = w;
       t.stream_k = true;
       out.push_back(t);
@@ -104,6 +113,8 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
       // Memory-bound: the deepest ring that fits keeps more of B in flight per SM.
       out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, false, ck, 1, true});
       out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, false, 1, 1, true});
+      out.push_back(even({bm, bn, consumers, fit_stages(l, bm, bn, 8), 1, true, 1, 1, true}));
+      out.push_back(even({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, true, 1, 1, true}));
     }
     out.push_back({64, bn, 1, fit_stages(l, 64, bn, 6, 2), 1, false, 1, 2, true});
     out.push_back({128, bn, bn > 128 ? 2 : 1, fit_stages(l, 128, bn, 5), 1, false,
@@ -178,6 +189,7 @@ Params wgmma_params(const Params& base, const Wgmma& w) {
   p.insert_or_assign("mcast", Value::integer(w.mcast));
   p.insert_or_assign("stream_k", Value::boolean(w.stream_k));
   p.insert_or_assign("pingpong", Value::boolean(w.pingpong));
+  p.insert_or_assign("sk_even", Value::boolean(w.sk_even));
   return p;
 }
 
@@ -262,6 +274,7 @@ std::vector<FamilyCandidates> candidates_for(const SuiteShape& s, const DeviceLi
 
 std::string variant_of(const std::string& family, const Params& p) {
   if (family != "gemm_wgmma_sm90") return "";
+  if (templates::get_bool(p, "sk_even")) return "stream_k_even";
   if (templates::get_bool(p, "swap_ab")) return "swap_ab";
   if (templates::get_int(p, "cluster_k") > 1) return "cluster_k";
   if (templates::get_bool(p, "stream_k")) return "stream_k";

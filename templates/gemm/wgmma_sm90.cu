@@ -34,6 +34,13 @@
 // sum order) and applies the epilogue. The pieces run in one wave and no contributor waits for anything, so the
 // waits end as long as the blocks get SMs. Workspace: G flags (4096 bytes, lowered by launch_gemm() before each
 // launch), then G slots of bm x bn floats.
+// With sk_even = ${sk_even} (stream-K's free-running form) block b of the G blocks takes iterations [b T / G,
+// (b + 1) T / G) of all the tiles' T = tiles x K-blocks iterations in order: every SM streams an equal share. For
+// memory-bound shapes whose tiles share no operand panel (swap-AB decode: each tile its own rows of B); where tiles
+// share panels the staggered K offsets cost L2 reuse (see SkPlan). Only a block's first piece can start inside a
+// tile (it contributes) and only its last can end inside one (it finishes: the tile's other pieces are the next
+// blocks' first pieces, done first), so one slot per block is enough and the finisher waits on blocks that
+// started with its tile. launch_gemm() keeps G <= T, so that every block has a piece.
 #include "common/kiln_device.cuh"
 #include "kiln/templates/kernel_args.h"
 ${epilogue}
@@ -63,6 +70,7 @@ constexpr int CLUSTER_K = ${cluster_k};
 constexpr int BLOCKS_PER_SM = ${blocks_per_sm};
 constexpr int MCAST = ${mcast};
 constexpr bool STREAM_K = ${stream_k};
+constexpr bool SK_EVEN = ${sk_even};
 constexpr int SK_FLAG_BYTES = 4096;  // the workspace's flags (at most 1024 blocks), before the slots
 enum class Epi { direct, smem };
 constexpr bool EPI_SMEM = Epi::${epi} == Epi::smem;
@@ -79,6 +87,7 @@ constexpr int EPI_ROW_BYTES = 128;
 constexpr int EPI_BYTES = EPI_SMEM ? CONSUMERS * WG_M * EPI_ROW_BYTES : 0;
 constexpr int BARRIER_BYTES = (STAGES * 16 + 127) / 128 * 128;
 static_assert(!STREAM_K || (CLUSTER_K == 1 && MCAST == 1 && !PARTIALS), "stream-K: its own K split");
+static_assert(!SK_EVEN || STREAM_K, "sk_even is a form of stream-K");
 static_assert(!PINGPONG || (CONSUMERS == 2 && !STREAM_K && CLUSTER_K == 1 && MCAST == 1 && !SWAP_AB),
               "ping-pong: two consumers taking whole tiles in turn");
 static_assert(CLUSTER_K == 1 || (!PARTIALS && CONSUMERS * MW * BN * 128 * 2 <= STAGES * STAGE_BYTES),
@@ -371,9 +380,29 @@ __device__ __forceinline__ Work tile_work(int tile, int tiles_m, int tiles_n, in
 class Units {
  public:
   __device__ __forceinline__ Units(const KilnGemmArgs& args, int tiles_m, int tiles_n, int total)
-      : args_(args), tiles_m_(tiles_m), tiles_n_(tiles_n), total_(total), w_(blockIdx.x) {}
+      : args_(args), tiles_m_(tiles_m), tiles_n_(tiles_n), total_(total), w_(blockIdx.x) {
+    if constexpr (SK_EVEN) w_ = even_start(blockIdx.x);  // the iteration this block starts at
+  }
   __device__ __forceinline__ bool next(Work& r) {
-    if constexpr (STREAM_K) {
+    if constexpr (SK_EVEN) {
+      const int kpt = (args_.k + BK - 1) / BK;
+      const int end = even_start(blockIdx.x + 1);
+      if (w_ >= end) return false;
+      const int tile = w_ / kpt, kb0 = w_ - tile * kpt, kb1 = min(kpt, end - tile * kpt);
+      Role role = Role::full;
+      int pieces = 1;
+      if (kb0 > 0) {
+        role = Role::contribute;
+      } else if (kb1 < kpt) {
+        // The blocks up to the owner of the tile's last iteration e - 1, the largest b with b T / G <= e - 1.
+        role = Role::finish;
+        const long long e = static_cast<long long>(tile + 1) * kpt, g = gridDim.x;
+        pieces = static_cast<int>((e * g - 1) / even_total()) - static_cast<int>(blockIdx.x) + 1;
+      }
+      r = tile_work(tile, tiles_m_, tiles_n_, kb0, kb1, role, pieces, 1);
+      w_ = tile * kpt + kb1;
+      return true;
+    } else if constexpr (STREAM_K) {
       // The plan is recomputed per unit rather than kept: fewer registers live across the mainloop.
       if (w_ < 0) return false;  // the tail unit was taken
       const SkPlan p = sk_plan(args_, tiles_m_ * tiles_n_);
@@ -400,7 +429,15 @@ class Units {
     }
   }
 
+
  private:
+  // sk_even: all the tiles' K iterations, and where block b's share starts (launch_gemm() keeps both < 2^31).
+  __device__ __forceinline__ long long even_total() const {
+    return static_cast<long long>(tiles_m_) * tiles_n_ * ((args_.k + BK - 1) / BK);
+  }
+  __device__ __forceinline__ int even_start(unsigned b) const {
+    return static_cast<int>(static_cast<long long>(b) * even_total() / gridDim.x);
+  }
   const KilnGemmArgs& args_;
   int tiles_m_, tiles_n_, total_, w_;
 };

@@ -45,7 +45,7 @@ struct Sm90Config {
   int64_t bm, bn, consumers, stages, cluster_k, blocks_per_sm;
   bool swap_ab, epi_smem;
   int64_t mcast;
-  bool stream_k, pingpong;
+  bool stream_k, pingpong, sk_even;
   // Rows of a consumer's accumulators: a share of the tile, or (ping-pong) whole tiles in turn.
   int64_t wg_m() const { return pingpong ? bm : bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
@@ -63,7 +63,8 @@ struct Sm90Config {
 Sm90Config config_of(const Params& p) {
   return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
           get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab"), get_enum(p, "epi") == "smem",
-          get_int(p, "mcast"), get_bool(p, "stream_k"), get_bool(p, "pingpong")};
+          get_int(p, "mcast"), get_bool(p, "stream_k"), get_bool(p, "pingpong"),
+          get_bool(p, "sk_even")};
 }
 
 // Stream-K's workspace (wgmma_sm90.cu): a flag per block in the first 4096 bytes, then a bm x bn fp32 slot per block.
@@ -182,6 +183,7 @@ Status constraints(const Params& p, const DeviceLimits& l) {
     return fail(ErrorCode::kInvalidArgument, "stream_k needs persistent and excludes cluster_k > 1, mcast 2 and "
                                              "partials (it splits K itself)");
   }
+  if (c.sk_even && !c.stream_k) return fail(ErrorCode::kInvalidArgument, "sk_even is a form of stream_k: it needs stream_k");
   // Measured (H200, NVRTC 13.0): 256x128 with the direct epilogue left 8 bytes in local memory once the partial sums
   // were added (two m64 rows of 64 accumulator pairs per consumer); the staged epilogue stays clear.
   if (c.stream_k && c.acc_regs() == 128 && c.wg_m() > 64 && !c.epi_smem) {
@@ -239,7 +241,7 @@ std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
   return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn,
                      c.consumers, c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
-                     c.stream_k ? "_sk" : c.pingpong ? "_pp" : "",
+                     c.sk_even ? "_ske" : c.stream_k ? "_sk" : c.pingpong ? "_pp" : "",
                      c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
                      c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", c.epi_smem ? "_es" : "",
                      c.mcast > 1 ? fmt::format("_mc{}", c.mcast) : "", gemm_problem_suffix(p));
@@ -322,6 +324,13 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
     if (c.mcast == 2) cfg.grid.x &= ~1u;  // whole pairs: a block and its peer walk the same tile rows
     // Stream-K spreads few tiles' K loops over every SM.
     if (c.stream_k) cfg.grid.x = static_cast<unsigned>(std::min<int64_t>(sms, kStreamKMaxBlocks));
+    if (c.sk_even) {
+      // Every block gets at least one of the T iterations (the kernel's finishers wait on every block after theirs
+      // up to the tile's end), and T and the blocks' starts fit the kernel's ints.
+      const int64_t tiles = ((k.m + c.bm - 1) / c.bm) * ((k.n + c.bn - 1) / c.bn), total = tiles * ((k.k + 63) / 64);
+      if (total >= INT32_MAX) return bad("gemm_wgmma_sm90: sk_even needs fewer than 2^31 tile iterations");
+      cfg.grid.x = static_cast<unsigned>(std::min<int64_t>(cfg.grid.x, total));
+    }
   }
   if (c.stream_k) {
     if (!k.workspace) return bad("gemm_wgmma_sm90: stream_k needs a workspace (Template::workspace_bytes)");
@@ -377,6 +386,12 @@ TemplateDef gemm_wgmma_sm90_def() {
                                   "grid, partials summed in a workspace (for tile counts that leave SMs idle)");
   stream_k.default_value = Value::boolean(false);
   d.params.push_back(std::move(stream_k));
+  ParamSpec sk_even = bool_param("sk_even", ParamRole::kTunable, "ske",
+                                 "with stream_k: every block an equal share of all the tiles' K iterations (free-running "
+                                 "stream-K), for memory-bound shapes whose tiles share no operand panel (swap-AB decode)");
+  sk_even.default_value = Value::boolean(false);
+  sk_even.values = {Value::boolean(false)};  // not in the sampled grid: the tuner's seeds name it where it applies
+  d.params.push_back(std::move(sk_even));
   ParamSpec pingpong = bool_param("pingpong", ParamRole::kTunable, "pp",
                                   "persistent, two consumers: each takes whole bm x bn tiles in turn, one's epilogue "
                                   "under the other's MMAs (instead of splitting each tile's rows)");

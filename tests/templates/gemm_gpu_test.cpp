@@ -409,7 +409,10 @@ TEST(GemmGpu, WgmmaStagedEpilogue) {
 // Stream-K (gemm_wgmma_sm90, stream_k): the tiles of the last, partial wave split along K to fill the grid. Cases
 // cover fewer tiles than SMs (15 tiles in 8 pieces, 80 in 1: nothing to split), whole waves then a tail, exact
 // waves (no tail), K tails, K too short to split, swap_ab and both epilogues; each runs twice on a poisoned
-// workspace and must give the same result both times (a fixed sum order).
+// workspace and must give the same result both times (a fixed sum order). Every case also runs with sk_even (each
+// block an equal share of all the tiles' K iterations): there a tile spans up to ~10 blocks (333x576x7168: 15 tiles
+// x 112 K blocks over 132), blocks take pieces of two or three tiles, and the 64x128x40 case has one iteration in all
+// (a grid of one block).
 TEST(GemmGpu, WgmmaStreamK) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
@@ -445,13 +448,16 @@ TEST(GemmGpu, WgmmaStreamK) {
     for (const char* epi : {"direct", "smem"}) {
       if (c.swap_ab && std::string_view(epi) == "smem") continue;
       if (c.bm == 256 && std::string_view(epi) == "direct") continue;  // refused (spills): GemmTemplates.WgmmaStreamKParameter
-      checks.push_back({p,
-                        wgmma_config(p, {{"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)},
-                                         {"consumers", Value::integer(c.consumers)}, {"stages", Value::integer(c.stages)},
-                                         {"group_m", Value::integer(c.swap_ab ? 1 : 8)},
-                                         {"persistent", Value::boolean(true)}, {"swap_ab", Value::boolean(c.swap_ab)},
-                                         {"epi", Value::enumeration(epi)}, {"stream_k", Value::boolean(true)}}),
-                        900 + i});
+      for (bool even : {false, true}) {
+        checks.push_back({p,
+                          wgmma_config(p, {{"bm", Value::integer(c.bm)}, {"bn", Value::integer(c.bn)},
+                                           {"consumers", Value::integer(c.consumers)}, {"stages", Value::integer(c.stages)},
+                                           {"group_m", Value::integer(c.swap_ab ? 1 : 8)},
+                                           {"persistent", Value::boolean(true)}, {"swap_ab", Value::boolean(c.swap_ab)},
+                                           {"epi", Value::enumeration(epi)}, {"stream_k", Value::boolean(true)},
+                                           {"sk_even", Value::boolean(even)}}),
+                          static_cast<uint64_t>((even ? 950 : 900) + i)});
+      }
     }
   }
   check_wgmma(info, checks, 2);

@@ -308,6 +308,25 @@ TEST(GemmTemplates, WgmmaStreamKParameter) {
   EXPECT_EQ(sm90->check(tall, limits("sm_90a")).code(), ErrorCode::kOutOfRange);
   tall.insert_or_assign("epi", Value::enumeration("smem"));
   KILN_EXPECT_OK(sm90->check(tall, limits("sm_90a")));
+
+  // sk_even, stream-K's free-running form: only with stream_k, its own name, its own text, the same workspace.
+  const ParamSpec* even = sm90->param("sk_even");
+  ASSERT_NE(even, nullptr);
+  ASSERT_TRUE(even->default_value.has_value());
+  EXPECT_EQ(*even->default_value, Value::boolean(false));
+  Params ev = on;
+  ev.insert_or_assign("sk_even", Value::boolean(true));
+  KILN_EXPECT_OK(sm90->check(ev, limits("sm_90a")));
+  auto e = sm90->render(ev);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->config_name, "gemm_wgmma_128x128x64_c2_s6_g8_p_ske_bf16_rc_bias_gelu_bf16");
+  EXPECT_NE(e->source.source, c->source.source);
+  EXPECT_NE(e->source.source.find("constexpr bool SK_EVEN = true;"), std::string::npos);
+  EXPECT_NE(c->source.source.find("constexpr bool SK_EVEN = false;"), std::string::npos);
+  ev.insert_or_assign("stream_k", Value::boolean(false));
+  const Status st = sm90->check(ev, limits("sm_90a"));
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.to_string().find("sk_even"), std::string::npos) << st.to_string();
 }
 
 // pingpong: a tunable added later (default false); two consumers each take whole bm x bn tiles, so bm need only be a
@@ -490,6 +509,17 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
                    p.insert_or_assign("swap_ab", Value::boolean(true)); p.insert_or_assign("stream_k", Value::boolean(true));
                    return p; }(),
        "sm_90a", {"wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "ld.acquire.gpu"}},
+      // sk_even (free-running stream-K) on the decode tiles it is for: swap-AB 64x80 deep and 128x16, bf16 and fp16.
+      {sm90, [&] { Params p = sm90_params(64, 80, 1, 12, true, DType::kBF16, R, C, false, "", DType::kBF16);
+                   p.insert_or_assign("group_m", Value::integer(1)); p.insert_or_assign("swap_ab", Value::boolean(true));
+                   p.insert_or_assign("stream_k", Value::boolean(true)); p.insert_or_assign("sk_even", Value::boolean(true));
+                   return p; }(),
+       "sm_90a", {"wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16", "ld.acquire.gpu", "fence.acq_rel.gpu"}},
+      {sm90, [&] { Params p = sm90_params(128, 16, 1, 8, true, DType::kF16, R, R, false, "bias+silu", DType::kF16);
+                   p.insert_or_assign("group_m", Value::integer(1)); p.insert_or_assign("swap_ab", Value::boolean(true));
+                   p.insert_or_assign("stream_k", Value::boolean(true)); p.insert_or_assign("sk_even", Value::boolean(true));
+                   return p; }(),
+       "sm_90a", {"wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16", "ld.acquire.gpu"}},
       // pingpong: named-barrier turns between the consumers; 64x256 staged, 128x128 direct with fp16 row-major B.
       {sm90, [&] { Params p = es(sm90_params(64, 256, 2, 5, true)); p.insert_or_assign("pingpong", Value::boolean(true)); return p; }(),
        "sm_90a", {"bar.arrive", "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "st.global.v4"}},

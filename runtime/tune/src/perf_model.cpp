@@ -60,7 +60,7 @@ double reachable_gbps(const DevicePeaks& d, int64_t active_sms, double bytes_in_
 
 struct GemmTile {
   int64_t bm = 0, bn = 0, stages = 2, consumers = 1, occupancy = 1, stage_bytes = 0;
-  bool swap_ab = false, persistent = false, tensor_cores_async = true, stream_k = false;
+  bool swap_ab = false, persistent = false, tensor_cores_async = true, stream_k = false, sk_even = false;
   int64_t splits = 1;  // cluster_k or subgraph slices
 };
 
@@ -78,6 +78,7 @@ std::optional<GemmTile> gemm_tile(const Params& p, const DevicePeaks& d) {
     g.swap_ab = flag(p, "swap_ab");
     g.persistent = flag(p, "persistent");
     g.stream_k = g.persistent && flag(p, "stream_k");
+    g.sk_even = g.stream_k && flag(p, "sk_even");
     g.splits = std::max<int64_t>(1, num(p, "cluster_k", 1));
     g.stage_bytes = (g.bm + g.bn) * 64 * 2;
   } else if (t == "gemm_mma_sm80") {
@@ -113,9 +114,11 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   // A persistent grid loops over the tiles with the next tile's loads under this one's epilogue: no launch
   // tail between waves, the same quantisation.
   // Stream-K splits the partial wave's tiles in `pieces` along K (wgmma_sm90.cu's SkPlan): that wave takes 1 / pieces.
-  const int64_t sk_pieces = g.stream_k ? templates::stream_k_pieces(e.blocks, slots, p.k) : 1;
-  const double full_waves = sk_pieces > 1 ? std::floor(e.waves) + 1.0 / static_cast<double>(sk_pieces)
-                                          : std::ceil(e.waves - 1e-9);
+  // sk_even gives every block an equal share of all the tiles' K iterations: the waves are not quantised at all.
+  const int64_t sk_pieces = g.sk_even ? 2 : g.stream_k ? templates::stream_k_pieces(e.blocks, slots, p.k) : 1;
+  const double full_waves = g.sk_even        ? e.waves
+                            : sk_pieces > 1 ? std::floor(e.waves) + 1.0 / static_cast<double>(sk_pieces)
+                                            : std::ceil(e.waves - 1e-9);
   const double per_sm_tflops = d.tensor_tflops / d.sms * (g.tensor_cores_async ? 1.0 : 0.6);
   double eff = tile_efficiency(g.bm, g.bn, g.stages, g.consumers);
   if (g.persistent) eff *= 1.04;
@@ -154,6 +157,7 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   if (g.splits > 1 && subgraph_slices <= 1) e.us += 1.0 * static_cast<double>(g.splits - 1);
   // Stream-K: the flags' memset, and each tail tile's other pieces parked in and summed from L2 (~0.7 us per
   // 64 KiB partial read by one SM).
+  // sk_even: about one partial per block (its first piece), read by the block before it.
   if (sk_pieces > 1) e.us += 1.5 + 0.7 * static_cast<double>(sk_pieces - 1) * static_cast<double>(g.bm * g.bn) / 16384.0;
   if (subgraph_slices > 1 || unfused) e.us += d.launch_us;
   return e;
