@@ -27,16 +27,7 @@ struct Wgmma {
   int64_t mcast = 1;      // 2: clusters of two blocks sharing A through TMA multicast
   bool stream_k = false;  // persistent: the partial wave's tiles split along K to fill the grid
   bool pingpong = false;  // persistent, two consumers taking whole bm x bn tiles in turn
-  bool sk_even = false;   // persistent stream-K, every block an equal share of all the tiles' K iterations
 };
-// Free-running stream-K over a persistent grid: for decode's memory-bound swap-AB tiles, which share no B panel.
-Wgmma even(Wgmma w) {
-  w.persistent = true;
-  w.cluster_k = 1;
-  w.stream_k = true;
-  w.sk_even = true;
-  return w;
-}
 Wgmma pingpong(Wgmma w) {
   w.pingpong = true;
   return w;
@@ -113,8 +104,6 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
       // Memory-bound: the deepest ring that fits keeps more of B in flight per SM.
       out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, false, ck, 1, true});
       out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, false, 1, 1, true});
-      out.push_back(even({bm, bn, consumers, fit_stages(l, bm, bn, 8), 1, true, 1, 1, true}));
-      out.push_back(even({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, true, 1, 1, true}));
     }
     out.push_back({64, bn, 1, fit_stages(l, 64, bn, 6, 2), 1, false, 1, 2, true});
     out.push_back({128, bn, bn > 128 ? 2 : 1, fit_stages(l, 128, bn, 5), 1, false,
@@ -189,7 +178,6 @@ Params wgmma_params(const Params& base, const Wgmma& w) {
   p.insert_or_assign("mcast", Value::integer(w.mcast));
   p.insert_or_assign("stream_k", Value::boolean(w.stream_k));
   p.insert_or_assign("pingpong", Value::boolean(w.pingpong));
-  p.insert_or_assign("sk_even", Value::boolean(w.sk_even));
   return p;
 }
 

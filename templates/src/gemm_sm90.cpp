@@ -390,7 +390,10 @@ TemplateDef gemm_wgmma_sm90_def() {
                                  "with stream_k: every block an equal share of all the tiles' K iterations (free-running "
                                  "stream-K), for memory-bound shapes whose tiles share no operand panel (swap-AB decode)");
   sk_even.default_value = Value::boolean(false);
-  sk_even.values = {Value::boolean(false)};  // not in the sampled grid: the tuner's seeds name it where it applies
+  // Accepted, not sampled: on an H200 (28 Nov, bench/results/gemm-issue15-nvidia-h200-2026-11-28.md) swap-AB decode
+  // tiles with it ran 2-4 us slower than the same tiles split over a cluster (the flags' memset node is 2-3 us of
+  // that) and tied at best on the widest N; a flag protocol without the per-launch memset would change that.
+  sk_even.values = {Value::boolean(false)};
   d.params.push_back(std::move(sk_even));
   ParamSpec pingpong = bool_param("pingpong", ParamRole::kTunable, "pp",
                                   "persistent, two consumers: each takes whole bm x bn tiles in turn, one's epilogue "
