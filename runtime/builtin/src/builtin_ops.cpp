@@ -73,8 +73,8 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       for (int64_t ck : {1, 2, 4}) out.push_back(w(128, bn, consumers, 8, 1, false, ck, 1, true));
       out.push_back(w(64, bn, 1, 8, 1, false, 2, 1, true));
       // Memory-bound decode: the deepest ring (up to 16 stages) that fits sm_90's 227 KiB, alone and split over a
-      // cluster of two; it won 11 of the suite's 69 shapes with M <= 128 on an H200 (28 Nov, s12-s16 against s8:
-      // 77x4608x3584 11.7 vs 12.7 us, 64x4096x4096 11.9 vs 13.1).
+      // cluster of two; it won 11 of the suite's 69 shapes with M <= 128 on an H200 (28 Nov, against the same tile
+      // with 8 stages: 77x4608x3584 11.8 vs 12.7 us, 64x4096x4096 12.1 vs 13.2).
       const int64_t deep = std::min<int64_t>(16, (232448 - 2048) / ((64 + bn) * 128 + 16));
       for (int64_t ck : {1, 2}) out.push_back(w(64, bn, 1, deep, 1, false, ck, 1, true));
     } else if (shape.m <= 512) {
