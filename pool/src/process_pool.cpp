@@ -45,7 +45,7 @@ constexpr const char* kWorkerName = "kiln-compile-worker";
 // every job, and kernel work that 16 workers would do side by side. bench/pool reports faults and system
 // time per job. hugetlb=1 advises malloc's heap onto transparent huge pages (where THP is `madvise`, as on the
 // GPU machine; glibc before 2.35 ignores it): over 8 paired 16-worker batches on nvidia-h200 (27-28 Nov,
-// bench/results/pool-hugetlb-ab-nvidia-h200-2026-11-2{7,8}-*) the pool's efficiency was higher with it in 6, by 5.6
+// bench/results/pool-hugetlb-ab-nvidia-h200-2026-11-2{7,8}-*) the pool's efficiency was higher with it in 6, by 6.0
 // points on average. Only when the application set no GLIBC_TUNABLES of its own.
 constexpr const char* kWorkerMalloc =
     "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456:"
