@@ -219,9 +219,11 @@ Result<Value> parse_value(const ParamSpec& s, const std::string& text) {
   return make_error(ErrorCode::kInvalidArgument, fmt::format("'{}' is not a {} value for '{}'", text, kind_name(s.kind), s.name));
 }
 
-// A given value must be one the template can take: a tunable int within its declared values' span, a problem
-// int a size from 1 to 2^31 - 1, an enum one of its choices. Outside, the template would render nonsense or
-// nothing, and the error would name some other parameter.
+// A given value must be one the template can take: a tunable int from 1 (or its least declared value) to 65536,
+// a problem int a size from 1 to 2^31 - 1, an enum one of its choices. Outside, the template's arithmetic would
+// overflow or divide by zero, and the error would name some other parameter. Within, the template's constraints
+// decide: a tunable's declared values are only the grid it samples, and seeds the tuner adds (a 16-stage ring)
+// lie outside them, so a configuration a tune chose must render here too.
 Status check_range(const ParamSpec& s, const Value& v) {
   auto bad = [&](const std::string& why) {
     return make_error(ErrorCode::kInvalidArgument, fmt::format("{}={} is out of range: {}", s.name, v.short_text(), why));
@@ -236,7 +238,10 @@ Status check_range(const ParamSpec& s, const Value& v) {
     if (s.role == ParamRole::kTunable && !s.values.empty()) {
       auto [lo, hi] = std::minmax_element(s.values.begin(), s.values.end(),
                                           [](const Value& x, const Value& y) { return x.as_int() < y.as_int(); });
-      if (i < lo->as_int() || i > hi->as_int()) return bad(fmt::format("{} takes {} (from {} to {})", s.name, listed(), lo->short_text(), hi->short_text()));
+      const int64_t least = std::min<int64_t>(1, lo->as_int()), most = std::max<int64_t>(65536, hi->as_int());
+      if (i < least || i > most) {
+        return bad(fmt::format("{} is from {} to {} (sampled: {})", s.name, least, most, listed()));
+      }
     } else if (i < 1 || i > (int64_t{1} << 31) - 1) {
       return bad("sizes are from 1 to 2147483647");
     }

@@ -113,5 +113,31 @@ TEST_F(CliRun, CommandsRunAfterParseOnlyRunsWithTheirOwnArguments) {
   EXPECT_EQ(live_probe_args, 0);
 }
 
+// A configuration the tuner seeds and chooses (a swap-AB decode tile with the deepest ring that fits) lies
+// outside the sampled grid's stages (3-8); `kiln templates render` must still print it, and still refuse values
+// that are no tile size at all.
+TEST_F(CliRun, RenderTakesATunedSeedOutsideTheSampledGrid) {
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const int rc = run_args({"templates", "render", "gemm_wgmma_sm90", "--arch", "sm_90a", "bm=64", "bn=32",
+                           "swap_ab=true", "cluster_k=2", "stages=16"},
+                          true);
+  const std::string out = testing::internal::GetCapturedStdout(), err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("// configuration gemm_wgmma_swab_64x32x64_c1_s16_"), std::string::npos) << out.substr(0, 300);
+  EXPECT_NE(out.find("stages=16"), std::string::npos);
+
+  for (const char* bad : {"stages=0", "stages=65537"}) {
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(run_args({"templates", "render", "gemm_wgmma_sm90", "--arch", "sm_90a", bad}, true), 2) << bad;
+    const std::string why = testing::internal::GetCapturedStderr();
+    EXPECT_NE(why.find("is out of range: stages is from 1 to 65536"), std::string::npos) << why;
+  }
+  // Within the span, the template's constraints decide (a ring far larger than shared memory).
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_args({"templates", "render", "gemm_wgmma_sm90", "--arch", "sm_90a", "stages=40"}, true), 2);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("constraints rule it out"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kiln::cli
