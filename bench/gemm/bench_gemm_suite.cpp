@@ -184,7 +184,8 @@ struct Device {
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   DeviceBuffer lt_workspace, blas_workspace, sums;
-  DeviceBuffer kiln_workspace;  // stream-K configurations' flags and partial slots (others ignore it)
+  DeviceBuffer kiln_workspace;  // stream-K configurations' partial slots (others ignore it)
+  DeviceBuffer kiln_flags;      // stream-K's flags, lowered once: every launch leaves them lowered (launch_gemm)
   std::unique_ptr<Kernel> fill_bf16, fill_f16, compare_bf16, compare_f16;
   DeviceInfo info;
   const DriverApi* api = nullptr;
@@ -231,10 +232,12 @@ Status setup(Device& d) {
   }
   KILN_ASSIGN_OR_RETURN(d.sums, DeviceBuffer::allocate(64));
   // The largest stream-K workspace: a flag area and a 256 x 256 fp32 slot per SM; poisoned, as a shared workspace
-  // may be (the launch lowers the flags).
+  // may be. The flags are kiln_flags instead, as a kiln Choice keeps them: no memset node per launch.
   KILN_ASSIGN_OR_RETURN(d.kiln_workspace,
-                        DeviceBuffer::allocate(4096 + static_cast<size_t>(d.info.sm_count) * 256 * 256 * 4));
+                        DeviceBuffer::allocate(kGemmFlagBytes + static_cast<size_t>(d.info.sm_count) * 256 * 256 * 4));
   KILN_RETURN_IF_ERROR(d.kiln_workspace.fill_bytes(0xFF, d.stream));
+  KILN_ASSIGN_OR_RETURN(d.kiln_flags, DeviceBuffer::allocate(kGemmFlagBytes));
+  KILN_RETURN_IF_ERROR(d.kiln_flags.fill_bytes(0, d.stream));
   KILN_ASSIGN_OR_RETURN(Target plain, Target::from_device(0));
   KernelSource src{"gemm_suite_helpers", "fill_bf16", kHelpers, {}, {}, {}, {}};
   KILN_ASSIGN_OR_RETURN(Binary b, compile(src, plain));
@@ -692,7 +695,7 @@ json run_shape(Device& d, const Options& opt, const SuiteShape& s, size_t index,
     progress.mark(index, "cand:" + c.name);
     Op op = [&, i](int set) {
       const KilnCandidate& k = cands[i];
-      return launch_gemm(*k.kernel, k.params, k.geometry, kiln_args(s, o, set, d), d.stream);
+      return launch_gemm(*k.kernel, k.params, k.geometry, kiln_args(s, o, set, d), d.stream, d.kiln_flags.ptr());
     };
     Status r = o.d.fill_bytes(0xFF, d.stream);
     if (r.ok()) r = op(0);
@@ -748,7 +751,9 @@ json run_shape(Device& d, const Options& opt, const SuiteShape& s, size_t index,
   Op kiln_op;
   if (best.c) {
     const KilnCandidate* k = best.c;
-    kiln_op = [&, k](int set) { return launch_gemm(*k->kernel, k->params, k->geometry, kiln_args(s, o, set, d), d.stream); };
+    kiln_op = [&, k](int set) {
+      return launch_gemm(*k->kernel, k->params, k->geometry, kiln_args(s, o, set, d), d.stream, d.kiln_flags.ptr());
+    };
   }
   auto interleaved = [&](const Op& op, std::vector<double>& into, const char* what) {
     bool g = false;

@@ -32,8 +32,11 @@
 // the wave fills the grid (see SkPlan): a piece other than a tile's first parks its fp32 partial in its block's
 // workspace slot and raises the block's flag; the block of the first piece adds the others in piece order (a fixed
 // sum order) and applies the epilogue. The pieces run in one wave and no contributor waits for anything, so the
-// waits end as long as the blocks get SMs. Workspace: G flags (4096 bytes, lowered by launch_gemm() before each
-// launch), then G slots of bm x bn floats.
+// waits end as long as the blocks get SMs. Workspace: 4096 bytes (where G flags may live), then G slots of bm x bn
+// floats. The flags are `sk_flags`, which are lowered when the kernel starts: either memory the caller keeps for
+// this (launch_gemm's lowered_flags) or the workspace's first bytes, lowered by a memset launch_gemm() queues first.
+// Each finisher lowers the flags it consumed, so the kernel leaves them as it found them and the caller's flags need
+// no memset on the next launch (a memset node costs 2-4 us of a graph's launch of a 10-20 us kernel on an H200).
 // With sk_even = ${sk_even} (stream-K's free-running form) block b of the G blocks takes iterations [b T / G,
 // (b + 1) T / G) of all the tiles' T = tiles x K-blocks iterations in order: every SM streams an equal share. For
 // memory-bound shapes whose tiles share no operand panel (swap-AB decode: each tile its own rows of B); where tiles
@@ -442,7 +445,6 @@ class Units {
   int tiles_m_, tiles_n_, total_, w_;
 };
 
-__device__ __forceinline__ unsigned* sk_flags(const KilnGemmArgs& args) { return reinterpret_cast<unsigned*>(args.workspace); }
 __device__ __forceinline__ float4* sk_slot(const KilnGemmArgs& args, int block) {
   return reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(args.workspace) + SK_FLAG_BYTES) +
          static_cast<long long>(block) * (BM * BN / 4);
@@ -454,7 +456,7 @@ __device__ __forceinline__ int sk_index(int c, int mi, int j, int tid) { return 
 
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     kiln_gemm_wgmma_sm90(const KilnGemmArgs args, const __grid_constant__ TensorMap tma_a,
-                         const __grid_constant__ TensorMap tma_b) {
+                         const __grid_constant__ TensorMap tma_b, unsigned* const sk_flags) {
   extern __shared__ unsigned char smem_raw[];
   // 128-byte swizzled TMA boxes need 1024-byte aligned destinations.
   const unsigned base = (kiln_smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -645,7 +647,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
                            : "memory");
           asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 128) : "memory");
           if (c == 0 && tid == 0) {
-            asm volatile("fence.acq_rel.gpu;\nst.relaxed.gpu.global.u32 [%0], 1;\n" ::"l"(sk_flags(args) + blockIdx.x)
+            asm volatile("fence.acq_rel.gpu;\nst.relaxed.gpu.global.u32 [%0], 1;\n" ::"l"(sk_flags + blockIdx.x)
                          : "memory");
           }
           continue;
@@ -658,11 +660,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 #pragma unroll 1
           for (int piece = 1; piece < wk.pieces; ++piece, mine += stride) {
             if (c == 0 && tid == 0) {
-              const unsigned* flag = sk_flags(args) + blockIdx.x + piece * wk.step;
+              unsigned* const flag = sk_flags + blockIdx.x + piece * wk.step;
               unsigned ready;
               do {
                 asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(ready) : "l"(flag) : "memory");
               } while (ready == 0);
+              // This finisher is the flag's only reader and its contributor raises it once per launch: lowered
+              // here, it is lowered for the next launch, which the stream orders after this one.
+              asm volatile("st.relaxed.gpu.global.u32 [%0], 0;\n" ::"l"(flag) : "memory");
             }
             asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 128) : "memory");
 #pragma unroll

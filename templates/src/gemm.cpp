@@ -52,9 +52,14 @@ GemmArgs dense_gemm_args(const Shape& s, Layout a, Layout b) {
 
 bool gemm_needs_tma(const Params& params) { return params.contains("consumers"); }
 
+bool gemm_takes_flags(const Params& params) {
+  auto it = params.find("stream_k");
+  return gemm_needs_tma(params) && it != params.end() && it->second.kind() == ParamKind::kBool && it->second.as_bool();
+}
+
 Status launch_gemm(const Kernel& kernel, const Params& params, const Launch& geometry, const GemmArgs& args,
-                   CUstream stream) {
-  if (gemm_needs_tma(params)) return detail::launch_gemm_tma(kernel, params, geometry, args, stream);
+                   CUstream stream, CUdeviceptr lowered_flags) {
+  if (gemm_needs_tma(params)) return detail::launch_gemm_tma(kernel, params, geometry, args, stream, lowered_flags);
   return launch(kernel, geometry, args, stream);
 }
 

@@ -24,6 +24,6 @@ TemplateDef gemm_wgmma_sm90_def();
 
 /// launch_gemm() for gemm_wgmma_sm90 configurations (gemm_sm90.cpp).
 Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch& geometry, const GemmArgs& args,
-                       CUstream stream);
+                       CUstream stream, CUdeviceptr lowered_flags);
 
 }  // namespace kiln::templates::detail

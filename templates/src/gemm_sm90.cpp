@@ -68,7 +68,7 @@ Sm90Config config_of(const Params& p) {
 }
 
 // Stream-K's workspace (wgmma_sm90.cu): a flag per block in the first 4096 bytes, then a bm x bn fp32 slot per block.
-constexpr int64_t kStreamKFlagBytes = 4096;
+constexpr int64_t kStreamKFlagBytes = kGemmFlagBytes;
 constexpr int64_t kStreamKMaxBlocks = kStreamKFlagBytes / 4;
 
 // The kernel's own operands. Without swap_ab they are A and B; with it the kernel computes D^T = B^T . A^T, so
@@ -279,7 +279,7 @@ Status encode_map(CUtensorMap* map, const DriverApi* api, DType dtype, const voi
 }  // namespace
 
 Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch& geometry, const GemmArgs& a,
-                       CUstream stream) {
+                       CUstream stream, CUdeviceptr lowered_flags) {
   auto bad = [](std::string msg) { return make_error(ErrorCode::kInvalidArgument, std::move(msg)); };
   if (a.m < 0 || a.n < 0 || a.k < 0) return bad("gemm: negative size");
   if (a.split_k < 1) return bad("gemm: split_k must be >= 1");
@@ -335,10 +335,19 @@ Status launch_gemm_tma(const Kernel& kernel, const Params& params, const Launch&
   if (c.stream_k) {
     if (!k.workspace) return bad("gemm_wgmma_sm90: stream_k needs a workspace (Template::workspace_bytes)");
     if (reinterpret_cast<uintptr_t>(k.workspace) % 16) return bad("gemm_wgmma_sm90: the workspace must be 16-byte aligned");
-    // The flags start lowered on every launch: the workspace may hold anything (another choice's partials).
-    KILN_CHECK(api->cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(k.workspace), 0, cfg.grid.x, stream));
   }
-  void* ptrs[] = {&k, &map_a, &map_b, nullptr};
+  // The flags start lowered on every launch: the caller's lowered ones, or else the workspace's first bytes (it may
+  // hold anything: another choice's partials), lowered here.
+  CUdeviceptr flags = 0;
+  if (c.stream_k) {
+    flags = lowered_flags;
+    if (flags % 16) return bad("gemm_wgmma_sm90: lowered_flags must be 16-byte aligned");
+    if (!flags) {
+      flags = reinterpret_cast<CUdeviceptr>(k.workspace);
+      KILN_CHECK(api->cuMemsetD32Async(flags, 0, cfg.grid.x, stream));
+    }
+  }
+  void* ptrs[] = {&k, &map_a, &map_b, &flags, nullptr};
   return kernel.launch(cfg, ptrs);
 }
 

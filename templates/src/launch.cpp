@@ -163,7 +163,7 @@ Status run(const Subgraph& graph, const std::vector<const Kernel*>& kernels, con
     Status st;
     switch (s.binding) {
       case Binding::kGemm:
-        st = s.tmpl->def().gemm_launch ? s.tmpl->def().gemm_launch(*kernels[i], s.kernel.params, s.geometry, args, stream)
+        st = s.tmpl->def().gemm_launch ? s.tmpl->def().gemm_launch(*kernels[i], s.kernel.params, s.geometry, args, stream, 0)
                                        : launch(*kernels[i], s.geometry, args, stream);
         break;
       case Binding::kGemmPartials: {
@@ -172,7 +172,7 @@ Status run(const Subgraph& graph, const std::vector<const Kernel*>& kernels, con
         a.workspace = ws;
         a.split_k = s.split_k;
         a.k_per_split = s.k_per_split;
-        st = s.tmpl->def().gemm_launch ? s.tmpl->def().gemm_launch(*kernels[i], s.kernel.params, s.geometry, a, stream)
+        st = s.tmpl->def().gemm_launch ? s.tmpl->def().gemm_launch(*kernels[i], s.kernel.params, s.geometry, a, stream, 0)
                                        : launch(*kernels[i], s.geometry, a, stream);
         break;
       }

@@ -73,6 +73,16 @@ void capture_and_replay(const Stream& stream, CUstreamCaptureMode mode, int repl
   d->cuGraphDestroy(graph);
 }
 
+std::vector<uint8_t> download(const OutputRegion& o) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(o.rows * o.ld) * templates::dtype_bytes(o.dtype));
+  auto d = driver();
+  if (!d.ok() || (*d)->cuCtxSynchronize() != CUDA_SUCCESS ||
+      (*d)->cuMemcpyDtoH(bytes.data(), o.ptr, bytes.size()) != CUDA_SUCCESS) {
+    ADD_FAILURE() << "could not download " << o.name;
+  }
+  return bytes;
+}
+
 TEST_F(TuneGpu, GemmPicksACheckedChoiceAndRecordsEverything) {
   auto t = tuner(cache::TuneMode::kTune);
   const Problem p = gemm(64, 1024, 512);
@@ -306,7 +316,8 @@ TEST_F(TuneGpu, DeferredSelectionBecomesADispatcherThatWorksInAGraph) {
 
 // A stream-K template choice carries a fixed workspace (flags and per-SM slots): a selection reserves it once and
 // serves a 64x larger call, inside graph capture too, without growing it (a workspace scaled by the call's size
-// would be ~64x larger and refused in capture), and the results are right on a poisoned workspace.
+// would be ~64x larger and refused in capture), and the results are right on a poisoned workspace, and again with
+// the flags the choice keeps lowered per stream.
 TEST_F(TuneGpu, AStreamKChoiceServesLargerCallsFromItsFixedWorkspace) {
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
   if (info.cc_major != 9) GTEST_SKIP() << "stream-K is a gemm_wgmma_sm90 mode (Hopper)";
@@ -343,6 +354,24 @@ TEST_F(TuneGpu, AStreamKChoiceServesLargerCallsFromItsFixedWorkspace) {
                      [&](CUstream st) { return small.run(bufs.args, st); });
   if (HasFatalFailure()) return;
   expect_correct(large, &bufs);
+  if (HasFatalFailure()) return;
+  const std::vector<uint8_t> eager = download(bufs.outputs[0]);
+
+  // That capture was the stream's first run, so the graph lowers the workspace's flags with a memset node. Run
+  // eagerly on the stream, the choice lowers flags of its own for it once; a graph captured after that has no
+  // memset node, and each run and replay must leave those flags lowered for the next. The outputs are poisoned
+  // first and must come back bit for bit as the checked run wrote them (the sum order is fixed).
+  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
+  for (int i = 0; i < 2; ++i) KILN_ASSERT_OK(small.run(bufs.args, stream.get()));
+  const OutputRegion& out = bufs.outputs[0];
+  ASSERT_EQ(d->cuMemsetD8Async(out.ptr, 0xFF, eager.size(), stream.get()), CUDA_SUCCESS);
+  capture_and_replay(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, 3,
+                     [&](CUstream st) { return small.run(bufs.args, st); });
+  if (HasFatalFailure()) return;
+  EXPECT_TRUE(download(out) == eager) << "a replay with the choice's own flags differs from the checked run";
+  KILN_ASSERT_OK(small.run(bufs.args, stream.get()));
+  KILN_ASSERT_OK(stream.synchronize());
+  EXPECT_TRUE(download(out) == eager) << "an eager run after the replays differs from the checked run";
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // CPU reference with the output poisoned first. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "gemm_harness.h"
 #include "kiln_test.h"
 
@@ -329,6 +331,9 @@ struct WgmmaCheck {
 // Compiles every configuration for sm_90a (each must pass the device's constraints), then runs each `runs` times
 // against the float64 reference with the output poisoned first: within the output dtype's tolerance (1e-5 for
 // split-K partials), the same error every run (a fixed sum order), and nothing in local memory.
+// With runs > 1 every configuration runs again on the same data and must give the same bits. Stream-K ones run
+// first with their flags in the poisoned workspace (lowered by the launch's memset), then with flags of their own
+// that were lowered once before the second run only: each run must leave them lowered for the next.
 void check_wgmma(const DeviceInfo& info, const std::vector<WgmmaCheck>& checks, int runs = 1) {
   KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
   std::vector<std::pair<TemplatePtr, Params>> cfgs;
@@ -345,10 +350,19 @@ void check_wgmma(const DeviceInfo& info, const std::vector<WgmmaCheck>& checks, 
     const std::string& name = compiled[i]->rendered.config_name;
     auto err = run_and_check(*compiled[i], p, d, g);
     KILN_ASSERT_OK(err);
+    const bool flags = templates::gemm_takes_flags(compiled[i]->rendered.params);
+    KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer lowered, DeviceBuffer::allocate(templates::kGemmFlagBytes));
+    KILN_ASSERT_OK(lowered.fill_bytes(0));
     for (int r = 1; r < runs; ++r) {
-      auto again = run_and_check(*compiled[i], p, d, g);
+      auto again = run_and_check(*compiled[i], p, d, g, flags ? lowered.ptr() : 0);
       KILN_ASSERT_OK(again);
-      EXPECT_EQ(*err, *again) << name << ": the sum order changed between runs";
+      EXPECT_EQ(*err, *again) << name << ": the sum order changed between runs (run " << r << ")";
+    }
+    if (flags && runs > 1) {
+      std::vector<uint32_t> left(templates::kGemmFlagBytes / 4, 1);
+      KILN_ASSERT_OK(lowered.copy_to_host(left.data(), templates::kGemmFlagBytes));
+      EXPECT_EQ(std::count(left.begin(), left.end(), 0u), static_cast<ptrdiff_t>(left.size()))
+          << name << ": the kernel left flags raised";
     }
     const double tol = p.splits > 1 ? 1e-5 : gemm_tolerance(p.ep.out);
     std::printf("  %-64s %s regs %d err %.2e\n", name.c_str(), p.str().c_str(), compiled[i]->attr.registers, *err);
@@ -460,7 +474,7 @@ TEST(GemmGpu, WgmmaStreamK) {
       }
     }
   }
-  check_wgmma(info, checks, 2);
+  check_wgmma(info, checks, 3);  // the memset path, then own flags twice
 }
 
 // Ping-pong (gemm_wgmma_sm90, pingpong): two consumers take a block's tiles in turn. Cases give blocks one tile

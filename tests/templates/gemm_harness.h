@@ -172,9 +172,9 @@ inline int k_per_split(int64_t k, int slices) {
 
 /// Runs `c` on problem `p` (data uploaded in `g`), poisoning the output first, and returns the relative norm
 /// error against the reference (NaN when an element was left unwritten). With p.splits > 1 the kernel writes
-/// partials, which are summed on the host and compared with A.B.
+/// partials, which are summed on the host and compared with A.B. `lowered_flags`: launch_gemm()'s (stream-K).
 inline Result<double> run_and_check(const CompiledGemm& c, const GemmProblem& p, const GemmData& data,
-                                    const GemmDevice& g) {
+                                    const GemmDevice& g, CUdeviceptr lowered_flags = 0) {
   const Shape s{p.m, p.n, p.k, 1, 1};
   GemmArgs args = gemm_args(p, g);
   Shape gs = s;
@@ -196,7 +196,7 @@ inline Result<double> run_and_check(const CompiledGemm& c, const GemmProblem& p,
   KILN_ASSIGN_OR_RETURN(templates::Launch geo, c.tmpl->geometry(c.rendered.params, gs));
   KILN_RETURN_IF_ERROR(poison(g.d));
   KILN_RETURN_IF_ERROR(poison(g.workspace));
-  KILN_RETURN_IF_ERROR(templates::launch_gemm(*c.kernel, c.rendered.params, geo, args, nullptr));
+  KILN_RETURN_IF_ERROR(templates::launch_gemm(*c.kernel, c.rendered.params, geo, args, nullptr, lowered_flags));
   KILN_ASSIGN_OR_RETURN(const DriverApi* api, driver());
   KILN_CHECK(api->cuCtxSynchronize());
   if (p.splits > 1) {

@@ -1,10 +1,14 @@
 // The choice kinds of the tuning core: template configurations, subgraphs, user kernels (vendor-library
 // choices are in runtime/extern).
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "kiln/embedded.h"
+#include "kiln/jit/device.h"
+#include "kiln/jit/driver.h"
 #include "kiln/runtime/choice.h"
 #include "kiln/pool/gate.h"
 #include "kiln/templates/gemm.h"
@@ -139,7 +143,10 @@ class OneKernelChoice : public Choice {
 class TemplateChoice final : public OneKernelChoice {
  public:
   TemplateChoice(templates::TemplatePtr t, templates::Rendered r, Target target)
-      : tmpl_(std::move(t)), rendered_(std::move(r)), target_(std::move(target)) {}
+      : tmpl_(std::move(t)),
+        rendered_(std::move(r)),
+        target_(std::move(target)),
+        takes_flags_(templates::gemm_takes_flags(rendered_.params)) {}
 
   const std::string& name() const override { return rendered_.config_name; }
   ChoiceKind kind() const override { return ChoiceKind::kTemplate; }
@@ -153,10 +160,14 @@ class TemplateChoice final : public OneKernelChoice {
         [&](const auto& a) -> Status {
           using T = std::decay_t<decltype(a)>;
           if constexpr (std::is_same_v<T, KilnGemmArgs>) {
-            if (workspace == 0) return templates::launch_gemm(*kernel, rendered_.params, geometry, a, stream);
+            CUdeviceptr flags = 0;
+            if (takes_flags_) {
+              KILN_ASSIGN_OR_RETURN(flags, lowered_flags(stream));
+            }
+            if (workspace == 0) return templates::launch_gemm(*kernel, rendered_.params, geometry, a, stream, flags);
             KilnGemmArgs with = a;  // the configuration's own workspace (stream-K); others ignore it
             with.workspace = reinterpret_cast<float*>(static_cast<uintptr_t>(workspace));
-            return templates::launch_gemm(*kernel, rendered_.params, geometry, with, stream);
+            return templates::launch_gemm(*kernel, rendered_.params, geometry, with, stream, flags);
           } else if constexpr (std::is_same_v<T, CustomArgs>) {
             return make_error(ErrorCode::kInvalidArgument, "a template choice cannot run custom arguments");
           } else {
@@ -179,10 +190,33 @@ class TemplateChoice final : public OneKernelChoice {
   }
 
  private:
+  // Stream-K's flags, kept lowered for this choice's launches on `stream` (each launch leaves them lowered), so a
+  // launch queues no memset (2-4 us of a 10-20 us decode GEMM in a graph). Per stream: one choice may serve several
+  // problems' selections on concurrent streams. Made on a stream's first launch outside a graph capture; a launch
+  // captured before that lowers the workspace's flags with a memset node instead (launch_gemm()'s default).
+  Result<CUdeviceptr> lowered_flags(CUstream stream) const {
+    std::lock_guard<std::mutex> lock(flags_mu_);
+    for (const auto& [s, b] : flags_) {
+      if (s == stream) return b.ptr();
+    }
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (d->cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return CUdeviceptr{0};
+    }
+    KILN_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::allocate(templates::kGemmFlagBytes));
+    KILN_RETURN_IF_ERROR(b.fill_bytes(0, stream));  // queued before the launch that first uses them
+    flags_.emplace_back(stream, std::move(b));
+    return flags_.back().second.ptr();
+  }
+
   templates::TemplatePtr tmpl_;
   templates::Rendered rendered_;
   Target target_;
   GeometryCache geometry_;
+  bool takes_flags_ = false;
+  mutable std::mutex flags_mu_;
+  mutable std::vector<std::pair<CUstream, DeviceBuffer>> flags_;
 };
 
 class SubgraphChoice final : public Choice {

@@ -69,13 +69,22 @@ std::string render_wgmma(int n, DType in, bool a_mn_major, bool b_mn_major);
 /// gemm_wgmma_sm90 configurations this encodes the two TMA tensor maps from `args` (cuTensorMapEncodeTiled)
 /// and passes them after the argument struct, and caps a persistent grid at one block per SM of the current
 /// device; every other configuration goes through launch(kernel, geometry, args, stream).
+/// Stream-K configurations (gemm_takes_flags()) signal between blocks through kGemmFlagBytes of flags that must be
+/// lowered (zero) when the kernel starts, and the kernel leaves them lowered. `lowered_flags`: such memory, which
+/// nothing else writes and no other launch uses at the same time (the caller's, one per stream); then nothing but the
+/// kernel is queued. 0: the flags are the workspace's first kGemmFlagBytes, lowered by a memset queued before the
+/// kernel (a graph node of 2-4 us on an H200). Ignored by other configurations.
 /// kInvalidArgument for bad sizes, a leading dimension TMA cannot take, or a missing pointer; kCudaError from
 /// the encode or launch. Thread-safe.
 Status launch_gemm(const Kernel& kernel, const Params& params, const Launch& geometry, const GemmArgs& args,
-                   CUstream stream);
+                   CUstream stream, CUdeviceptr lowered_flags = 0);
 
 /// True when `params` are those of a TMA configuration (gemm_wgmma_sm90), which must be launched with
 /// launch_gemm().
 bool gemm_needs_tma(const Params& params);
+/// True when the configuration (complete `params`) uses stream-K's flags: launch_gemm()'s lowered_flags applies.
+bool gemm_takes_flags(const Params& params);
+/// The bytes of launch_gemm()'s lowered_flags.
+inline constexpr size_t kGemmFlagBytes = 4096;
 
 }  // namespace kiln::templates

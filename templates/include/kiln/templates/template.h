@@ -211,7 +211,9 @@ struct TemplateDef {
   /// GEMM templates whose kernels need more than the KilnGemmArgs struct at launch (e.g. TMA descriptors
   /// encoded from the args): launches a compiled configuration (`params` complete). Subgraphs (launch.h
   /// run()) call it for their GEMM steps when set; otherwise they use launch(kernel, geometry, args, stream).
-  std::function<Status(const Kernel&, const Params&, const Launch&, const KilnGemmArgs&, CUstream)> gemm_launch;
+  /// The last argument is launch_gemm()'s lowered_flags.
+  std::function<Status(const Kernel&, const Params&, const Launch&, const KilnGemmArgs&, CUstream, CUdeviceptr)>
+      gemm_launch;
   /// Device memory a configuration needs at launch beyond its arguments (GEMM: passed as KilnGemmArgs::workspace),
   /// for the current device; at most this much for any problem size. Optional: none.
   std::function<size_t(const Params&)> workspace_bytes;
