@@ -26,6 +26,7 @@ struct Wgmma {
   bool epi_smem = false;  // epi=smem: the staged epilogue (bm x 128 bytes of shared memory more)
   int64_t mcast = 1;      // 2: clusters of two blocks sharing A through TMA multicast
   bool stream_k = false;  // persistent: the partial wave's tiles split along K to fill the grid
+  bool sk_even = false;   // stream_k's free-running form: every block an equal share of all K iterations
   bool pingpong = false;  // persistent, two consumers taking whole bm x bn tiles in turn
 };
 Wgmma pingpong(Wgmma w) {
@@ -62,7 +63,7 @@ int64_t cluster_for(int64_t tiles, int64_t k, int64_t sms) {
 std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l);
 
 // Each persistent tile whose last wave stream-K would split, followed by its stream-K twin (so that --max-configs
-// keeps both); decode shapes also get persistent stream-K swap-AB tiles next to the cluster splits.
+// keeps both); decode shapes also get persistent stream-K swap-AB tiles, both forms, next to the cluster splits.
 std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
   const int64_t sms = std::max(l.sm_count, 1);
   std::vector<Wgmma> out;
@@ -80,6 +81,8 @@ std::vector<Wgmma> wgmma_order(const SuiteShape& s, const DeviceLimits& l) {
       t.persistent = true;
       t.cluster_k = 1;
       t.stream_k = true;
+      out.push_back(t);
+      t.sk_even = true;  // and its free-running form (no memset per launch since the flags stay lowered)
       out.push_back(t);
     }
   }
@@ -177,6 +180,7 @@ Params wgmma_params(const Params& base, const Wgmma& w) {
   p.insert_or_assign("epi", Value::enumeration(w.epi_smem ? "smem" : "direct"));
   p.insert_or_assign("mcast", Value::integer(w.mcast));
   p.insert_or_assign("stream_k", Value::boolean(w.stream_k));
+  p.insert_or_assign("sk_even", Value::boolean(w.sk_even));
   p.insert_or_assign("pingpong", Value::boolean(w.pingpong));
   return p;
 }
