@@ -77,6 +77,15 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       // with 8 stages: 77x4608x3584 11.8 vs 12.7 us, 64x4096x4096 12.1 vs 13.2).
       const int64_t deep = std::min<int64_t>(16, (232448 - 2048) / ((64 + bn) * 128 + 16));
       for (int64_t ck : {1, 2}) out.push_back(w(64, bn, 1, deep, 1, false, ck, 1, true));
+      // Stream-K over every SM, both forms, for tile counts that leave the last wave partial: with the flags kept
+      // lowered (no memset per launch) the suite's best at N >= 28672 and on some narrower shapes on an H200 (28 Nov,
+      // bench/results/gemm-suite-nvidia-h200-2026-11-28-a0971ff.md: 32x28672x4096, 1x37888x3584, 3x28672x4096 sk_even).
+      for (bool even : {false, true}) {
+        Params sk = w(64, bn, 1, 8, 1, true, 1, 1, true);
+        sk.emplace("stream_k", Value::boolean(true));
+        sk.emplace("sk_even", Value::boolean(even));
+        out.push_back(std::move(sk));
+      }
     } else if (shape.m <= 512) {
       // Swap-AB past decode: M in two column tiles of round_up(M / 2, 8), so M = 333 computes 336 rows where
       // 128-row tiles compute 384 (bench/results/gemm-issue15-nvidia-h200-2026-11-27.md: 333x4096x4096 0.88 ->
