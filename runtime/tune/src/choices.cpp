@@ -204,9 +204,12 @@ class TemplateChoice final : public OneKernelChoice {
     if (d->cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE) {
       return CUdeviceptr{0};
     }
-    KILN_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::allocate(templates::kGemmFlagBytes));
-    KILN_RETURN_IF_ERROR(b.fill_bytes(0, stream));  // queued before the launch that first uses them
-    flags_.emplace_back(stream, std::move(b));
+    // Out of memory, or another stream of this thread captured in global mode (which forbids allocations): the
+    // launch lowers the workspace's flags itself, as before there were flags of the choice's own.
+    auto b = DeviceBuffer::allocate(templates::kGemmFlagBytes);
+    if (!b.ok()) return CUdeviceptr{0};
+    KILN_RETURN_IF_ERROR(b->fill_bytes(0, stream));  // queued before the launch that first uses them
+    flags_.emplace_back(stream, std::move(*b));
     return flags_.back().second.ptr();
   }
 
