@@ -120,6 +120,19 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
     out.push_back({64, 64, 1, 8, 1, false, cluster_for(tiles(64, 64, false), s.k, sms), 1, false});
     return out;
   }
+  if (s.m > 128 && s.m <= 512) {
+    // Narrow swap-AB tiles: M in 3, 4, 6 or 7 column tiles of 40-112, each on the deepest ring that fits, K split
+    // over a cluster when the tiles are few. cuBLAS's own kernels for 333x576x7168 on an H200 are of this kind
+    // (nvjet 64x48, 15 stages, split-K over 126 blocks; 64x56 s14, 64x88 s11 and 64x112 s9 with clusters; seen
+    // with ncu, 28 Nov), where kiln's best ran 0.76x.
+    std::set<int64_t> widths;
+    for (int64_t c : {7, 6, 4, 3}) widths.insert(round_up(ceil_div(s.m, c), 8));
+    for (int64_t bn : widths) {
+      const int64_t ck = cluster_for(tiles(64, bn, true), s.k, sms);
+      out.push_back({64, bn, 1, fit_stages(l, 64, bn, 16), ck > 1 ? 1 : 8, false, ck, 1, true});
+      if (ck > 1) out.push_back({64, bn, 1, fit_stages(l, 64, bn, 16), 8, false, 1, 1, true});
+    }
+  }
   if (s.m > 256 && s.m <= 512) {
     // Swap-AB past decode: M in two column tiles of round_up(M / 2, 8) pads M = 333 to 336 where 128-row tiles
     // pad it to 384 (the kernel's rows are N, in 64-row steps).
