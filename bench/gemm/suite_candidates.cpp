@@ -120,11 +120,12 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
     out.push_back({64, 64, 1, 8, 1, false, cluster_for(tiles(64, 64, false), s.k, sms), 1, false});
     return out;
   }
-  if (s.m > 128 && s.m <= 512) {
-    // Narrow swap-AB tiles: M in 3, 4, 6 or 7 column tiles of 40-112, each on the deepest ring that fits, K split
-    // over a cluster when the tiles are few. cuBLAS's own kernels for 333x576x7168 on an H200 are of this kind
-    // (nvjet 64x48, 15 stages, split-K over 126 blocks; 64x56 s14, 64x88 s11 and 64x112 s9 with clusters; seen
-    // with ncu, 28 Nov), where kiln's best ran 0.76x.
+  if (s.m > 128 && s.m <= 512 && tiles(64, round_up(ceil_div(s.m, 2), 8), true) < sms) {
+    // Narrow swap-AB tiles where N is small: M in 3, 4, 6 or 7 column tiles of 40-112, each on the deepest ring
+    // that fits, K split over a cluster when the tiles are few. cuBLAS's own kernels for 333x576x7168 on an H200
+    // are of this kind (nvjet 64x48, 15 stages, split-K over 126 blocks; 64x56 s14, 64x88 s11 and 64x112 s9 with
+    // clusters; seen with ncu, 28 Nov); with them kiln went from 0.76x to 0.91x there. Where N is large, each
+    // column tile streams all of B again: 1.4-2x slower than the wide tiles on every such shape of the suite.
     std::set<int64_t> widths;
     for (int64_t c : {7, 6, 4, 3}) widths.insert(round_up(ceil_div(s.m, c), 8));
     for (int64_t bn : widths) {

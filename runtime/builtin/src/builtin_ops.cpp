@@ -93,6 +93,16 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       const int64_t bn = (shape.m / 2 + shape.m % 2 + 7) / 8 * 8;
       for (int64_t stages : {7, 5}) out.push_back(w(64, bn, 1, stages, 8, true, 1, 1, true));
     }
+    if (shape.m > 128 && shape.m <= 512 && (shape.n + 63) / 64 * 2 < 132) {
+      // Small N past decode: M in four narrow column tiles on the deepest ring, stream-K over every SM (333x576x7168
+      // on an H200: 0.76 -> 0.91 of cuBLAS, whose own kernels there are 64 x 48-112 tiles with deep rings and
+      // split-K; bench/results/gemm-suite-nvidia-h200-2026-11-28-8d26001.md).
+      const int64_t narrow = ((shape.m + 3) / 4 + 7) / 8 * 8;
+      const int64_t deep = std::min<int64_t>(16, (232448 - 2048) / ((64 + narrow) * 128 + 16));
+      Params sk = w(64, narrow, 1, deep, 1, true, 1, 1, true);
+      sk.emplace("stream_k", Value::boolean(true));
+      out.push_back(std::move(sk));
+    }
   } else if (tmpl == "gemm_mma_sm80") {
     out.push_back(ints({{"bm", 128}, {"bn", 128}, {"bk", 32}, {"warps_m", 2}, {"warps_n", 2}, {"stages", 4}, {"group_m", 8}}));
     out.push_back(ints({{"bm", 16}, {"bn", 64}, {"bk", 64}, {"warps_m", 1}, {"warps_n", 4}, {"stages", 6}, {"group_m", 1}}));
