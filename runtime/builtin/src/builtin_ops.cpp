@@ -93,17 +93,6 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       const int64_t bn = (shape.m / 2 + shape.m % 2 + 7) / 8 * 8;
       for (int64_t stages : {7, 5}) out.push_back(w(64, bn, 1, stages, 8, true, 1, 1, true));
     }
-    if (shape.m >= 128) {
-      // 128-row tiles as wide as make one full wave of sm_90's 132 SMs, as cuBLAS picks N widths like 80 and 112
-      // (1000x1280x8192 on an H200: 34.5 us against 37.3 for kiln's best before, 256x7168x8192 44.5 against 46.1;
-      // bench/results/gemm-suite-nvidia-h200-2026-11-28-2b7538e.md). The multiples of 64 are in the grid already.
-      const int64_t rows = (shape.m + 127) / 128, cols = 132 / rows;
-      const int64_t bn = cols > 0 ? ((shape.n + cols - 1) / cols + 7) / 8 * 8 : 0;
-      if (bn > 64 && bn < 256 && bn % 64 != 0) {
-        const int64_t stages = std::min<int64_t>(8, (232448 - 2048) / ((128 + bn) * 128 + 16));
-        out.push_back(w(128, bn, 2, stages, 8, false, 1, 1));  // one wave: nothing for a persistent loop to hide
-      }
-    }
     if (shape.m > 128 && shape.m <= 512 && (shape.n + 63) / 64 * 2 < 132) {
       // Small N past decode: M in four narrow column tiles on the deepest ring, stream-K over every SM (333x576x7168
       // on an H200: 0.76 -> 0.91 of cuBLAS, whose own kernels there are 64 x 48-112 tiles with deep rings and
