@@ -432,7 +432,6 @@ class Units {
     }
   }
 
-
  private:
   // sk_even: all the tiles' K iterations, and where block b's share starts (launch_gemm() keeps both < 2^31).
   __device__ __forceinline__ long long even_total() const {
