@@ -208,7 +208,10 @@ class Selection {
   const ChoicePtr& choice() const { return choice_; }
   const TuneReport& report() const { return report_; }
   /// Runs the chosen choice on `args` on `stream`. Capture-safe (no allocation, no synchronisation) when the
-  /// workspace already fits; it grows outside capture only. Thread-safe.
+  /// workspace already fits; it grows outside capture only. Thread-safe, but a choice with a workspace (stream-K
+  /// slots, split-K partials) uses the same one for every call, so calls on concurrent streams must not overlap
+  /// (one stream at a time, or a Selection per stream). A stream-K template choice also lowers 4 KB of flags of
+  /// its own at a stream's first run outside a capture, after which its launches queue no memset.
   Status run(const OpArgs& args, CUstream stream) const;
   /// Makes the workspace hold at least `bytes` (call before capturing a graph that needs more).
   Status reserve_workspace(size_t bytes) const;
