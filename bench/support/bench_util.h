@@ -45,7 +45,8 @@ T must(Result<T> r, std::string_view what = {}) {
 }
 
 /// Where and when a run happened: host CPU count, device (if any), NVRTC and driver versions, kiln commit
-/// (stamped in at build time, "-dirty" when built from uncommitted changes, or $KILN_COMMIT), UTC date. Goes at the top of every results JSON.
+/// (stamped in at build time, "-dirty" when built from uncommitted changes, or $KILN_COMMIT), UTC date. Goes at
+/// the top of every results JSON.
 nlohmann::json environment();
 
 /// A simple aligned text table.

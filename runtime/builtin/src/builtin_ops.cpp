@@ -53,6 +53,15 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       p.emplace("swap_ab", Value::boolean(swap_ab));
       return p;
     };
+    // A persistent swap-AB stream-K tile (optionally the free-running form).
+    auto stream_k = [&](int64_t bn, int64_t stages, bool even) {
+      Params p = w(64, bn, 1, stages, 1, true, 1, 1, true);
+      p.emplace("stream_k", Value::boolean(true));
+      p.emplace("sk_even", Value::boolean(even));
+      return p;
+    };
+    // The deepest ring (up to 16 stages) of a 64 x bn tile that fits sm_90's 227 KiB.
+    auto deepest = [](int64_t bn) { return std::min<int64_t>(16, (232448 - 2048) / ((64 + bn) * 128 + 16)); };
     out.push_back(w(128, 256, 2, 4, 16, true, 1, 1));  // 4096^3: 0.90-0.92 of cuBLAS
     // The staged epilogue (epi=smem), measured on an H200 beside the direct one
     // (bench/results/gemm-suite-epi-nvidia-h200-2026-11-26-f0e03a8.md): 4096^3 191 -> 177 us (0.96x of cuBLAS);
@@ -75,17 +84,11 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       // Memory-bound decode: the deepest ring (up to 16 stages) that fits sm_90's 227 KiB, alone and split over a
       // cluster of two; it won 11 of the suite's 69 shapes with M <= 128 on an H200 (28 Nov, against the same tile
       // with 8 stages: 77x4608x3584 11.8 vs 12.7 us, 64x4096x4096 12.1 vs 13.2).
-      const int64_t deep = std::min<int64_t>(16, (232448 - 2048) / ((64 + bn) * 128 + 16));
-      for (int64_t ck : {1, 2}) out.push_back(w(64, bn, 1, deep, 1, false, ck, 1, true));
+      for (int64_t ck : {1, 2}) out.push_back(w(64, bn, 1, deepest(bn), 1, false, ck, 1, true));
       // Stream-K over every SM, both forms, for tile counts that leave the last wave partial: with the flags kept
       // lowered (no memset per launch) the suite's best at N >= 28672 and on some narrower shapes on an H200 (28 Nov,
       // bench/results/gemm-suite-nvidia-h200-2026-11-28-a0971ff.md: 32x28672x4096, 1x37888x3584, 3x28672x4096 sk_even).
-      for (bool even : {false, true}) {
-        Params sk = w(64, bn, 1, 8, 1, true, 1, 1, true);
-        sk.emplace("stream_k", Value::boolean(true));
-        sk.emplace("sk_even", Value::boolean(even));
-        out.push_back(std::move(sk));
-      }
+      for (bool even : {false, true}) out.push_back(stream_k(bn, 8, even));
     } else if (shape.m <= 512) {
       // Swap-AB past decode: M in two column tiles of round_up(M / 2, 8), so M = 333 computes 336 rows where
       // 128-row tiles compute 384 (bench/results/gemm-issue15-nvidia-h200-2026-11-27.md: 333x4096x4096 0.88 ->
@@ -98,10 +101,7 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       // on an H200: 0.76 -> 0.91 of cuBLAS, whose own kernels there are 64 x 48-112 tiles with deep rings and
       // split-K; bench/results/gemm-suite-nvidia-h200-2026-11-28-8d26001.md).
       const int64_t narrow = ((shape.m + 3) / 4 + 7) / 8 * 8;
-      const int64_t deep = std::min<int64_t>(16, (232448 - 2048) / ((64 + narrow) * 128 + 16));
-      Params sk = w(64, narrow, 1, deep, 1, true, 1, 1, true);
-      sk.emplace("stream_k", Value::boolean(true));
-      out.push_back(std::move(sk));
+      out.push_back(stream_k(narrow, deepest(narrow), false));
     }
   } else if (tmpl == "gemm_mma_sm80") {
     out.push_back(ints({{"bm", 128}, {"bn", 128}, {"bk", 32}, {"warps_m", 2}, {"warps_n", 2}, {"stages", 4}, {"group_m", 8}}));
