@@ -137,6 +137,29 @@ TEST(Workload, FieldsOfTheWrongTypeOrRangeAreErrorsNotExceptions) {
   }
 }
 
+// A number inside a field's range that rounds onto its edge as a float is refused, and one that stays inside
+// reads back from its own JSON: what problem_from_json accepts, problem_to_json must write readably (the bench
+// worker's wire carries problems this way; the fuzzer found 0.99999999-like values that did not come back).
+TEST(Workload, ARangeHoldsForTheFloatAProblemKeeps) {
+  for (const char* entry : {R"({"op": "rmsnorm", "rows": 1, "cols": 64, "eps": 0.99999999})",
+                            R"({"op": "rmsnorm", "rows": 1, "cols": 64, "eps": 1e-50})",
+                            R"({"op": "softmax", "rows": 1, "cols": 64, "scale": 9.99999999e29})",
+                            R"({"op": "softmax", "rows": 1, "cols": 64, "scale": -9.99999999e29})"}) {
+    auto w = runtime::parse_workload(std::string(R"({"problems": [)") + entry + "]}");
+    ASSERT_FALSE(w.ok()) << entry;
+    EXPECT_NE(w.status().message().find("as a float"), std::string::npos) << w.status().to_string();
+  }
+  for (const char* entry : {R"({"op": "rmsnorm", "rows": 1, "cols": 64, "eps": 0.9999})",
+                            R"({"op": "rmsnorm", "rows": 1, "cols": 64, "eps": 1e-40})",
+                            R"({"op": "softmax", "rows": 1, "cols": 64, "scale": 9.9e29})"}) {
+    auto p = problem_from_json(entry);
+    KILN_ASSERT_OK(p);
+    auto back = problem_from_json(problem_to_json(*p));
+    ASSERT_TRUE(back.ok()) << problem_to_json(*p) << ": " << back.status().to_string();
+    EXPECT_EQ(*back, *p) << problem_to_json(*p);
+  }
+}
+
 TEST(Workload, ExpansionIsCountedBeforeItHappens) {
   std::string m;
   for (int i = 1; i <= 1000; ++i) m += (i > 1 ? "," : "") + std::to_string(i);

@@ -79,12 +79,20 @@ Result<T> scalar(const json& e, const char* field, T fallback, const std::string
   }
 }
 
-// A float field that must lie in (lo, hi), exclusive.
+// A float field that must lie in (lo, hi), exclusive. The range is checked again after rounding to float: a
+// value just inside it can round onto its edge (0.99999999 to 1, 1e-50 to 0), and the float is what a problem
+// keeps and what problem_to_json writes back, so the check must hold for it or the written problem would not
+// read again.
 Result<float> number_in(const json& e, const char* field, float fallback, double lo, double hi,
                         const std::string& where) {
   KILN_ASSIGN_OR_RETURN(double v, scalar<double>(e, field, fallback, where));
-  if (!(v > lo && v < hi)) return bad(where, fmt::format("\"{}\" is {} (must be between {} and {})", field, v, lo, hi));
-  return static_cast<float>(v);
+  auto refuse = [&](double shown, const char* note) {
+    return bad(where, fmt::format("\"{}\" is {}{} (must be between {} and {})", field, shown, note, lo, hi));
+  };
+  if (!(v > lo && v < hi)) return refuse(v, "");
+  const float f = static_cast<float>(v);
+  if (!(f > lo && f < hi)) return refuse(f, " as a float");
+  return f;
 }
 
 // How many problems an entry's lists expand to, and whether an operand of r x c elements is too large.
