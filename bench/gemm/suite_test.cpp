@@ -90,10 +90,10 @@ TEST(GemmSuite, CandidatesOnHopperAreValidCappedAndSwapForDecode) {
         EXPECT_LT(tiles * bn - s.m, 8 * tiles) << *name << ": bn fits M";
       }
     }
-    if (s.m <= 64) EXPECT_TRUE(swap) << s.id() << ": decode shapes get swap-AB tiles";
-    if (s.m >= 1000) EXPECT_FALSE(swap) << s.id();
+    if (s.m <= 64) { EXPECT_TRUE(swap) << s.id() << ": decode shapes get swap-AB tiles"; }
+    if (s.m >= 1000) { EXPECT_FALSE(swap) << s.id(); }
     // The staged epilogue (epi=smem) is measured beside the direct one wherever the tiles are large.
-    if (s.m > 64) EXPECT_TRUE(staged) << s.id();
+    if (s.m > 64) { EXPECT_TRUE(staged) << s.id(); }
   }
 }
 
@@ -113,7 +113,9 @@ TEST(GemmSuite, SupersededFamilyOnlyWhenAskedAndAmpereKeepsIt) {
   EXPECT_EQ(ampere[0].arch, "sm_80");
   EXPECT_LE(ampere[0].configs.size(), 5u);
   for (const auto& f : candidates_for(s, limits("sm_90a"), Target{"sm_90a"}, {"gemm_mma_sm80"}, 12)) {
-    if (f.family == "gemm_mma_sm80") EXPECT_EQ(f.arch, "sm_90") << "the mma.sync family compiles for the plain arch";
+    if (f.family == "gemm_mma_sm80") {
+      EXPECT_EQ(f.arch, "sm_90") << "the mma.sync family compiles for the plain arch";
+    }
   }
 }
 
