@@ -378,6 +378,9 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
   step("plan_s");
   int cached = 0, errors = 0;
   double compile_wait = 0, load = 0;
+  // benchmark_seconds and where it goes (TuneReport), summed over the problems
+  std::map<std::string, double> bench_parts{{"benchmark", 0}, {"setup", 0}, {"plan", 0}, {"generate", 0},
+                                            {"prepare", 0}, {"check", 0}, {"measure", 0}, {"remeasure", 0}};
   json per_problem = json::array();
   std::vector<std::shared_ptr<Selection>> selections;
   for (size_t i = 0; i < w.problems.size(); ++i) {
@@ -394,9 +397,16 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
     cached += r.decision_from_cache;
     compile_wait += r.compile_wait_seconds;
     load += r.load_seconds;
+    const std::map<std::string, double> parts{
+        {"benchmark", r.benchmark_seconds}, {"setup", r.setup_seconds},   {"plan", r.plan_seconds},
+        {"generate", r.generate_seconds},   {"prepare", r.prepare_seconds}, {"check", r.check_seconds},
+        {"measure", r.measure_seconds},     {"remeasure", r.remeasure_seconds}};
+    for (const auto& [k, v] : parts) bench_parts[k] += v;
     per_problem.push_back({{"problem", w.labels[i]}, {"chosen", r.chosen},
                            {"kind", choice_kind_name((*sel)->choice()->kind())}, {"tune_s", tune_s},
-                           {"compile_wait_s", r.compile_wait_seconds}, {"load_s", r.load_seconds}});
+                           {"compile_wait_s", r.compile_wait_seconds}, {"load_s", r.load_seconds},
+                           {"benchmark_s", r.benchmark_seconds}, {"check_s", r.check_seconds},
+                           {"measure_s", r.measure_seconds}, {"remeasure_s", r.remeasure_seconds}});
   }
   step("tune_s");
   // The slowest few, so that a warm run shows what its time is spent on.
@@ -409,6 +419,13 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
     fmt::print("  {:<28} {:<9} {:<40} tune {:.4f} s (binaries {:.4f}, load {:.4f})\n", p["problem"].get<std::string>(),
                p["kind"].get<std::string>(), p["chosen"].get<std::string>().substr(0, 40), p["tune_s"].get<double>(),
                p["compile_wait_s"].get<double>(), p["load_s"].get<double>());
+  }
+  for (const auto& [k, v] : bench_parts) steps["tune_" + k + "_s"] = v;
+  if (bench_parts["benchmark"] > 0) {
+    fmt::print("  tunes' host time: generate {:.3f} s, plan {:.3f} s, setup {:.3f} s; benchmark {:.3f} s: prepare {:.3f}, "
+               "check {:.3f}, measure {:.3f}, near-tie re-measure {:.3f} s\n",
+               bench_parts["generate"], bench_parts["plan"], bench_parts["setup"], bench_parts["benchmark"],
+               bench_parts["prepare"], bench_parts["check"], bench_parts["measure"], bench_parts["remeasure"]);
   }
   steps["tune_compile_wait_s"] = compile_wait;  // binary-cache reads (and compiles, cold)
   steps["tune_load_s"] = load;                  // prepare(): module loads, library handles

@@ -13,6 +13,23 @@
 #include "kiln/jit/driver.h"
 
 namespace kiln::runtime {
+namespace detail {
+// A CUDA graph of one run of a choice, and its executable instance.
+struct Graph {
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  ~Graph() {
+    auto d = driver();
+    if (!d.ok()) return;
+    if (exec) (void)(*d)->cuGraphExecDestroy(exec);
+    if (graph) (void)(*d)->cuGraphDestroy(graph);
+  }
+};
+}  // namespace detail
+
+ReplayGraphs::ReplayGraphs() = default;
+ReplayGraphs::~ReplayGraphs() = default;
+
 namespace {
 
 double percentile(const std::vector<double>& sorted, double q) {
@@ -73,17 +90,7 @@ class StreamHold {
 // launch queue would block this thread before the release).
 constexpr int kRunsPerHold = 16;
 
-// A CUDA graph of one run of a choice, and its executable instance.
-struct Graph {
-  CUgraph graph = nullptr;
-  CUgraphExec exec = nullptr;
-  ~Graph() {
-    auto d = driver();
-    if (!d.ok()) return;
-    if (exec) (void)(*d)->cuGraphExecDestroy(exec);
-    if (graph) (void)(*d)->cuGraphDestroy(graph);
-  }
-};
+using detail::Graph;
 
 // Captures one run of `choice` on `stream` (relaxed mode: compile threads may use the driver meanwhile).
 Result<std::unique_ptr<Graph>> capture(const Choice& choice, const OpArgs& args, CUdeviceptr ws, CUstream stream) {
@@ -142,15 +149,23 @@ Result<std::unique_ptr<BenchRunner>> BenchRunner::create(const BenchmarkOptions&
 BenchRunner::~BenchRunner() = default;
 
 // Waits for the stream with a deadline, so a hung kernel is reported instead of blocking forever. Polling
-// with short naps is deliberate here: the driver has no timed wait.
+// is deliberate here: the driver has no timed wait. The first 2 ms poll with a yield, the rest with naps: a
+// tune waits here several times per choice for batches of a few milliseconds, and a 50-us nap costs ~100 us
+// with the kernel's default timer slack, on every wait.
 Status BenchRunner::synchronize() {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + kRunTimeout, spin_until = start + std::chrono::milliseconds(2);
   for (;;) {
     CUresult rc = d->cuStreamQuery(stream_.get());
     if (rc == CUDA_SUCCESS) return Status();
     if (rc != CUDA_ERROR_NOT_READY) return to_status(rc, "cuStreamQuery", __FILE__, __LINE__);
-    if (std::chrono::steady_clock::now() > deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < spin_until) {
+      std::this_thread::yield();
+      continue;
+    }
+    if (now > deadline) {
       return make_error(ErrorCode::kTimeout,
                         fmt::format("a run did not finish within {} s; the context is no longer usable "
                                     "(run untrusted choices with Isolation::kIsolated)",
@@ -242,12 +257,20 @@ Result<double> BenchRunner::check(const Choice& choice, const OpArgs& args, CUde
   return worst;
 }
 
-Result<Samples> BenchRunner::time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr ws, int n, bool graph) {
+Result<Samples> BenchRunner::time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr ws, int n, bool graph,
+                                       ReplayGraphs* keep) {
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  std::unique_ptr<Graph> g;
+  std::unique_ptr<Graph> own;
+  const Graph* g = nullptr;
   if (graph) {
-    auto captured = capture(choice, args, ws, stream_.get());
-    if (captured.ok()) g = std::move(captured).value();  // a choice that cannot be captured is timed eagerly
+    if (keep && keep->graphs_.count(&choice)) {
+      g = keep->graphs_[&choice].get();
+    } else {
+      auto captured = capture(choice, args, ws, stream_.get());
+      if (captured.ok()) own = std::move(captured).value();  // a choice that cannot be captured is timed eagerly
+      g = own.get();
+      if (keep) keep->graphs_[&choice] = std::move(own);
+    }
   }
   Samples out;
   out.graph = g != nullptr;
@@ -319,12 +342,14 @@ Result<Samples> BenchRunner::measure(const Choice& choice, const OpArgs& args, C
   }
   const bool graph = est < options_.graph_below_us;
   if (options_.fixed_reps > 0 || !options_.adaptive) return time_runs(choice, args, ws, reps, graph);
-  // Adaptive: rounds of min_reps until judge() says the median is known well enough or clearly slower.
+  // Adaptive: rounds of min_reps until judge() says the median is known well enough or clearly slower, all
+  // replaying one captured graph.
+  ReplayGraphs graphs;
   Samples all;
   const int round = std::max(options_.min_reps, 3);
   for (;;) {
     const int n = std::min(round, reps - static_cast<int>(all.us.size()));
-    KILN_ASSIGN_OR_RETURN(Samples more, time_runs(choice, args, ws, n, graph));
+    KILN_ASSIGN_OR_RETURN(Samples more, time_runs(choice, args, ws, n, graph, &graphs));
     all.graph = more.graph;
     all.us.insert(all.us.end(), more.us.begin(), more.us.end());
     const Verdict v = judge(all.us, best_us, reps, options_);

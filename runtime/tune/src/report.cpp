@@ -15,6 +15,10 @@ std::string TuneReport::table(int top) const {
     out += fmt::format("  host: generate {:.3f} s, plan {:.3f} s, benchmark setup {:.3f} s\n", generate_seconds, plan_seconds,
                        setup_seconds);
   }
+  if (benchmark_seconds > 0) {
+    out += fmt::format("  benchmark: prepare {:.3f} s, check {:.3f} s, measure {:.3f} s, near-tie re-measure {:.3f} s\n",
+                       prepare_seconds, check_seconds, measure_seconds, remeasure_seconds);
+  }
   if (!note.empty()) out += "  note: " + note + "\n";
   if (!effort.empty()) {
     out += fmt::format("  effort {}: {} pruned by the performance model, {} widenings, chosen at model rank {}{}\n",
@@ -65,6 +69,10 @@ std::string TuneReport::json() const {
   j["decision_from_cache"] = decision_from_cache;
   j["compile_wait_seconds"] = compile_wait_seconds;
   j["benchmark_seconds"] = benchmark_seconds;
+  j["prepare_seconds"] = prepare_seconds;
+  j["check_seconds"] = check_seconds;
+  j["measure_seconds"] = measure_seconds;
+  j["remeasure_seconds"] = remeasure_seconds;
   j["load_seconds"] = load_seconds;
   j["generate_seconds"] = generate_seconds;
   j["plan_seconds"] = plan_seconds;

@@ -524,17 +524,25 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     const bool in_worker = status.ok() && isolated && isolated->covers(*c);  // Isolation
     Result<Samples> samples = make_error(ErrorCode::kInternal, "not measured");
     if (in_worker) {
+      const auto t_measure = Clock::now();
       KILN_ASSIGN_OR_RETURN(samples, isolated->check_and_measure(*c, *binaries, best_us, &r.error));
+      report.measure_seconds += seconds_since(t_measure);
     } else {
+      const auto t_prepare = Clock::now();
       if (status.ok() && c.get() != reference.get()) status = c->prepare(*binaries);
+      const auto t_check = Clock::now();
+      report.prepare_seconds += std::chrono::duration<double>(t_check - t_prepare).count();
       if (status.ok()) {
         auto error = bench->check(*c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
         if (error.ok()) r.error = *error;
         status = error.status();
         if (status.ok() && def->verify) status = def->verify(problem, buffers.args, bench->stream());
       }
+      const auto t_measure = Clock::now();
+      report.check_seconds += std::chrono::duration<double>(t_measure - t_check).count();
       samples = status.ok() ? bench->measure(*c, buffers.args, workspace.ptr(), best_us)
                             : Result<Samples>(status);
+      report.measure_seconds += seconds_since(t_measure);
     }
     if (samples.ok()) {
       Summary sum = summarize(samples->us);
@@ -697,7 +705,9 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       }
     }
     if (tied.size() > 1) {
+      const auto t_remeasure = Clock::now();
       std::map<std::string, std::vector<double>> again;
+      ReplayGraphs graphs;  // one capture per tied choice for all rounds
       const int per_round = std::max(3, options.bench.min_reps);
       for (int round = 0; round < options.bench.tie_rounds; ++round) {
         for (auto& [c, r] : tied) {
@@ -705,7 +715,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
           if (isolated && isolated->covers(*c)) {  // Isolation: re-measured where it was measured
             KILN_ASSIGN_OR_RETURN(samples, isolated->time_runs(*c, per_round, r->graph));
           } else {
-            samples = bench->time_runs(*c, buffers.args, workspace.ptr(), per_round, r->graph);
+            samples = bench->time_runs(*c, buffers.args, workspace.ptr(), per_round, r->graph, &graphs);
           }
           if (samples.ok()) again[r->name].insert(again[r->name].end(), samples->us.begin(), samples->us.end());
         }
@@ -719,6 +729,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
         r->p90_us = sum.p90;
         r->reps += static_cast<int>(again[r->name].size());
       }
+      report.remeasure_seconds = seconds_since(t_remeasure);
     }
   }
   report.benchmark_seconds = seconds_since(bench_start) - (compile_wait - setup_compile_wait);

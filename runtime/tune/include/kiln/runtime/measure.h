@@ -6,6 +6,8 @@
 
 #include <cuda.h>
 
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "kiln/jit/device.h"
@@ -75,6 +77,26 @@ struct Summary {
 };
 Summary summarize(std::vector<double> us);
 
+namespace detail {
+struct Graph;
+}
+
+/// CUDA graphs captured by BenchRunner::time_runs, kept for later calls with the same choices, arguments and
+/// workspace (the near-tie rounds re-time the same few choices): capture and instantiation once per choice
+/// instead of once per round. Valid while those arguments' buffers are; a choice that could not be captured is
+/// remembered too, and timed eagerly.
+class ReplayGraphs {
+ public:
+  ReplayGraphs();
+  ~ReplayGraphs();
+  ReplayGraphs(const ReplayGraphs&) = delete;
+  ReplayGraphs& operator=(const ReplayGraphs&) = delete;
+
+ private:
+  friend class BenchRunner;
+  std::map<const Choice*, std::unique_ptr<detail::Graph>> graphs_;  // null: the choice cannot be captured
+};
+
 class BenchRunner {
  public:
   /// Needs a current context; allocates the L2 flush buffer and events on `stream`.
@@ -98,8 +120,10 @@ class BenchRunner {
   Result<Samples> measure(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, double best_us);
   /// True once a run hit a sticky error or a timeout: nothing may run in this context any more.
   bool context_lost() const { return context_lost_; }
-  /// `n` timed runs of `choice` as measure() does them, with no estimate (near-tie re-measurement).
-  Result<Samples> time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, int n, bool graph);
+  /// `n` timed runs of `choice` as measure() does them, with no estimate (near-tie re-measurement). With
+  /// `graph` and `keep`, the choice's graph is taken from `keep` or captured into it.
+  Result<Samples> time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, int n, bool graph,
+                            ReplayGraphs* keep = nullptr);
 
  private:
   BenchRunner() = default;

@@ -181,6 +181,13 @@ struct TuneReport {
   bool decision_from_cache = false;
   double compile_wait_seconds = 0;    // time spent waiting for binaries (compiles overlap benchmarking)
   double benchmark_seconds = 0;
+  /// Where benchmark_seconds goes in this process: preparing choices (module loads), checking them against the
+  /// reference, timing them (warm-up, estimate, repetitions), and re-timing near-ties. The rest is bookkeeping
+  /// (cache writes, progress). Choices measured in the bench worker (Isolation::kIsolated) count in measure.
+  double prepare_seconds = 0;
+  double check_seconds = 0;
+  double measure_seconds = 0;
+  double remeasure_seconds = 0;
   /// A cached decision: preparing the chosen choice (apart from fetching its binaries, compile_wait_seconds:
   /// a binary-cache hit): keeping the binaries when loads are deferred (TuneOptions::defer_loads), else the
   /// module loads.
