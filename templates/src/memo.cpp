@@ -16,7 +16,7 @@ bool enabled_from_env() {
 
 std::atomic<bool> g_enabled{enabled_from_env()};
 std::atomic<uint64_t> g_epoch{1};
-std::atomic<uint64_t> g_renders{0}, g_render_hits{0}, g_samples{0}, g_sample_hits{0};
+std::atomic<uint64_t> g_renders{0}, g_render_hits{0}, g_samples{0}, g_sample_hits{0}, g_sample_checks{0};
 
 }  // namespace
 
@@ -30,7 +30,7 @@ void set_generation_cache(bool on) {
 void clear_generation_cache() { g_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 GenerationStats generation_stats() {
-  return {g_renders.load(), g_render_hits.load(), g_samples.load(), g_sample_hits.load()};
+  return {g_renders.load(), g_render_hits.load(), g_samples.load(), g_sample_hits.load(), g_sample_checks.load()};
 }
 
 namespace detail {
@@ -38,6 +38,7 @@ namespace detail {
 uint64_t memo_epoch() { return g_epoch.load(std::memory_order_relaxed); }
 void count_render(bool hit) { (hit ? g_render_hits : g_renders).fetch_add(1, std::memory_order_relaxed); }
 void count_sample(bool hit) { (hit ? g_sample_hits : g_samples).fetch_add(1, std::memory_order_relaxed); }
+void count_sample_checks(uint64_t n) { g_sample_checks.fetch_add(n, std::memory_order_relaxed); }
 
 std::string params_key(const Params& p) {
   std::string out;

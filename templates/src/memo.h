@@ -43,6 +43,7 @@ void memo_store(GenerationMemo& m, Map GenerationMemo::*map, size_t cap, const s
 uint64_t memo_epoch();
 void count_render(bool hit);
 void count_sample(bool hit);
+void count_sample_checks(uint64_t n);
 
 template <class Map>
 typename Map::mapped_type memo_find(GenerationMemo& m, Map GenerationMemo::*map, const std::string& key) {

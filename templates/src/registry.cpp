@@ -223,6 +223,9 @@ std::vector<Params> sample(const Grid& grid, const DeviceLimits& limits, size_t 
 
 namespace {
 std::vector<Params> sample_uncached(const Grid& grid, const DeviceLimits& limits, size_t n, uint64_t seed) {
+  // A template the target cannot run fails every check: no walk of its grid (967,680 wgmma configurations for
+  // an sm_80 target, found slow by the fuzzer).
+  if (!grid.tmpl().supports(limits).ok()) return {};
   // Every index in a fixed pseudo-random order; a configuration's constraints are checked only when the walk
   // reaches it. The sample is the same as checking the whole grid first (passing configurations in this
   // order: those adding an uncovered axis value, then the rest up to n), but the walk stops once every value
@@ -233,8 +236,12 @@ std::vector<Params> sample_uncached(const Grid& grid, const DeviceLimits& limits
   std::sort(order.begin(), order.end());
   enum : uint8_t { kUnchecked, kPasses, kFails };
   std::vector<uint8_t> state(order.size(), kUnchecked);
+  uint64_t checks = 0;
   auto passes = [&](size_t j) {
-    if (state[j] == kUnchecked) state[j] = grid.tmpl().check(grid.at(order[j].second), limits).ok() ? kPasses : kFails;
+    if (state[j] == kUnchecked) {
+      state[j] = grid.tmpl().check(grid.at(order[j].second), limits).ok() ? kPasses : kFails;
+      ++checks;
+    }
     return state[j] == kPasses;
   };
   const auto& axes = grid.axes();
@@ -251,11 +258,22 @@ std::vector<Params> sample_uncached(const Grid& grid, const DeviceLimits& limits
   };
   std::vector<bool> chosen(order.size(), false);
   std::vector<uint64_t> picked;
-  // Coverage: a value no passing configuration has keeps this walk going to the end, as before.
-  for (size_t j = 0; j < order.size() && uncovered > 0; ++j) {
+  // Each phase stops after kMaxMisses failed checks in a row: a value no passing configuration has, or fixed
+  // parameters no configuration passes with, would otherwise walk the whole grid (a quarter of a million
+  // checks for a wgmma grid with one impossible value fixed: seconds here, a minute under the sanitizers).
+  // Values that pass at all pass far more often than one in kMaxMisses.
+  constexpr int kMaxMisses = 8192;
+  int misses = 0;
+  // Coverage: configurations that add a value not yet covered.
+  for (size_t j = 0; j < order.size() && uncovered > 0 && misses < kMaxMisses; ++j) {
     bool adds = false;
     for (size_t a = 0; a < axes.size() && !adds; ++a) adds = !covered[a][value_index(a, order[j].second)];
-    if (!adds || !passes(j)) continue;
+    if (!adds) continue;
+    if (!passes(j)) {
+      ++misses;
+      continue;
+    }
+    misses = 0;
     for (size_t a = 0; a < axes.size(); ++a) {
       auto ref = covered[a][value_index(a, order[j].second)];
       if (!ref) --uncovered;
@@ -264,9 +282,18 @@ std::vector<Params> sample_uncached(const Grid& grid, const DeviceLimits& limits
     chosen[j] = true;
     picked.push_back(order[j].second);
   }
-  for (size_t j = 0; j < order.size() && picked.size() < n; ++j) {
-    if (!chosen[j] && passes(j)) picked.push_back(order[j].second);
+  misses = 0;
+  for (size_t j = 0; j < order.size() && picked.size() < n && misses < kMaxMisses; ++j) {
+    if (chosen[j]) continue;
+    const bool checked = state[j] != kUnchecked;
+    if (passes(j)) {
+      picked.push_back(order[j].second);
+      misses = 0;
+    } else if (!checked) {
+      ++misses;
+    }
   }
+  detail::count_sample_checks(checks);
   std::vector<Params> out;
   out.reserve(picked.size());
   for (uint64_t i : picked) out.push_back(grid.at(i));

@@ -470,7 +470,7 @@ Result<std::string> Template::config_name(const Params& params) const {
   return out;
 }
 
-Status Template::check(const Params& params, const DeviceLimits& limits) const {
+Status Template::supports(const DeviceLimits& limits) const {
   if (limits.cc < def_.min_cc) {
     return make_error(ErrorCode::kFailedPrecondition,
                       fmt::format("needs sm_{} or newer; target is {}", def_.min_cc, limits.arch));
@@ -479,6 +479,11 @@ Status Template::check(const Params& params, const DeviceLimits& limits) const {
     return make_error(ErrorCode::kFailedPrecondition,
                       fmt::format("needs an arch-specific target (e.g. sm_{}a); target is {}", limits.cc, limits.arch));
   }
+  return Status();
+}
+
+Status Template::check(const Params& params, const DeviceLimits& limits) const {
+  KILN_RETURN_IF_ERROR(supports(limits));
   KILN_ASSIGN_OR_RETURN(Params p, complete(params));
   // Tunables are tile sizes, warp counts, stages and widths: far below this bound. Refusing anything above it
   // here keeps every family's constraint arithmetic (products of a few parameters) clear of int64 overflow.

@@ -460,6 +460,31 @@ TEST(Sample, TheLazyWalkPicksWhatCheckingTheWholeGridPicks) {
   templates::set_generation_cache(true);
 }
 
+// Fixed parameters no configuration passes with, or a target the template cannot run on, cost a bounded walk
+// (the fuzzer found a quarter-million-check walk of the wgmma grid with one impossible value fixed); a
+// feasible sample is unchanged (TheLazyWalkPicksWhatCheckingTheWholeGridPicks).
+TEST(Sample, ImpossibleParametersCostABoundedWalk) {
+  templates::set_generation_cache(false);
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr w, find_template("gemm_wgmma_sm90"));
+  auto checks_of = [&](const Grid& g, const char* arch, size_t* picked) {
+    const uint64_t before = templates::generation_stats().sample_checks;
+    *picked = sample(g, limits(arch), 64).size();
+    return templates::generation_stats().sample_checks - before;
+  };
+  KILN_ASSERT_OK_AND_ASSIGN(Grid whole, Grid::create(w, {}));
+  ASSERT_GT(whole.size(), 500000u);
+  size_t picked = 1;
+  EXPECT_EQ(checks_of(whole, "sm_80", &picked), 0u) << "wgmma needs sm_90a: nothing to check";
+  EXPECT_EQ(picked, 0u);
+  KILN_ASSERT_OK_AND_ASSIGN(Grid impossible, Grid::create(w, {{"consumers", Value::integer(63)}}));
+  ASSERT_GT(impossible.size(), 100000u);
+  EXPECT_LE(checks_of(impossible, "sm_90a", &picked), 2u * 8192u);
+  EXPECT_EQ(picked, 0u);
+  EXPECT_GT(checks_of(whole, "sm_90a", &picked), 0u);
+  EXPECT_EQ(picked, 64u);
+  templates::set_generation_cache(true);
+}
+
 TEST(Sample, CoversEveryValueDeterministically) {
   // sm_90a: every template (the wgmma family needs an arch-specific target).
   for (const TemplatePtr& t : all_templates()) {

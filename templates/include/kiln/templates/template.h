@@ -254,6 +254,9 @@ class Template {
   Result<Params> complete(const Params& given) const;
   /// The configuration's stable name (given complete or completable params).
   Result<std::string> config_name(const Params& params) const;
+  /// The template's arch requirements (min_cc, needs_arch_specific) alone: whether any configuration can pass
+  /// check() on `limits`.
+  Status supports(const DeviceLimits& limits) const;
   /// Arch requirements then the template's constraints. Ok or an error saying why the config is pruned.
   Status check(const Params& params, const DeviceLimits& limits) const;
   /// Whether the configuration can run `shape`, then its launch geometry.
@@ -300,6 +303,7 @@ struct GenerationStats {
   uint64_t render_hits = 0;  // Template::render answered from the memo
   uint64_t samples = 0;      // grid walks by sample()
   uint64_t sample_hits = 0;  // sample() answered from the memo
+  uint64_t sample_checks = 0;  // configurations whose constraints those walks checked
 };
 GenerationStats generation_stats();
 
