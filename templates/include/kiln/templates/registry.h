@@ -58,7 +58,10 @@ uint64_t pruned_count(const Grid& grid, const DeviceLimits& limits);
 /// of its values that some passing configuration has, one configuration having it (so every parameter value
 /// is covered); then more, up to `n` in all, in a fixed pseudo-random order (seeded by `seed`). It returns
 /// more than `n` only when covering every value needs more. The same inputs give the same sample everywhere
-/// (memoised with the template: see generation_cache_enabled()).
+/// (memoised with the template: see generation_cache_enabled()). The walk is bounded: a template `limits`
+/// cannot run (Template::supports()) gives an empty sample at once, and each phase (covering, then filling up
+/// to `n`) stops after 8,192 failed checks in a row, so a value that passes in fewer than about one in 8,192 of
+/// the configurations having it may go uncovered.
 std::vector<Params> sample(const Grid& grid, const DeviceLimits& limits, size_t n, uint64_t seed = 0);
 
 }  // namespace kiln::templates
