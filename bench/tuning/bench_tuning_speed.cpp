@@ -18,6 +18,7 @@
 //            compiles for the suite part, an estimate of their NVRTC time from compiling a sample of them here,
 //            and of the part's whole call on the device (compiles on 16 workers + measurements + generation).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -187,6 +188,8 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
                 const std::string& reports_path) {
   bench::check(ensure_context(0).status(), "no GPU");
   const auto run_start = Clock::now();
+  fmt::print(stderr, "run start: unix {:.3f} s\n",
+             std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   const Part part = parse_part(part_text);
   const std::vector<Named> problems = suite_problems(filter, workload, part);
   auto executor = bench::must(make_executor(), "executor");
@@ -216,7 +219,9 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
       if (sel.ok()) t.selection = *sel;
       else t.status = sel.status();
       tuned[effort].push_back(std::move(t));
-      fmt::print(stderr, "{} {}: {:.3f} s{}\n", effort_name(effort), p.id, tuned[effort].back().seconds,
+      // t= (seconds since the run began) lines the problem up with a clock/power log taken beside the run.
+      fmt::print(stderr, "t={:.3f} {} {}: {:.3f} s{}\n", seconds_since(run_start), effort_name(effort), p.id,
+                 tuned[effort].back().seconds,
                  sel.ok() ? " " + (*sel)->choice_name() : " FAILED " + sel.status().to_string());
     }
     totals[effort] = seconds_since(start);
