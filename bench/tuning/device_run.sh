@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tuning speed on the GPU machine (issue 16). Pack here:
 #   bash scripts/pack_device.sh device-ts build/bin/bench_tuning_speed build/bin/kiln-compile-worker build/bin/kiln-bench-worker
-# and there, carrying .device-ts-tar, one 600-s call per step:
+# and there, carrying .device-ts-tar (PACK=.other to use another pack), one 600-s call per step:
 #   tar xJf .device-ts-tar/pack.txz && bash bench/tuning/device_run.sh headline      # 4096^3 cold, Llama-3-8B cold + warm
 #   tar xJf .device-ts-tar/pack.txz && bash bench/tuning/device_run.sh suite 0/2     # then suite 1/2
 # Each suite part writes $OUT/tuning-speed-part-<i>.json; bring them back and join them here:
@@ -15,7 +15,7 @@
 # `bench_tuning_speed plan --part 0/2 --exhaustive-configs 256` estimates a part's call without a GPU. --deadline
 # 560 stops tuning new problems before the call's limit and reports the rest as not run, so a part that runs
 # long still brings back what it measured (rerun the missing ones with --shapes).
-source "$(dirname "$0")/../support/device_env.sh" .device-ts
+source "$(dirname "$0")/../support/device_env.sh" "${PACK:-.device-ts}"
 export KILN_MACHINE=${KILN_MACHINE:-nvidia-h200}
 step=${1:-headline}
 case "$step" in
@@ -37,12 +37,21 @@ case "$step" in
     ;;
   suite)
     part=${2:-0/2}
+    # The GPU's clocks, power and throttle reasons every 100 ms beside the run: the log's t= lines and its
+    # "run start: unix" line place each problem's tune on this timeline.
+    smi=""
+    if command -v nvidia-smi >/dev/null; then
+      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+        --format=csv,noheader -lms 100 > "$OUT/clocks-part-${part%%/*}.csv" 2>&1 &
+      smi=$!
+    fi
     timeout 590 $D/bench_tuning_speed suite --part "$part" --cache-root "$(mktemp -d)" \
       --exhaustive-configs "${EXHAUSTIVE_CONFIGS:-256}" --deadline "${DEADLINE:-560}" \
       --json "$OUT/tuning-speed-part-${part%%/*}.json" --reports "$OUT/tuning-reports-part-${part%%/*}.jsonl" \
       2> "$OUT/tuning-speed-part-${part%%/*}.log" | tail -140
     tail -5 "$OUT/tuning-speed-part-${part%%/*}.log"
     xz -f "$OUT/tuning-reports-part-${part%%/*}.jsonl" 2>/dev/null || true
+    if [ -n "$smi" ]; then kill "$smi" 2>/dev/null || true; fi
     ;;
   *)
     echo "usage: device_run.sh headline | suite i/N" >&2
