@@ -288,6 +288,66 @@ TEST_F(TuneGpu, FailingChoicesAreRecordedAndTheTuneCompletes) {
   }
 }
 
+// A user kernel presented as a built-in choice (kind `as`): what the tuner's built-in order (timed first,
+// checked only when it could win) sees. (As an extern it is measured without being ranked by the model; it
+// compiles, so cuBLAS, ready at once, sets the best time before it is measured.)
+class AsBuiltin : public Choice {
+ public:
+  AsBuiltin(ChoicePtr inner, ChoiceKind as) : inner_(std::move(inner)), as_(as) {}
+  const std::string& name() const override { return inner_->name(); }
+  ChoiceKind kind() const override { return as_; }
+  std::vector<CompileRequest> kernels() const override { return inner_->kernels(); }
+  Status prepare(const Binaries& b) override { return inner_->prepare(b); }
+  Status run(const OpArgs& args, CUdeviceptr ws, CUstream st) const override { return inner_->run(args, ws, st); }
+
+ private:
+  ChoicePtr inner_;
+  ChoiceKind as_;
+};
+
+// Built-in choices are timed before they are checked: a wrong one fast enough to win is still checked and
+// refused; a wrong one its short estimate drops is not checked at all (it cannot be chosen).
+TEST_F(TuneGpu, BuiltinChoicesAreCheckedWhenTheyCouldWin) {
+  const std::string op = "gemm_with_planted_builtins";
+  KILN_ASSERT_OK(planted::add_gemm_copy(op));
+  KILN_ASSERT_OK(default_ops().add_choices(op, [](const Problem&, const ChoiceContext& ctx)
+                                                  -> Result<std::vector<ChoicePtr>> {
+    const std::string ones = " int i = blockIdx.x * blockDim.x + threadIdx.x;"
+                             " if (i < a.m * a.n) static_cast<__nv_bfloat16*>(a.d)[i] = __float2bfloat16(1.0f); ";
+    // ~1 ms of spinning before the same wrong store: far slower than any GEMM of this size.
+    const std::string slow = " long long t0 = clock64(); while (clock64() - t0 < 2000000) { }" + ones;
+    std::vector<ChoicePtr> out;
+    out.push_back(std::make_shared<AsBuiltin>(
+        make_user_choice("planted_fast_wrong", planted::user_source("planted_fast_wrong", ones), ctx.target,
+                         planted::elementwise_launch()),
+        ChoiceKind::kExtern));
+    out.push_back(std::make_shared<AsBuiltin>(
+        make_user_choice("planted_slow_wrong", planted::user_source("planted_slow_wrong", slow), ctx.target,
+                         planted::elementwise_launch()),
+        ChoiceKind::kExtern));
+    return out;
+  }));
+  Problem p = gemm(64, 256, 128);
+  p.op = op;
+  auto t = tuner(cache::TuneMode::kTune);
+  KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(p));
+  const TuneReport& r = sel->report();
+  std::cout << r.table(50);
+  const ChoiceResult* fast = nullptr;
+  const ChoiceResult* slow = nullptr;
+  for (const auto& c : r.choices) {
+    if (c.name == "planted_fast_wrong") fast = &c;
+    if (c.name == "planted_slow_wrong") slow = &c;
+  }
+  ASSERT_NE(fast, nullptr) << r.table(50);
+  ASSERT_NE(slow, nullptr) << r.table(50);
+  EXPECT_EQ(fast->status.code(), ErrorCode::kWrongResult) << fast->status.to_string();
+  EXPECT_TRUE(slow->status.ok()) << slow->status.to_string();
+  EXPECT_TRUE(slow->partial) << r.table(50);
+  EXPECT_EQ(sel->choice_name().rfind("planted", 0), std::string::npos);
+  expect_correct(*sel);
+}
+
 TEST_F(TuneGpu, DeferredSelectionBecomesADispatcherThatWorksInAGraph) {
   auto t = tuner(cache::TuneMode::kTune);
   KILN_ASSERT_OK_AND_ASSIGN(auto deferred, t->defer(gemm(64, 1024, 1024)));
