@@ -263,8 +263,12 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const OpArgs& args,
   std::unique_ptr<Graph> own;
   const Graph* g = nullptr;
   if (graph) {
-    if (keep && keep->graphs_.count(&choice)) {
-      g = keep->graphs_[&choice].get();
+    const std::unique_ptr<Graph>* kept = nullptr;
+    if (keep) {
+      if (auto it = keep->graphs_.find(&choice); it != keep->graphs_.end()) kept = &it->second;
+    }
+    if (kept) {
+      g = kept->get();
     } else {
       auto captured = capture(choice, args, ws, stream_.get());
       if (captured.ok()) own = std::move(captured).value();  // a choice that cannot be captured is timed eagerly
