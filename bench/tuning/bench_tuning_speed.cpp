@@ -138,8 +138,9 @@ struct Tuned {
 // graph replays only when a short eager estimate is below graph_below_us (cuBLAS may run another kernel when it
 // is captured without a workspace of its own, so forcing graphs on long externs compares something else). The
 // same choice in both is one kernel: timed once, and both figures are that one.
+// time_both: time a and b as two even when they are one kernel (the re-time's own noise floor: A against A).
 std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& problem, const Selection& a,
-                                       const Selection& b, int rounds = 6, int runs = 10) {
+                                       const Selection& b, int rounds = 6, int runs = 10, bool time_both = false) {
   auto def = bench::must(tuner.ops().find(problem.op));
   OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
   auto d = bench::must(driver());
@@ -149,7 +150,7 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
   BenchmarkOptions o;
   o.adaptive = false;
   auto runner = bench::must(BenchRunner::create(o, tuner.context().device), "bench runner");
-  const bool same = a.choice()->name() == b.choice()->name();
+  const bool same = !time_both && a.choice()->name() == b.choice()->name();
   auto graphed = [&](const Selection& sel) {
     for (int i = 0; i < 2; ++i) (void)sel.choice()->run(buffers.args, ws.ptr(), runner->stream());
     auto est = runner->time_runs(*sel.choice(), buffers.args, ws.ptr(), 3, false);
@@ -168,6 +169,20 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
   }
   const double ma = summarize(ta).median;
   return {ma, same ? ma : summarize(tb).median};
+}
+
+// The tuner's own method (BenchRunner::measure: warm-up, estimate, adaptive rounds) on the re-time's fresh
+// buffers, after the tunes: with side_by_side's A-against-A, what tells a re-time's disagreement with the tune
+// apart from noise.
+double measured_again(const Tuner& tuner, const Problem& problem, const Selection& s) {
+  auto def = bench::must(tuner.ops().find(problem.op));
+  OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
+  auto d = bench::must(driver());
+  bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+  DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>(s.choice()->workspace_bytes(), 256)));
+  auto runner = bench::must(BenchRunner::create(BenchmarkOptions{}, tuner.context().device), "bench runner");
+  auto m = runner->measure(*s.choice(), buffers.args, ws.ptr(), 0);
+  return m.ok() ? summarize(m->us).median : 0;
 }
 
 // How the two efforts' figures are made, written into the JSON and printed with the table.
@@ -243,6 +258,13 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     const TuneReport& xr = x.selection->report();
     row["default_us"] = dus;
     row["exhaustive_us"] = xus;
+    auto [self_a, self_b] = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection, *d.selection,
+                                         6, 10, true);
+    row["default_self_us"] = {self_a, self_b};
+    row["default_measured_again_us"] = measured_again(*tuners[Effort::kDefault], problems[i].problem, *d.selection);
+    for (const auto& c : dr.choices) {
+      if (c.name == dr.chosen) row["default_tuned_us"] = c.median_us;
+    }
     row["default_choice"] = dr.chosen;
     row["exhaustive_choice"] = xr.chosen;
     row["default_candidates"] = dr.candidates;
