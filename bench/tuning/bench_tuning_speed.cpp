@@ -198,9 +198,17 @@ std::string suite_method(int exhaustive_configs) {
       exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"));
 }
 
+// Experiments on the suite's default effort: `default_only` skips the exhaustive reference (and the re-times);
+// `plan_ahead` false leaves out the background compiles of every problem's planned choices (each tune compiles
+// what it measures when it gets there).
+struct SuiteExperiment {
+  bool default_only = false;
+  bool plan_ahead = true;
+};
+
 int phase_suite(const std::string& part_text, const std::string& filter, const std::string& workload,
                 const std::string& cache_root, int exhaustive_configs, const std::string& json_path, double deadline_s,
-                const std::string& reports_path) {
+                const std::string& reports_path, SuiteExperiment experiment) {
   bench::check(ensure_context(0).status(), "no GPU");
   const auto run_start = Clock::now();
   fmt::print(stderr, "run start: unix {:.3f} s\n",
@@ -213,11 +221,15 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
   std::map<Effort, std::vector<Tuned>> tuned;
   std::map<Effort, std::unique_ptr<Tuner>> tuners;
   std::map<Effort, double> totals;
-  for (Effort effort : {Effort::kDefault, Effort::kExhaustive}) {
+  std::map<Effort, json> gates;
+  std::vector<Effort> efforts{Effort::kDefault};
+  if (!experiment.default_only) efforts.push_back(Effort::kExhaustive);
+  for (Effort effort : efforts) {
     const std::string dir = fmt::format("{}/{}-{}", cache_root, effort_name(effort), part.index);
     auto tuner = tuner_for(fresh_cache(dir), executor, effort, effort == Effort::kExhaustive ? exhaustive_configs : 0);
     const auto start = Clock::now();
-    auto planned = precompile_planned(*tuner, problems);
+    auto planned = experiment.plan_ahead ? precompile_planned(*tuner, problems)
+                                         : std::vector<std::vector<Future<Binaries>>>(problems.size());
     for (size_t i = 0; i < problems.size(); ++i) {
       const auto& p = problems[i];
       Tuned t;
@@ -240,11 +252,39 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
                  sel.ok() ? " " + (*sel)->choice_name() : " FAILED " + sel.status().to_string());
     }
     totals[effort] = seconds_since(start);
+    // What the gate compiled for this effort (the default effort is compile-bound: how many of its compiles
+    // were for choices it then measured says how much of the pool's time the background planning wasted).
+    const GateCounters g = tuner->gate().counters();
+    std::set<std::string> measured_names;
+    for (const Tuned& t : tuned[effort]) {
+      if (!t.selection) continue;
+      for (const auto& c : t.selection->report().choices) {
+        if (c.kind != ChoiceKind::kExtern && !c.from_cache && c.reps > 0) measured_names.insert(c.name);
+      }
+    }
+    const int measured_kernels = static_cast<int>(measured_names.size());
+    gates[effort] = json{{"requests", g.requests}, {"joined", g.joined},   {"repeats", g.repeats},
+                         {"compiles", g.compiles}, {"compiled", g.compiled}, {"failed", g.failed},
+                         {"distinct_measured_choices", measured_kernels}};
+    fmt::print(stderr, "{} gate: {} requests, {} compiles submitted ({} compiled, {} failed), {} distinct compiled "
+               "choices measured\n", effort_name(effort), g.requests, g.compiles, g.compiled, g.failed,
+               measured_kernels);
     tuners[effort] = std::move(tuner);
   }
   json rows = json::array();
   bench::Table table({"problem", "default s", "exhaustive s", "default us", "exhaustive us", "ratio", "pruned", "chosen (default)"});
-  for (size_t i = 0; i < problems.size(); ++i) {
+  for (size_t i = 0; experiment.default_only && i < problems.size(); ++i) {
+    const Tuned& d = tuned[Effort::kDefault][i];
+    json row{{"problem", problems[i].id}, {"default_s", d.seconds}};
+    if (d.selection) {
+      row["default_choice"] = d.selection->report().chosen;
+      row["default_compile_wait_s"] = d.selection->report().compile_wait_seconds;
+    } else {
+      row["error"] = d.status.to_string();
+    }
+    rows.push_back(row);
+  }
+  for (size_t i = 0; !experiment.default_only && i < problems.size(); ++i) {
     const Tuned& d = tuned[Effort::kDefault][i];
     const Tuned& x = tuned[Effort::kExhaustive][i];
     json row{{"problem", problems[i].id}, {"default_s", d.seconds}, {"exhaustive_s", x.seconds}};
@@ -285,7 +325,7 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     // calibration on this device reads (one JSON object per line).
     std::ofstream reports(reports_path);
     for (size_t i = 0; i < problems.size(); ++i) {
-      for (Effort effort : {Effort::kDefault, Effort::kExhaustive}) {
+      for (Effort effort : efforts) {
         const Tuned& t = tuned[effort][i];
         if (!t.selection) continue;
         reports << json{{"problem", problems[i].id}, {"effort", effort_name(effort)},
@@ -299,7 +339,10 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
              totals[Effort::kExhaustive], problems.size(), suite_method(exhaustive_configs));
   json out{{"environment", bench::environment()}, {"part", fmt::format("{}/{}", part.index, part.count)},
            {"default_total_s", totals[Effort::kDefault]}, {"exhaustive_total_s", totals[Effort::kExhaustive]},
-           {"exhaustive_configs", exhaustive_configs}, {"method", suite_method(exhaustive_configs)}, {"problems", rows}};
+           {"exhaustive_configs", exhaustive_configs}, {"method", suite_method(exhaustive_configs)},
+           {"default_gate", gates[Effort::kDefault]}, {"exhaustive_gate", gates[Effort::kExhaustive]},
+           {"experiment", {{"default_only", experiment.default_only}, {"plan_ahead", experiment.plan_ahead}}},
+           {"problems", rows}};
   return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
 }
 
@@ -568,6 +611,12 @@ int main(int argc, char** argv) {
   suite->add_option("--reports", reports_path, "write every problem's tune reports (both efforts) here, one JSON per line");
   suite->add_option("--deadline", deadline_s, "seconds: tune no new problem past this (0: none); the rest are "
                                               "reported as not run");
+  SuiteExperiment experiment;
+  suite->add_flag("--default-only", experiment.default_only, "tune the default effort only (no exhaustive reference, "
+                                                             "no re-times): an experiment on its tune time");
+  bool no_plan_ahead = false;
+  suite->add_flag("--no-plan-ahead", no_plan_ahead, "do not compile every problem's planned choices in the "
+                                                    "background from the start (each tune compiles what it needs)");
   plan->add_option("--sample", sample, "kernels to compile here for the estimate");
   plan->add_option("--ms-per-choice", ms_per_choice, "device milliseconds to check and measure one choice (the "
                                                      "4096^3 headline: 0.133 s for 21 choices, ~6 ms)");
@@ -586,7 +635,11 @@ int main(int argc, char** argv) {
   for (auto* s : {suite, g4096, work}) s->add_option("--json", json_path, "write JSON here");
   CLI11_PARSE(app, argc, argv);
   const Effort effort = bench::must(parse_effort(effort_text));
-  if (suite->parsed()) return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s, reports_path);
+  experiment.plan_ahead = !no_plan_ahead;
+  if (suite->parsed()) {
+    return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s, reports_path,
+                       experiment);
+  }
   if (merge->parsed()) return phase_merge(parts, out_dir);
   if (g4096->parsed()) return phase_gemm4096(cache_dir, effort, json_path);
   if (work->parsed()) return phase_workload(workload, cache_dir, effort, eager_loads, json_path);
