@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <regex>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -263,6 +264,49 @@ TEST(EffortPlan, KeepsTheModelsTopAndEveryExternAndCountsThePruned) {
   EXPECT_TRUE(all.reserve.empty());
   // Quick keeps 4.
   EXPECT_EQ(detail::plan_choices(choices, order, "cublas_default", effort_policy(Effort::kQuick).keep).kept_ranked, 4);
+}
+
+// Near the model's cut-off a choice another problem's plan already compiles is kept in place of one that
+// would need its own compile; the model's first quarter is never displaced, and nothing changes when nothing
+// is shared or the margin is off.
+TEST(EffortPlan, SharedChoicesNearTheCutOffAreKeptFirst) {
+  const Problem p = gemm(4096, 4096, 4096);
+  auto choices = mixed_choices(20);
+  auto order = rank(p, choices, kH100);
+  std::vector<std::string> by_rank;
+  for (const auto& r : order) {
+    if (r.estimate.known) by_rank.push_back(choices[r.index]->name());
+  }
+  ASSERT_EQ(by_rank.size(), 20u);
+  auto names = [](const std::vector<ChoicePtr>& list) {
+    std::set<std::string> out;
+    for (const auto& c : list) out.insert(c->name());
+    return out;
+  };
+  const int keep = effort_policy(Effort::kDefault).keep;
+  const auto plain = detail::plan_choices(choices, order, "cublas_default", keep);
+  // Nothing planned elsewhere: the same 12 as without sharing.
+  const auto alone = detail::plan_choices(choices, order, "cublas_default", keep, {}, 10.0);
+  EXPECT_EQ(names(alone.first), names(plain.first));
+  EXPECT_EQ(alone.shared_swaps, 0);
+  // Ranks 12-14 planned by another problem, and (so that they fall outside any margin) a wide window.
+  const std::set<std::string> planned{by_rank[12], by_rank[13], by_rank[14]};
+  const auto shared = detail::plan_choices(choices, order, "cublas_default", keep, planned, 10.0);
+  EXPECT_EQ(shared.kept_ranked, keep);
+  EXPECT_EQ(shared.shared_swaps, 3);
+  const auto kept = names(shared.first);
+  for (const auto& n : planned) EXPECT_TRUE(kept.count(n)) << n;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(kept.count(by_rank[i])) << "rank " << i << " is never displaced";
+  // What made room: the three lowest of the plain plan's ranks, now in the reserve.
+  for (int i = 9; i < 12; ++i) EXPECT_FALSE(kept.count(by_rank[i])) << "rank " << i;
+  EXPECT_EQ(shared.reserve.size(), 8u);
+  // A margin of 0 is the plain plan whatever is planned.
+  EXPECT_EQ(names(detail::plan_choices(choices, order, "cublas_default", keep, planned, 0).first), names(plain.first));
+  // The window bounds what may come in: a shared choice scored far past the cut-off stays out.
+  const std::set<std::string> far{by_rank[19]};
+  const auto narrow = detail::plan_choices(choices, order, "cublas_default", keep, far, 1e-9);
+  EXPECT_FALSE(names(narrow.first).count(by_rank[19]));
+  EXPECT_EQ(narrow.shared_swaps, 0);
 }
 
 TEST(EffortPlan, NonePicksTheModelsTopWithoutMeasuring) {

@@ -28,6 +28,10 @@ std::string TuneReport::table(int top) const {
       out += fmt::format("    {} candidates cached before the tune (no compile), model refined by {} neighbouring timings\n",
                          cached_candidates, neighbour_timings);
     }
+    if (shared_swaps > 0) {
+      out += fmt::format("    {} candidates from just past the model's cut-off kept instead: another problem compiles them\n",
+                         shared_swaps);
+    }
   }
   double best = 0;
   for (const auto& c : choices) {
@@ -90,6 +94,7 @@ std::string TuneReport::json() const {
   j["extern_margin"] = extern_margin;
   j["extern_margin_compute"] = extern_margin_compute;
   j["cached_candidates"] = cached_candidates;
+  j["shared_swaps"] = shared_swaps;
   j["neighbour_timings"] = neighbour_timings;
   j["widenings"] = widenings;
   j["chosen_model_rank"] = chosen_model_rank;

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,10 +39,13 @@ struct TunePlan {
   std::map<std::string, std::pair<int, double>> model;  // by name: model rank and estimate (us)
   int kept_ranked = 0;             // how many of `first` the model ranked within `keep` (or the reference)
   int cached_extra = 0;            // ranked below `keep` but cached (RankedChoice::cached): in `first` too
+  int shared_swaps = 0;            // ranked below `keep` but kept for sharing (share_margin) in place of another
 };
-/// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything.
+/// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything. `planned`: names of choices planned for
+/// other problems (their kernels compile anyway); with `share_margin` > 0 see EffortPolicy::share_margin.
 TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
-                      const std::string& reference, int keep);
+                      const std::string& reference, int keep, const std::set<std::string>& planned = {},
+                      double share_margin = 0);
 
 /// Effort none: the model's top choice, else (no choice the model can judge) the reference; null if neither.
 ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,

@@ -94,6 +94,26 @@ struct Tuner::Impl {
     return out;
   }
 
+  // Names of the model-ranked choices this tuner planned (planned_choices(), tune()): their kernels compile
+  // anyway, so near the model's cut-off another problem prefers them (EffortPolicy::share_margin).
+  std::set<std::string> planned;
+  std::set<std::string> planned_names() const {
+    std::lock_guard lock(mu);
+    return planned;
+  }
+  void note_planned(const detail::TunePlan& plan) {
+    std::lock_guard lock(mu);
+    for (const auto& c : plan.first) {
+      if (plan.model.count(c->name())) planned.insert(c->name());
+    }
+  }
+  detail::TunePlan plan(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& order,
+                        const std::string& reference) {
+    detail::TunePlan p = detail::plan_choices(choices, order, reference, policy.keep, planned_names(), policy.share_margin);
+    note_planned(p);
+    return p;
+  }
+
   std::string key_of(const Problem& p) const { return p.key(fingerprint, versions).canonical(); }
   void progress(const TuneProgress& p) const {
     if (options.progress) options.progress(p);
@@ -256,7 +276,7 @@ Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) co
     if (!pick) return std::vector<ChoicePtr>{};
     return std::vector<ChoicePtr>{pick};
   }
-  return detail::plan_choices(choices, order, def->reference(problem), impl_->policy.keep).first;
+  return impl_->plan(choices, order, def->reference(problem)).first;
 }
 
 std::vector<TuneReport> Tuner::reports() const {
@@ -406,7 +426,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   // for a widening, and are reported as pruned if none comes.
   const Clock::time_point plan_start = Clock::now();
   const std::vector<RankedChoice> order = ranked(problem, choices, policy.keep > 0, &report.neighbour_timings);
-  detail::TunePlan plan = detail::plan_choices(choices, order, report.reference, policy.keep);
+  detail::TunePlan plan = this->plan(choices, order, report.reference);
+  report.shared_swaps = plan.shared_swaps;
   std::set<const Choice*> first;
   for (const auto& c : plan.first) first.insert(c.get());
   std::map<const Choice*, const RankedChoice*> model_of;  // the model-ranked choices

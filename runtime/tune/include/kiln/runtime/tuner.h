@@ -87,6 +87,12 @@ struct EffortPolicy {
   /// the extern-first rule: on the H200 suite (26 Nov) the calibration, fitted on H100 timings, put decode
   /// tiles (swap-AB, cluster split-K) that beat cuBLAS by 6-12% more than the margin above it, at model ranks 1-5.
   int extern_protect = 0;
+  /// Sharing compiles across a workload's problems: the model's first quarter of `keep` is kept as ranked; the
+  /// other slots are filled from the choices scored within this fraction above the keep-th score, those whose
+  /// kernels are already cached or planned for another problem first. A cold workload tune at default effort
+  /// is compile-bound (29 Nov, H200: the compile pool's work for a suite part was about its whole tune time),
+  /// and near the cut-off the model cannot tell such choices apart. 0: off.
+  double share_margin = 0;
 };
 EffortPolicy effort_policy(Effort effort);
 
@@ -175,6 +181,9 @@ struct TuneReport {
   int cached_candidates = 0;
   /// Timings of the same configurations on neighbouring shapes the cache held, that refined the model.
   int neighbour_timings = 0;
+  /// Candidates kept from just past the model's cut-off in place of others because another problem's plan or
+  /// the cache has their kernels (EffortPolicy::share_margin).
+  int shared_swaps = 0;
   int widenings = 0;                  // times the kept set grew because the measured best was near its end
   int chosen_model_rank = -1;         // the winner's position in the model's order (-1: an extern or unknown)
   bool measured = true;               // false for effort none: the pick was not benchmarked
