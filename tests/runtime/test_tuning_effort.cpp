@@ -307,6 +307,10 @@ TEST(EffortPlan, SharedChoicesNearTheCutOffAreKeptFirst) {
   const auto narrow = detail::plan_choices(choices, order, "cublas_default", keep, far, 1e-9);
   EXPECT_FALSE(names(narrow.first).count(by_rank[19]));
   EXPECT_EQ(narrow.shared_swaps, 0);
+  // A reference ranked past the cut-off is kept as the reference, not counted as a swap.
+  const auto with_reference = detail::plan_choices(choices, order, by_rank[19], keep, planned, 10.0);
+  EXPECT_TRUE(names(with_reference.first).count(by_rank[19]));
+  EXPECT_EQ(with_reference.shared_swaps, 3);
 }
 
 TEST(EffortPlan, NonePicksTheModelsTopWithoutMeasuring) {

@@ -112,7 +112,7 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     if (kept.count(&r) || c->name() == reference) {
       plan.first.push_back(c);
       ++plan.kept_ranked;
-      if (rank >= static_cast<int>(k)) ++plan.shared_swaps;
+      if (kept.count(&r) && rank >= static_cast<int>(k)) ++plan.shared_swaps;
     } else if (r.cached) {
       // No compile to wait for: measured whatever its rank, unless extern-first pruning cuts it.
       plan.first.push_back(c);
