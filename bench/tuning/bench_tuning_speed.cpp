@@ -353,7 +353,11 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
   for (const auto& path : parts) {
     std::ifstream in(path);
     if (!in) bench::fail(make_error(ErrorCode::kNotFound, fmt::format("cannot read '{}'", path)));
-    json j = json::parse(in);
+    json j = json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("problems") || !j["problems"].is_array()) {
+      bench::fail(make_error(ErrorCode::kInvalidArgument,
+                             fmt::format("'{}' is not a suite part (JSON with a \"problems\" list)", path)));
+    }
     if (env.is_null()) env = j["environment"];
     if (j.contains("method")) method = j["method"];
     default_total += j.value("default_total_s", 0.0);
@@ -640,7 +644,13 @@ int main(int argc, char** argv) {
     return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s, reports_path,
                        experiment);
   }
-  if (merge->parsed()) return phase_merge(parts, out_dir);
+  if (merge->parsed()) {
+    try {
+      return phase_merge(parts, out_dir);
+    } catch (const json::exception& e) {  // a part whose fields have the wrong types
+      bench::fail(make_error(ErrorCode::kInvalidArgument, fmt::format("merge: a part's fields: {}", e.what())));
+    }
+  }
   if (g4096->parsed()) return phase_gemm4096(cache_dir, effort, json_path);
   if (work->parsed()) return phase_workload(workload, cache_dir, effort, eager_loads, json_path);
   return phase_plan(part, filter, workload, sample, exhaustive_configs, ms_per_choice);
