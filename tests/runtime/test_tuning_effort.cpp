@@ -247,7 +247,7 @@ TEST(EffortPlan, KeepsTheModelsTopAndEveryExternAndCountsThePruned) {
   const Problem p = gemm(4096, 4096, 4096);
   auto choices = mixed_choices(20);
   auto order = rank(p, choices, kH100);
-  auto plan = detail::plan_choices(choices, order, "cublas_default", effort_policy(Effort::kDefault).keep);
+  auto plan = detail::plan_choices(choices, order, "cublas_default", 12);
   EXPECT_EQ(plan.kept_ranked, 12);
   EXPECT_EQ(plan.first.size(), 14u);  // 12 templates + 2 externs
   EXPECT_EQ(plan.reserve.size(), 8u);
@@ -283,7 +283,7 @@ TEST(EffortPlan, SharedChoicesNearTheCutOffAreKeptFirst) {
     for (const auto& c : list) out.insert(c->name());
     return out;
   };
-  const int keep = effort_policy(Effort::kDefault).keep;
+  const int keep = 12;
   const auto plain = detail::plan_choices(choices, order, "cublas_default", keep);
   // Nothing planned elsewhere: the same 12 as without sharing.
   const auto alone = detail::plan_choices(choices, order, "cublas_default", keep, {}, 10.0);
@@ -311,6 +311,80 @@ TEST(EffortPlan, SharedChoicesNearTheCutOffAreKeptFirst) {
   const auto with_reference = detail::plan_choices(choices, order, by_rank[19], keep, planned, 10.0);
   EXPECT_TRUE(names(with_reference.first).count(by_rank[19]));
   EXPECT_EQ(with_reference.shared_swaps, 3);
+}
+
+// A varied plan keeps the best-ranked choice of every structural variant, even past the cut-off, before more of
+// the variant the model ranks first; a shared choice of a variant scored within the margin stands in for its best;
+// widening takes the next of one variant in model order.
+TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
+  const Problem p = gemm(1, 4096, 4096);
+  std::vector<ChoicePtr> choices;
+  // Twelve stream-K decode tiles the model ranks alike, then three other variants.
+  for (int i = 0; i < 12; ++i) {
+    Params sk = wgmma(64, 8, 1, 3 + i % 6, 1, true, true);
+    sk["stream_k"] = "true";
+    sk["group_m"] = std::to_string(i);  // (the model does not see it: equal scores, distinct names)
+    choices.push_back(std::make_shared<FakeChoice>("sk" + std::to_string(i), ChoiceKind::kTemplate, sk));
+  }
+  choices.push_back(std::make_shared<FakeChoice>("ck2", ChoiceKind::kTemplate, wgmma(64, 8, 1, 8, 2, true)));
+  choices.push_back(std::make_shared<FakeChoice>("ck2_s4", ChoiceKind::kTemplate, wgmma(64, 8, 1, 4, 2, true)));
+  choices.push_back(std::make_shared<FakeChoice>("ck4", ChoiceKind::kTemplate, wgmma(64, 8, 1, 8, 4, true)));
+  choices.push_back(std::make_shared<FakeChoice>("tile", ChoiceKind::kTemplate, wgmma(128, 64, 2, 4)));
+  choices.push_back(std::make_shared<FakeChoice>("cublas_default", ChoiceKind::kExtern, Params{}));
+  const auto order = rank(p, choices, kH100);
+  std::map<std::string, int> rank_of;
+  std::set<std::string> variants;
+  int r = 0;
+  for (const auto& o : order) {
+    if (!o.estimate.known) continue;
+    rank_of[choices[o.index]->name()] = r++;
+    variants.insert(o.structure);
+  }
+  ASSERT_EQ(variants.size(), 4u) << "stream-K swap-AB, cluster of 2, cluster of 4, plain tile";
+  auto names = [](const std::vector<ChoicePtr>& list) {
+    std::set<std::string> out;
+    for (const auto& c : list) out.insert(c->name());
+    return out;
+  };
+  const int keep = 6;
+  const auto by_rank = detail::plan_choices(choices, order, "cublas_default", keep);
+  const auto varied = detail::plan_choices(choices, order, "cublas_default", keep, {}, 0, true);
+  EXPECT_EQ(varied.kept_ranked, keep);
+  const auto kept = names(varied.first);
+  // Each variant's best is in, whatever its rank; the plain plan leaves out those ranked past the cut-off.
+  std::map<std::string, std::string> best_of;
+  for (const auto& o : order) {
+    if (o.estimate.known) best_of.emplace(o.structure, choices[o.index]->name());
+  }
+  int past_cut = 0;
+  for (const auto& [variant, name] : best_of) {
+    EXPECT_TRUE(kept.count(name)) << variant << ": " << name;
+    if (rank_of[name] >= keep) {
+      ++past_cut;
+      EXPECT_FALSE(names(by_rank.first).count(name)) << name;
+    }
+  }
+  EXPECT_GT(past_cut, 0) << "the fixture must rank some variant's best past the cut-off";
+  EXPECT_EQ(varied.variant_picks, past_cut);
+  EXPECT_EQ(varied.structure.at("ck2"), varied.structure.at("ck2_s4"));
+  // A shared choice of a variant within the margin stands in for that variant's best.
+  const std::string ck2_best = best_of[varied.structure.at("ck2")];
+  const std::string ck2_other = ck2_best == "ck2" ? "ck2_s4" : "ck2";
+  const auto shared = detail::plan_choices(choices, order, "cublas_default", keep, {ck2_other}, 10.0, true);
+  EXPECT_TRUE(names(shared.first).count(ck2_other));
+  EXPECT_FALSE(names(shared.first).count(ck2_best));
+  // Widening around one variant takes its next members in model order, and only those.
+  auto reserve = varied.reserve;
+  const std::string sk_variant = varied.structure.at("sk0");
+  auto more = detail::take_variant(reserve, varied, sk_variant, 2);
+  ASSERT_EQ(more.size(), 2u);
+  EXPECT_LT(rank_of[more[0]->name()], rank_of[more[1]->name()]);
+  for (const auto& c : more) {
+    EXPECT_EQ(varied.structure.at(c->name()), sk_variant);
+    EXPECT_FALSE(kept.count(c->name()));
+  }
+  EXPECT_EQ(reserve.size() + 2, varied.reserve.size());
+  EXPECT_TRUE(detail::take_variant(reserve, varied, "no such variant", 2).empty());
 }
 
 TEST(EffortPlan, NonePicksTheModelsTopWithoutMeasuring) {

@@ -52,17 +52,20 @@ constexpr double kExternMarginCompute = -0.02;
 // At half of the 12 fixed and 5%: 293-297.
 constexpr double kShareMargin = 0.08;
 
-// The sample of 64 per template gives the model every value of every axis to rank (the seeds come first);
-// 12 kept plus widening met the 1%-of-exhaustive target in the model's calibration runs (docs/tuning.md).
+// The sample of 64 per template gives the model every value of every axis to rank (the seeds come first).
+// Default: 10 kept, one per structural variant first, widened by 2 of the winning variant. Chosen offline on the
+// H200 suite's exhaustive reports (29 Nov, three runs, replayed in order with sharing; scripts/replay_plan.py):
+// the best kept within 1% of the best measured on 102-108 of 120 problems with 354-359 distinct templates
+// planned, against 98-102 with 374-377 for the 12 best by rank (and its widening by rank on top).
 EffortPolicy effort_policy(Effort effort) {
   switch (effort) {
     case Effort::kNone: return {.measure = false, .keep = 1, .widen = 0, .max_widenings = 0, .sample_per_template = 64};
     case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 64,
                                  .extern_margin = kExternMargin, .extern_margin_compute = kExternMarginCompute,
-                                 .extern_protect = 1, .share_margin = kShareMargin};
-    case Effort::kDefault: return {.measure = true, .keep = 12, .widen = 6, .max_widenings = 3, .sample_per_template = 64,
+                                 .extern_protect = 1, .share_margin = kShareMargin, .diverse = true};
+    case Effort::kDefault: return {.measure = true, .keep = 10, .widen = 2, .max_widenings = 2, .sample_per_template = 64,
                                    .extern_margin = kExternMargin, .extern_margin_compute = kExternMarginCompute,
-                                   .extern_protect = 5, .share_margin = kShareMargin};
+                                   .extern_protect = 5, .share_margin = kShareMargin, .diverse = true};
     case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
   }
   return {};
@@ -72,29 +75,48 @@ namespace detail {
 
 TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
                       const std::string& reference, int keep, const std::set<std::string>& planned,
-                      double share_margin) {
+                      double share_margin, bool diverse) {
   // Which model-ranked choices are kept: the first `keep` by rank, except that with a share margin only the
-  // first quarter of those slots (at least one) is fixed by rank; the others go first to shared choices (cached,
-  // or planned for another problem) scored within the margin of the keep-th score, then to the rest of that
-  // window by rank.
+  // first quarter of those slots (at least one) is fixed by rank, and with `diverse` the best-ranked of each
+  // structural variant instead; the others go first to shared choices (cached, or planned for another problem)
+  // scored within the margin of the keep-th score, then to the rest of that window by rank.
   std::vector<const RankedChoice*> modelled;
   for (const RankedChoice& r : ranked) {
     if (r.estimate.known) modelled.push_back(&r);
   }
-  std::set<const RankedChoice*> kept;
+  auto shared = [&](const RankedChoice* r) { return r->cached || planned.count(choices[r->index]->name()) > 0; };
+  std::set<const RankedChoice*> kept, variant_best;
   const size_t k = keep > 0 ? static_cast<size_t>(keep) : modelled.size();
-  if (keep <= 0 || share_margin <= 0 || modelled.size() <= k) {
+  if (keep <= 0 || modelled.size() <= k || (share_margin <= 0 && !diverse)) {
     for (size_t i = 0; i < std::min(k, modelled.size()); ++i) kept.insert(modelled[i]);
   } else {
-    const size_t fixed = std::max<size_t>(1, (k + 2) / 4);
-    for (size_t i = 0; i < fixed; ++i) kept.insert(modelled[i]);
-    const double window = modelled[k - 1]->score_us * (1 + share_margin);
-    std::vector<const RankedChoice*> shared, rest;
-    for (size_t i = fixed; i < modelled.size() && (i < k || modelled[i]->score_us <= window); ++i) {
-      const RankedChoice* r = modelled[i];
-      (r->cached || planned.count(choices[r->index]->name()) ? shared : rest).push_back(r);
+    if (diverse) {
+      // Each variant's best-ranked choice, or a shared one of that variant scored within the margin of it.
+      std::set<std::string> seen;
+      for (size_t i = 0; i < modelled.size() && kept.size() < k; ++i) {
+        const RankedChoice* best = modelled[i];
+        if (!seen.insert(best->structure).second) continue;
+        const RankedChoice* pick = best;
+        for (size_t j = i; share_margin > 0 && !shared(pick) && j < modelled.size(); ++j) {
+          const RankedChoice* r = modelled[j];
+          if (r->score_us > best->score_us * (1 + share_margin)) break;
+          if (r->structure == best->structure && shared(r)) pick = r;
+        }
+        kept.insert(pick);
+        variant_best.insert(pick);
+      }
+    } else {
+      const size_t fixed = std::max<size_t>(1, (k + 2) / 4);
+      for (size_t i = 0; i < fixed; ++i) kept.insert(modelled[i]);
     }
-    for (const auto* list : {&shared, &rest}) {
+    const double window = modelled[k - 1]->score_us * (1 + std::max(0.0, share_margin));
+    std::vector<const RankedChoice*> first, rest;
+    for (size_t i = 0; i < modelled.size() && (i < k || modelled[i]->score_us <= window); ++i) {
+      const RankedChoice* r = modelled[i];
+      if (kept.count(r)) continue;
+      (share_margin > 0 && shared(r) ? first : rest).push_back(r);
+    }
+    for (const auto* list : {&first, &rest}) {
       for (const RankedChoice* r : *list) {
         if (kept.size() < k) kept.insert(r);
       }
@@ -109,10 +131,11 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
       continue;
     }
     plan.model[c->name()] = {rank, r.score_us};
+    plan.structure[c->name()] = r.structure;
     if (kept.count(&r) || c->name() == reference) {
       plan.first.push_back(c);
       ++plan.kept_ranked;
-      if (kept.count(&r) && rank >= static_cast<int>(k)) ++plan.shared_swaps;
+      if (kept.count(&r) && rank >= static_cast<int>(k)) ++(variant_best.count(&r) ? plan.variant_picks : plan.shared_swaps);
     } else if (r.cached) {
       // No compile to wait for: measured whatever its rank, unless extern-first pruning cuts it.
       plan.first.push_back(c);
@@ -123,6 +146,18 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     ++rank;
   }
   return plan;
+}
+
+std::vector<ChoicePtr> take_variant(std::vector<ChoicePtr>& reserve, const TunePlan& plan, const std::string& variant,
+                                    size_t n) {
+  std::vector<ChoicePtr> out, left;
+  for (auto& c : reserve) {
+    auto it = plan.structure.find(c->name());
+    const bool match = out.size() < n && it != plan.structure.end() && it->second == variant;
+    (match ? out : left).push_back(std::move(c));
+  }
+  reserve = std::move(left);
+  return out;
 }
 
 ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,

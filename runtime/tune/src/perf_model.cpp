@@ -286,6 +286,24 @@ std::string calibration_family(ChoiceKind kind, const Params& p, const std::stri
   return {};
 }
 
+std::string structure_class(ChoiceKind kind, const Params& p) {
+  if (kind == ChoiceKind::kSubgraph) return "subgraph:" + text(p, "subgraph");
+  if (kind != ChoiceKind::kTemplate) return {};
+  const std::string t = text(p, "template");
+  if (t == "gemm_wgmma_sm90") {
+    const int64_t ck = num(p, "cluster_k", 1);
+    const std::string split = ck > 1                  ? "ck" + std::to_string(ck)
+                              : !flag(p, "stream_k")  ? "none"
+                              : flag(p, "sk_even")    ? "ske"
+                                                      : "sk";
+    return "wgmma/" + std::string(flag(p, "swap_ab") ? "swab" : "tile") + "/" + split + "/" +
+           (flag(p, "persistent") ? "p" : "np") + "/b" + std::to_string(num(p, "blocks_per_sm", 1));
+  }
+  if (t == "gemm_mma_sm80") return "mma_sm80";
+  if (p.count("threads")) return t + "/i" + std::to_string(num(p, "items", 1));
+  return t;
+}
+
 namespace {
 bool hbm3e(const DevicePeaks& peaks) { return peaks.arch.rfind("sm_90", 0) == 0 && peaks.hbm_gbps > 4000; }
 }  // namespace
@@ -328,6 +346,7 @@ std::vector<RankedChoice> rank(const Problem& problem, const std::vector<ChoiceP
       continue;
     }
     r.family = calibration_family(choices[i]->kind(), choices[i]->parameters(), r.estimate.bound);
+    r.structure = structure_class(choices[i]->kind(), choices[i]->parameters());
     auto it = calibration.find(choices[i]->name());
     r.calibration = it != calibration.end() ? it->second : overall;
     // The order: what the cache measured of this choice nearby, else the overall ratio there times its family's

@@ -32,6 +32,10 @@ std::string TuneReport::table(int top) const {
       out += fmt::format("    {} candidates from just past the model's cut-off kept instead: another problem compiles them\n",
                          shared_swaps);
     }
+    if (variant_picks > 0) {
+      out += fmt::format("    {} candidates past the model's cut-off kept as the best-ranked of their structural variant\n",
+                         variant_picks);
+    }
   }
   double best = 0;
   for (const auto& c : choices) {
@@ -95,6 +99,7 @@ std::string TuneReport::json() const {
   j["extern_margin_compute"] = extern_margin_compute;
   j["cached_candidates"] = cached_candidates;
   j["shared_swaps"] = shared_swaps;
+  j["variant_picks"] = variant_picks;
   j["neighbour_timings"] = neighbour_timings;
   j["widenings"] = widenings;
   j["chosen_model_rank"] = chosen_model_rank;

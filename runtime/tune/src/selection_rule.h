@@ -40,12 +40,19 @@ struct TunePlan {
   int kept_ranked = 0;             // how many of `first` the model ranked within `keep` (or the reference)
   int cached_extra = 0;            // ranked below `keep` but cached (RankedChoice::cached): in `first` too
   int shared_swaps = 0;            // ranked below `keep` but kept for sharing (share_margin) in place of another
+  int variant_picks = 0;           // ranked below `keep` but kept as the best of its structural variant (diverse)
+  std::map<std::string, std::string> structure;  // by name, for the model-ranked choices: structure_class()
 };
 /// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything. `planned`: names of choices planned for
-/// other problems (their kernels compile anyway); with `share_margin` > 0 see EffortPolicy::share_margin.
+/// other problems (their kernels compile anyway); with `share_margin` > 0 see EffortPolicy::share_margin, with
+/// `diverse` EffortPolicy::diverse.
 TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
                       const std::string& reference, int keep, const std::set<std::string>& planned = {},
-                      double share_margin = 0);
+                      double share_margin = 0, bool diverse = false);
+
+/// Diverse widening: the next `n` choices of `reserve` (model order) of `variant`, taken out of it.
+std::vector<ChoicePtr> take_variant(std::vector<ChoicePtr>& reserve, const TunePlan& plan, const std::string& variant,
+                                    size_t n);
 
 /// Effort none: the model's top choice, else (no choice the model can judge) the reference; null if neither.
 ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,

@@ -109,7 +109,8 @@ struct Tuner::Impl {
   }
   detail::TunePlan plan(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& order,
                         const std::string& reference) {
-    detail::TunePlan p = detail::plan_choices(choices, order, reference, policy.keep, planned_names(), policy.share_margin);
+    detail::TunePlan p = detail::plan_choices(choices, order, reference, policy.keep, planned_names(), policy.share_margin,
+                                              policy.diverse);
     note_planned(p);
     return p;
   }
@@ -428,6 +429,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   const std::vector<RankedChoice> order = ranked(problem, choices, policy.keep > 0, &report.neighbour_timings);
   detail::TunePlan plan = this->plan(choices, order, report.reference);
   report.shared_swaps = plan.shared_swaps;
+  report.variant_picks = plan.variant_picks;
   std::set<const Choice*> first;
   for (const auto& c : plan.first) first.insert(c.get());
   std::map<const Choice*, const RankedChoice*> model_of;  // the model-ranked choices
@@ -679,22 +681,38 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   } else {
     for (auto& f : template_futures) f.cancel();
   }
-  // Widening: where the measured best of the model's choices sits at the end of what was kept, the model
-  // disagrees with the device here: measure the next ranks too.
+  // Widening. By rank: where the measured best of the model's choices sits at the end of what was kept, the
+  // model disagrees with the device here: measure the next ranks too. Diverse: where a model-ranked choice is
+  // the tune's best, measure the next of its variant, and again while that finds a new best.
   int kept = plan.kept_ranked;
   std::list<std::vector<Future<Binaries>>> widened_futures;
+  std::string widened_for;  // diverse: the best the last widening was around
   while (!stopped && report.widenings < policy.max_widenings && !reserve.empty()) {
-    int best_rank = -1;
-    double best_median = 0;
-    for (const auto& r : results) {
-      auto m = plan.model.find(r.name);
-      if (!r.status.ok() || r.partial || m == plan.model.end()) continue;
-      if (best_rank < 0 || r.median_us < best_median) best_rank = m->second.first, best_median = r.median_us;
+    std::vector<ChoicePtr> batch;
+    if (policy.diverse) {
+      const ChoiceResult* best = nullptr;
+      for (const auto& r : results) {
+        if (r.status.ok() && !r.partial && (best == nullptr || r.median_us < best->median_us)) best = &r;
+      }
+      if (best == nullptr || !plan.model.count(best->name) || best->name == widened_for) break;
+      widened_for = best->name;
+      batch = detail::take_variant(reserve, plan, plan.structure.at(best->name),
+                                   static_cast<size_t>(std::max(1, policy.widen)));
+      if (batch.empty()) break;
+    } else {
+      int best_rank = -1;
+      double best_median = 0;
+      for (const auto& r : results) {
+        auto m = plan.model.find(r.name);
+        if (!r.status.ok() || r.partial || m == plan.model.end()) continue;
+        if (best_rank < 0 || r.median_us < best_median) best_rank = m->second.first, best_median = r.median_us;
+      }
+      if (!detail::should_widen(best_rank, kept)) break;
+      const size_t n = std::min<size_t>(reserve.size(), static_cast<size_t>(std::max(1, policy.widen)));
+      batch.assign(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(n));
+      reserve.erase(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(n));
     }
-    if (!detail::should_widen(best_rank, kept)) break;
-    const size_t n = std::min<size_t>(reserve.size(), static_cast<size_t>(std::max(1, policy.widen)));
-    std::vector<ChoicePtr> batch(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(n));
-    reserve.erase(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(n));
+    const size_t n = batch.size();
     // Kept to the end of the tune: an isolated session may send a widened choice's binaries again.
     std::vector<Future<Binaries>>& batch_futures = widened_futures.emplace_back();
     for (const auto& c : batch) batch_futures.push_back(c->precompile(*gate, Priority::kOnDemand));
@@ -901,10 +919,23 @@ Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Prob
     ChoicePtr pick = detail::model_pick(choices, order, reference);
     return pick ? std::vector<ChoicePtr>{pick} : std::vector<ChoicePtr>{};
   }
-  detail::TunePlan plan = detail::plan_choices(choices, order, reference, policy.keep);
-  // Every rank a tune at this effort may reach by widening, and a margin for the order moving on the GPU
-  // machine (its measured peaks and the cache's calibration rank a little differently than the arch's table):
-  // a cache precompiled on a build machine should serve the tune with nothing left to compile.
+  detail::TunePlan plan = detail::plan_choices(choices, order, reference, policy.keep, {}, 0, policy.diverse);
+  // What a tune at this effort may reach by widening, and a margin for the order moving on the GPU machine
+  // (its measured peaks and the cache's calibration rank a little differently than the arch's table): a cache
+  // precompiled on a build machine should serve the tune with nothing left to compile. By rank: the next ranks
+  // of every widening and one more. Diverse: the first widening around any kept variant.
+  if (policy.diverse) {
+    std::set<std::string> variants;
+    for (const auto& c : plan.first) {
+      if (auto it = plan.structure.find(c->name()); it != plan.structure.end()) variants.insert(it->second);
+    }
+    for (const auto& v : variants) {
+      for (auto& c : detail::take_variant(plan.reserve, plan, v, static_cast<size_t>(std::max(1, policy.widen)))) {
+        plan.first.push_back(std::move(c));
+      }
+    }
+    return plan.first;
+  }
   const size_t extra = std::min<size_t>(plan.reserve.size(),
                                         static_cast<size_t>(policy.widen) * static_cast<size_t>(policy.max_widenings + 1));
   plan.first.insert(plan.first.end(), plan.reserve.begin(), plan.reserve.begin() + static_cast<std::ptrdiff_t>(extra));

@@ -88,6 +88,13 @@ std::string calibration_family(ChoiceKind kind, const std::map<std::string, std:
 /// device's mean over every wgmma candidate.
 double fitted_calibration(const std::string& family, const DevicePeaks& peaks);
 
+/// The structural variant of a choice, for planning a varied set (EffortPolicy::diverse): the model's errors
+/// differ most between these, not within them. gemm_wgmma_sm90: "wgmma/<swab|tile>/<none|ck2|ck4|sk|ske>/<p|np>/b<N>"
+/// (swap-AB, how K is split: cluster, stream-K, free-running stream-K; persistent; blocks per SM); norms and
+/// softmax: "<template>/i<items>" (the loads a thread has in flight); "mma_sm80"; "subgraph:<name>"; other
+/// templates: their template name. Empty when the choice has no template parameters (externs, user kernels).
+std::string structure_class(ChoiceKind kind, const std::map<std::string, std::string>& parameters);
+
 /// One candidate in model order.
 struct RankedChoice {
   size_t index = 0;         // into the choices given to rank()
@@ -101,6 +108,7 @@ struct RankedChoice {
   /// Extern-first pruning compares it with the externs' measured times.
   double predicted_us = 0;
   std::string family;       // calibration_family()
+  std::string structure;    // structure_class()
   bool cached = false;      // its binaries are in the cache already (no compile): first among equal scores
 };
 

@@ -93,6 +93,15 @@ struct EffortPolicy {
   /// is compile-bound (29 Nov, H200: the compile pool's work for a suite part was about its whole tune time),
   /// and near the cut-off the model cannot tell such choices apart. 0: off.
   double share_margin = 0;
+  /// A varied plan: the kept slots go first to the best-ranked choice of each structural variant
+  /// (structure_class(): swap-AB or not, how K is split, persistent, blocks per SM; a norm's loads in flight),
+  /// each swapped for a shared choice of its variant scored within share_margin of it, and only then by rank.
+  /// Widening then follows the measurements: when a model-ranked choice is the tune's best, the next `widen`
+  /// of its variant (by rank) are measured, again while that finds a new best, up to max_widenings. Why: the
+  /// model's errors are largest between variants (on the H200 suite decode tiles split over a cluster ran
+  /// faster than the stream-K tiles it ranked first, at ranks 13-34), and within one its near-equal scores only
+  /// repeat one guess. false: the first `keep` by rank, widened by rank when the best sits at the end.
+  bool diverse = false;
 };
 EffortPolicy effort_policy(Effort effort);
 
@@ -184,7 +193,10 @@ struct TuneReport {
   /// Candidates kept from just past the model's cut-off in place of others because another problem's plan or
   /// the cache has their kernels (EffortPolicy::share_margin).
   int shared_swaps = 0;
-  int widenings = 0;                  // times the kept set grew because the measured best was near its end
+  /// Candidates ranked past the model's cut-off but kept as the best-ranked of their structural variant
+  /// (EffortPolicy::diverse).
+  int variant_picks = 0;
+  int widenings = 0;                  // times the kept set grew (near the end of the ranks, or around the best's variant)
   int chosen_model_rank = -1;         // the winner's position in the model's order (-1: an extern or unknown)
   bool measured = true;               // false for effort none: the pick was not benchmarked
   bool decision_from_cache = false;

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Replays the default effort's plan over recorded exhaustive tunes, offline (issue 16).
+
+An exhaustive tune measures every sampled template (with its model rank and score) and every extern. For each
+problem of a suite part, in tuning order, this picks the templates a plan would keep, and asks whether the best
+of those and the externs is within 1% of the best measured; it counts the distinct templates the plans of a
+part name (each compiles once per part: sizes are run-time arguments). Readings of dropped choices are 3-run
+estimates, and extern-first pruning is not replayed (it removes templates, never adds), so the figures compare
+plans with each other rather than predict a run.
+
+  scripts/replay_plan.py bench/results/tuning-reports-nvidia-h200-2026-11-29-dfac3d2-part-*.jsonl.xz
+"""
+import argparse
+import collections
+import json
+import lzma
+import re
+import sys
+
+
+def variant(c):
+    """structure_class() of runtime/tune/src/perf_model.cpp, from a report's parameters."""
+    p = c["parameters"]
+    t = p.get("template", "")
+    if t == "gemm_wgmma_sm90":
+        ck = int(p.get("cluster_k", "1"))
+        split = f"ck{ck}" if ck > 1 else ("none" if p.get("stream_k") != "true" else
+                                          "ske" if p.get("sk_even") == "true" else "sk")
+        return "wgmma/{}/{}/{}/b{}".format("swab" if p.get("swap_ab") == "true" else "tile", split,
+                                           "p" if p.get("persistent") == "true" else "np", p.get("blocks_per_sm", "1"))
+    if t == "gemm_mma_sm80":
+        return "mma_sm80"
+    if "threads" in p:
+        return f"{t}/i{p.get('items', '1')}"
+    return t
+
+
+def by_rank(ranked, keep, planned, share):
+    """The plan before variants (EffortPolicy::diverse false): the first quarter by rank, the rest from within
+    `share` of the keep-th score, shared first."""
+    if len(ranked) <= keep:
+        return list(ranked)
+    fixed = max(1, (keep + 2) // 4)
+    window = ranked[keep - 1]["model_us"] * (1 + share)
+    rest = [c for i, c in enumerate(ranked) if i >= fixed and (i < keep or c["model_us"] <= window)]
+    rest = [c for c in rest if c["name"] in planned] + [c for c in rest if c["name"] not in planned]
+    return ranked[:fixed] + rest[:keep - fixed]
+
+
+def diverse(ranked, keep, planned, share):
+    """EffortPolicy::diverse: each variant's best-ranked (or a shared one of it within `share`), then the window."""
+    out, seen = [], set()
+    for i, best in enumerate(ranked):
+        if len(out) >= keep:
+            break
+        if variant(best) in seen:
+            continue
+        seen.add(variant(best))
+        pick = best
+        for c in ranked[i:]:
+            if best["name"] in planned or c["model_us"] > best["model_us"] * (1 + share):
+                break
+            if variant(c) == variant(best) and c["name"] in planned:
+                pick = c
+                break
+        out.append(pick)
+    if len(ranked) > keep:
+        window = ranked[keep - 1]["model_us"] * (1 + share)
+        rest = [c for i, c in enumerate(ranked) if c not in out and (i < keep or c["model_us"] <= window)]
+        rest = [c for c in rest if c["name"] in planned] + [c for c in rest if c["name"] not in planned]
+    else:
+        rest = [c for c in ranked if c not in out]
+    return out + rest[:keep - len(out)]
+
+
+def replay(problems, plan, keep, share, widen):
+    within, worst, widened = 0, 1.0, 0
+    names = collections.defaultdict(set)
+    for part, report in problems:
+        ok = [c for c in report["choices"] if c.get("ok") and c.get("runs", 0) > 0]
+        best = min(c["median_us"] for c in ok)
+        externs = [c["median_us"] for c in ok if "model_rank" not in c]
+        ranked = sorted((c for c in ok if "model_rank" in c), key=lambda c: c["model_rank"])
+        kept = plan(ranked, keep, names[part], share)
+        if kept and widen:
+            top = min(kept, key=lambda c: c["median_us"])
+            if not externs or top["median_us"] < min(externs):
+                more = [c for c in ranked if variant(c) == variant(top) and c not in kept][:widen]
+                widened += bool(more)
+                kept = kept + more
+        names[part].update(c["name"] for c in kept)
+        got = min(externs + [c["median_us"] for c in kept])
+        within += got <= 1.01 * best
+        worst = max(worst, got / best)
+    return within, sum(len(v) for v in names.values()), widened, worst
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("reports", nargs="+", help="tuning-reports-*-part-N.jsonl[.xz] from bench_tuning_speed suite")
+    ap.add_argument("--share", type=float, default=0.08)
+    args = ap.parse_args()
+    problems = []
+    for path in args.reports:
+        m = re.search(r"part-(\d+)", path)
+        opener = lzma.open if path.endswith(".xz") else open
+        with opener(path, "rt") as f:
+            for line in f:
+                o = json.loads(line)
+                if o.get("effort") == "exhaustive":
+                    problems.append((m.group(1) if m else path, o["report"]))
+    if not problems:
+        sys.exit("no exhaustive reports in the files given")
+    print(f"{len(problems)} problems; share margin {args.share}")
+    print("plan                      keep widen  within 1%  distinct templates  widened  worst")
+    for label, plan, widen in (("by rank", by_rank, 0), ("one per variant first", diverse, 0),
+                               ("one per variant + widen", diverse, 2)):
+        for keep in (8, 10, 12):
+            w, d, n, worst = replay(problems, plan, keep, args.share, widen)
+            print(f"{label:25s} {keep:4d} {widen:5d}  {w:4d}/{len(problems)}  {d:18d}  {n:7d}  {worst:.3f}")
+
+
+if __name__ == "__main__":
+    main()
