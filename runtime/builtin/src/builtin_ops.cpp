@@ -37,7 +37,7 @@ bool asked_for(const templates::Template& t, const ChoiceContext& ctx) {
 // Configurations that won on the H200 in the GEMM sweep (bench/results/gemm-nvidia-h200-2026-11-21.md): the
 // 4096^3 winners of each family and the decode winners (small M). They are tried first, before the
 // deterministic sample, so a small sample cannot miss them; a seed the device or problem rules out is skipped.
-std::vector<Params> seed_configurations(const std::string& tmpl, const templates::Shape& shape) {
+std::vector<Params> seed_configurations(const std::string& tmpl, const templates::Shape& shape, int64_t sms) {
   auto ints = [](std::initializer_list<std::pair<const char*, int64_t>> kv) {
     Params p;
     for (const auto& [k, v] : kv) p.emplace(k, Value::integer(v));
@@ -103,6 +103,21 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       const int64_t narrow = ((shape.m + 3) / 4 + 7) / 8 * 8;
       out.push_back(stream_k(narrow, deepest(narrow), false));
     }
+    if (shape.m >= 128 && sms > 0) {
+      // Tiles as wide as make whole waves: 128 rows by the N width that puts waves x SMs tiles on the device
+      // (2048x7392x8192 on an H200: 128x224 in exactly 4 waves, 331 us against 346 for the best 64-multiple width;
+      // 512x14336x8192: 162 against 171; bench/results/gemm-suite-wavefit-nvidia-h200-2026-11-29.md). The sampled
+      // grid has only multiples of 64 from 128 up; the model's wave count ranks these.
+      const int64_t rows = (shape.m + 127) / 128;
+      for (int64_t waves = 1; waves <= 6; ++waves) {
+        const int64_t cols = waves * sms / rows;
+        if (cols < 1) continue;
+        const int64_t bn = ((shape.n + cols - 1) / cols + 7) / 8 * 8;
+        if (bn < 64 || bn > 256 || bn % 64 == 0) continue;
+        const int64_t stages = std::min<int64_t>(8, (232448 - 2048) / ((128 + bn) * 128));
+        for (bool persistent : {true, false}) out.push_back(w(128, bn, 2, stages, 8, persistent, 1, 1));
+      }
+    }
   } else if (tmpl == "gemm_mma_sm80") {
     out.push_back(ints({{"bm", 128}, {"bn", 128}, {"bk", 32}, {"warps_m", 2}, {"warps_n", 2}, {"stages", 4}, {"group_m", 8}}));
     out.push_back(ints({{"bm", 16}, {"bn", 64}, {"bk", 64}, {"warps_m", 1}, {"warps_n", 4}, {"stages", 6}, {"group_m", 1}}));
@@ -126,7 +141,7 @@ std::vector<std::pair<templates::Rendered, Target>> configurations(const Templat
   auto grid = templates::Grid::create(t, given);
   if (!grid.ok()) return out;
   std::vector<Params> candidates;
-  for (Params seed : seed_configurations(t->name(), shape)) {
+  for (Params seed : seed_configurations(t->name(), shape, std::max(ctx.device.sm_count, ctx.limits.sm_count))) {
     for (const auto& [k, v] : given) seed.insert_or_assign(k, v);
     candidates.push_back(std::move(seed));
   }
