@@ -243,6 +243,12 @@ std::vector<ChoicePtr> mixed_choices(int templates) {
   return out;
 }
 
+std::set<std::string> names(const std::vector<ChoicePtr>& list) {
+  std::set<std::string> out;
+  for (const auto& c : list) out.insert(c->name());
+  return out;
+}
+
 TEST(EffortPlan, KeepsTheModelsTopAndEveryExternAndCountsThePruned) {
   const Problem p = gemm(4096, 4096, 4096);
   auto choices = mixed_choices(20);
@@ -278,11 +284,6 @@ TEST(EffortPlan, SharedChoicesNearTheCutOffAreKeptFirst) {
     if (r.estimate.known) by_rank.push_back(choices[r.index]->name());
   }
   ASSERT_EQ(by_rank.size(), 20u);
-  auto names = [](const std::vector<ChoicePtr>& list) {
-    std::set<std::string> out;
-    for (const auto& c : list) out.insert(c->name());
-    return out;
-  };
   const int keep = 12;
   const auto plain = detail::plan_choices(choices, order, "cublas_default", keep);
   // Nothing planned elsewhere: the same 12 as without sharing.
@@ -341,11 +342,6 @@ TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
     variants.insert(o.structure);
   }
   ASSERT_EQ(variants.size(), 4u) << "stream-K swap-AB, cluster of 2, cluster of 4, plain tile";
-  auto names = [](const std::vector<ChoicePtr>& list) {
-    std::set<std::string> out;
-    for (const auto& c : list) out.insert(c->name());
-    return out;
-  };
   const int keep = 6;
   const auto by_rank = detail::plan_choices(choices, order, "cublas_default", keep);
   const auto varied = detail::plan_choices(choices, order, "cublas_default", keep, {}, 0, true);
