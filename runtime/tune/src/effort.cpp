@@ -45,7 +45,7 @@ constexpr double kExternMargin = 0.15;
 constexpr double kExternMarginCompute = -0.02;
 
 // Chosen offline on the H200 suite's exhaustive reports (29 Nov, three runs: every sampled template measured,
-// with its model rank and estimate), replaying the default effort's plan over the 120 problems in order: with
+// with its model rank and estimate), replaying the plan before variants over the 120 problems in order: with
 // the first quarter of the 12 kept by rank and the rest filled from within 8% of the 12th score, shared first,
 // the distinct templates planned fell 344-345 -> 252-256 and the best kept choice was within 1% of the best
 // measured on as many problems or more (83-85% -> 83-88%; the replay has no widening or neighbour calibration).

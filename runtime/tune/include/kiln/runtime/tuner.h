@@ -55,8 +55,9 @@ enum class Isolation { kInProcess, kIsolated };
 /// How hard tune() searches (--effort, $KILN_TUNE_EFFORT; docs/tuning.md):
 ///   kNone:       the performance model's pick (or the op's reference where the model knows no choice), compiled
 ///                and prepared, nothing measured and no decision stored (a later tune measures);
-///   kQuick:      the model's top 4 template choices plus the extern library choices, widened once;
-///   kDefault:    the model's top 12 plus the externs, widened while the measured best sits in the last ranks kept;
+///   kQuick:      4 template choices in model order, one per structural variant first, plus the extern library
+///                choices, widened once around the best's variant;
+///   kDefault:    10 the same way plus the externs, widened (twice at most) around the variant of the best;
 ///   kExhaustive: every choice of the whole (pruned) parameter space, no model pruning.
 enum class Effort { kNone, kQuick, kDefault, kExhaustive };
 /// "none", "quick", "default", "exhaustive".
