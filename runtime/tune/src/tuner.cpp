@@ -694,10 +694,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       for (const auto& r : results) {
         if (r.status.ok() && !r.partial && (best == nullptr || r.median_us < best->median_us)) best = &r;
       }
-      if (best == nullptr || !plan.model.count(best->name) || best->name == widened_for) break;
+      auto variant = best != nullptr ? plan.structure.find(best->name) : plan.structure.end();
+      if (variant == plan.structure.end() || best->name == widened_for) break;
       widened_for = best->name;
-      batch = detail::take_variant(reserve, plan, plan.structure.at(best->name),
-                                   static_cast<size_t>(std::max(1, policy.widen)));
+      batch = detail::take_variant(reserve, plan, variant->second, static_cast<size_t>(std::max(1, policy.widen)));
       if (batch.empty()) break;
     } else {
       int best_rank = -1;
