@@ -146,11 +146,8 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
     // Tiles as wide as make one or two full waves: cuBLAS's kernels on an H200 pick N widths such as 80 and 112
     // so that the tile count meets the SMs (1000x1280x8192: 80-wide tiles, 128 of them; 256x7168x2048: 128x112,
     // 128 tiles; seen with ncu, 28 Nov), where 128-wide tiles leave a partial wave.
-    for (int64_t waves : {1, 2, 3, 4, 5, 6}) {
-      const int64_t rows = ceil_div(s.m, 128), cols = waves * sms / rows;
-      if (cols < 1) continue;
-      const int64_t bn = round_up(ceil_div(s.n, cols), 8);
-      if (bn < 64 || bn > 256 || bn % 64 == 0) continue;  // the multiples of 64 are measured below
+    // (The multiples of 64 are measured below.)
+    for (int64_t bn : templates::wave_fit_widths(s.m, s.n, sms)) {
       out.push_back({128, bn, 2, fit_stages(l, 128, bn, 8), 8, false, 1, 1, false});
       out.push_back({128, bn, 2, fit_stages(l, 128, bn, 8), 8, true, 1, 1, false});
     }

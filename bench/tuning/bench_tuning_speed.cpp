@@ -199,10 +199,10 @@ std::string suite_method(int exhaustive_configs, int retime_rounds) {
       exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"), retime_rounds);
 }
 
-// Experiments on the suite's default effort: `default_only` skips the exhaustive reference (and the re-times);
-// `plan_ahead` false leaves out the background compiles of every problem's planned choices (each tune compiles
-// what it measures when it gets there).
-struct SuiteExperiment {
+// How the suite runs. Experiments on the default effort: `default_only` skips the exhaustive reference (and the
+// re-times); `plan_ahead` false leaves out the background compiles of every problem's planned choices (each tune
+// compiles what it measures when it gets there).
+struct SuiteOptions {
   bool default_only = false;
   bool plan_ahead = true;
   // Rounds of the side-by-side re-time (10 runs each): 6 read one kernel against itself beyond +-1% on 9-11 of 120
@@ -212,7 +212,7 @@ struct SuiteExperiment {
 
 int phase_suite(const std::string& part_text, const std::string& filter, const std::string& workload,
                 const std::string& cache_root, int exhaustive_configs, const std::string& json_path, double deadline_s,
-                const std::string& reports_path, SuiteExperiment experiment) {
+                const std::string& reports_path, SuiteOptions experiment) {
   bench::check(ensure_context(0).status(), "no GPU");
   const auto run_start = Clock::now();
   fmt::print(stderr, "run start: unix {:.3f} s\n",
@@ -633,7 +633,7 @@ int main(int argc, char** argv) {
   suite->add_option("--reports", reports_path, "write every problem's tune reports (both efforts) here, one JSON per line");
   suite->add_option("--deadline", deadline_s, "seconds: tune no new problem past this (0: none); the rest are "
                                               "reported as not run");
-  SuiteExperiment experiment;
+  SuiteOptions experiment;
   suite->add_flag("--default-only", experiment.default_only, "tune the default effort only (no exhaustive reference, "
                                                              "no re-times): an experiment on its tune time");
   suite->add_option("--retime-rounds", experiment.retime_rounds, "rounds of 10 runs in the side-by-side re-time of "

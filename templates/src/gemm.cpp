@@ -26,6 +26,20 @@ int64_t stream_k_pieces(int64_t tiles, int64_t blocks, int64_t k) {
   return rest == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(blocks / rest, (k + 63) / 64 / 4));
 }
 
+std::vector<int64_t> wave_fit_widths(int64_t m, int64_t n, int64_t sms, int64_t max_waves) {
+  std::vector<int64_t> out;
+  if (m <= 0 || n <= 0 || sms <= 0) return out;
+  const int64_t rows = (m + 127) / 128;
+  for (int64_t waves = 1; waves <= max_waves; ++waves) {
+    const int64_t cols = waves * sms / rows;
+    if (cols < 1) continue;
+    const int64_t bn = ((n + cols - 1) / cols + 7) / 8 * 8;
+    if (bn < 64 || bn > 256 || bn % 64 == 0) continue;
+    if (std::find(out.begin(), out.end(), bn) == out.end()) out.push_back(bn);
+  }
+  return out;
+}
+
 int gemm_alignment(int64_t lda, int64_t ldb) {
   for (int align : {8, 4, 2}) {
     if (lda % align == 0 && ldb % align == 0) return align;

@@ -586,5 +586,25 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
   }
 }
 
+// The N widths of 128-row tiles that fill whole waves: 2048x7392 on 132 SMs has 16 tile rows, so 4 waves are 33
+// columns of 224 (the width that won there on an H200); widths past 256, multiples of 64 and repeats are left out.
+TEST(GemmTemplates, WaveFitWidthsFillWholeWaves) {
+  const std::vector<int64_t> w = wave_fit_widths(2048, 7392, 132);
+  EXPECT_NE(std::find(w.begin(), w.end(), 224), w.end());
+  for (int64_t bn : w) {
+    EXPECT_GT(bn, 64);
+    EXPECT_LE(bn, 256);
+    EXPECT_NE(bn % 64, 0) << bn;
+    EXPECT_EQ(bn % 8, 0) << bn;
+    EXPECT_EQ(std::count(w.begin(), w.end(), bn), 1) << bn;
+    EXPECT_LE(16 * ((7392 + bn - 1) / bn), 6 * 132) << bn << ": no more than 6 waves of tiles";
+  }
+  EXPECT_EQ(16 * ((7392 + 224 - 1) / 224), 4 * 132);
+  EXPECT_EQ(wave_fit_widths(2048, 7392, 132, 3).size(), 0u) << "3 waves of 16 rows need widths past 256";
+  EXPECT_TRUE(wave_fit_widths(0, 7392, 132).empty());
+  EXPECT_TRUE(wave_fit_widths(2048, 7392, 0).empty());
+  EXPECT_TRUE(wave_fit_widths(-5, -5, -5).empty());
+}
+
 }  // namespace
 }  // namespace kiln::templates

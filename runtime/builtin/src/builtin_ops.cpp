@@ -103,17 +103,12 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       const int64_t narrow = ((shape.m + 3) / 4 + 7) / 8 * 8;
       out.push_back(stream_k(narrow, deepest(narrow), false));
     }
-    if (shape.m >= 128 && sms > 0) {
+    if (shape.m >= 128) {
       // Tiles as wide as make whole waves: 128 rows by the N width that puts waves x SMs tiles on the device
       // (2048x7392x8192 on an H200: 128x224 in exactly 4 waves, 331 us against 346 for the best 64-multiple width;
       // 512x14336x8192: 162 against 171; bench/results/gemm-suite-wavefit-nvidia-h200-2026-11-29.md). The sampled
       // grid has only multiples of 64 from 128 up; the model's wave count ranks these.
-      const int64_t rows = (shape.m + 127) / 128;
-      for (int64_t waves = 1; waves <= 6; ++waves) {
-        const int64_t cols = waves * sms / rows;
-        if (cols < 1) continue;
-        const int64_t bn = ((shape.n + cols - 1) / cols + 7) / 8 * 8;
-        if (bn < 64 || bn > 256 || bn % 64 == 0) continue;
+      for (int64_t bn : templates::wave_fit_widths(shape.m, shape.n, sms)) {
         const int64_t stages = std::min<int64_t>(8, (232448 - 2048) / ((128 + bn) * 128));
         for (bool persistent : {true, false}) out.push_back(w(128, bn, 2, stages, 8, persistent, 1, 1));
       }

@@ -32,6 +32,7 @@
 #include <cuda.h>
 
 #include <string>
+#include <vector>
 
 #include "kiln/jit/module.h"
 #include "kiln/status.h"
@@ -53,6 +54,10 @@ int gemm_alignment(int64_t lda, int64_t ldb);
 /// gemm_wgmma_sm90 with stream_k: the K pieces each tile of the partial wave is split into, for `tiles` output
 /// tiles over `blocks` resident blocks and K elements (1: nothing to split). The kernel's SkPlan computes the same.
 int64_t stream_k_pieces(int64_t tiles, int64_t blocks, int64_t k);
+/// gemm_wgmma_sm90: the N widths of 128-row tiles that make whole waves (1 to `max_waves` times `sms` tiles) for
+/// an M x N output, each rounded up to a multiple of 8, kept when 64 < width <= 256 and not a multiple of 64 (the
+/// sampled grid has those), in wave order, without repeats. Pure.
+std::vector<int64_t> wave_fit_widths(int64_t m, int64_t n, int64_t sms, int64_t max_waves = 6);
 int64_t dense_lda(Layout a, const Shape& s);
 int64_t dense_ldb(Layout b, const Shape& s);
 /// Arguments for one dense GEMM of `s` (m, n, k) with A and B in their layouts and D row-major: sizes, one K
