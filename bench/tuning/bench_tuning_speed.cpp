@@ -25,6 +25,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include <CLI/CLI.hpp>
@@ -383,6 +384,17 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
                                                        (*self)[1].get<double>() > 0) {
       ++self_timed;
       self_beyond1 += std::abs((*self)[0].get<double>() / (*self)[1].get<double>() - 1) > 0.01;
+    }
+    // A tampered or broken part: a time that no run can produce is refused, naming the problem and the field.
+    for (const char* field : {"default_s", "default_us", "exhaustive_us"}) {
+      const double v = r[field].get<double>();
+      const bool seconds = std::string_view(field) == "default_s";
+      if (!std::isfinite(v) || v < 0 || (!seconds && v == 0)) {
+        bench::fail(make_error(ErrorCode::kInvalidArgument,
+                               fmt::format("merge: problem '{}' has {} = {} (a time must be finite and {})",
+                                           r.value("problem", std::string("?")), field, v,
+                                           seconds ? ">= 0" : "> 0")));
+      }
     }
     sum_default += r["default_s"].get<double>();
     const double ratio = r["default_us"].get<double>() / r["exhaustive_us"].get<double>();
