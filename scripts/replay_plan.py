@@ -74,10 +74,13 @@ def diverse(ranked, keep, planned, share):
 
 
 def replay(problems, plan, keep, share, widen):
-    within, worst, widened = 0, 1.0, 0
+    within, worst, widened, replayed = 0, 1.0, 0, 0
     names = collections.defaultdict(set)
     for part, report in problems:
         ok = [c for c in report["choices"] if c.get("ok") and c.get("runs", 0) > 0]
+        if not ok:
+            continue  # nothing measured (a failed tune): no best to compare with
+        replayed += 1
         best = min(c["median_us"] for c in ok)
         externs = [c["median_us"] for c in ok if "model_rank" not in c]
         ranked = sorted((c for c in ok if "model_rank" in c), key=lambda c: c["model_rank"])
@@ -92,7 +95,7 @@ def replay(problems, plan, keep, share, widen):
         got = min(externs + [c["median_us"] for c in kept])
         within += got <= 1.01 * best
         worst = max(worst, got / best)
-    return within, sum(len(v) for v in names.values()), widened, worst
+    return within, replayed, sum(len(v) for v in names.values()), widened, worst
 
 
 def main():
@@ -100,15 +103,23 @@ def main():
     ap.add_argument("reports", nargs="+", help="tuning-reports-*-part-N.jsonl[.xz] from bench_tuning_speed suite")
     ap.add_argument("--share", type=float, default=0.08)
     args = ap.parse_args()
+    if not args.share >= 0:
+        sys.exit(f"--share must be a fraction >= 0, not {args.share}")
     problems = []
     for path in args.reports:
         m = re.search(r"part-(\d+)", path)
         opener = lzma.open if path.endswith(".xz") else open
-        with opener(path, "rt") as f:
-            for line in f:
-                o = json.loads(line)
-                if o.get("effort") == "exhaustive":
-                    problems.append((m.group(1) if m else path, o["report"]))
+        try:
+            with opener(path, "rt") as f:
+                for n, line in enumerate(f, 1):
+                    o = json.loads(line)
+                    if isinstance(o, dict) and o.get("effort") == "exhaustive":
+                        report = o.get("report")
+                        if not isinstance(report, dict) or not isinstance(report.get("choices"), list):
+                            sys.exit(f"{path}:{n}: an exhaustive line without a report's choices")
+                        problems.append((m.group(1) if m else path, report))
+        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            sys.exit(f"cannot read {path}: {e}")
     if not problems:
         sys.exit("no exhaustive reports in the files given")
     print(f"{len(problems)} problems; share margin {args.share}")
@@ -116,8 +127,8 @@ def main():
     for label, plan, widen in (("by rank", by_rank, 0), ("one per variant first", diverse, 0),
                                ("one per variant + widen", diverse, 2)):
         for keep in (8, 10, 12):
-            w, d, n, worst = replay(problems, plan, keep, args.share, widen)
-            print(f"{label:25s} {keep:4d} {widen:5d}  {w:4d}/{len(problems)}  {d:18d}  {n:7d}  {worst:.3f}")
+            w, replayed, d, n, worst = replay(problems, plan, keep, args.share, widen)
+            print(f"{label:25s} {keep:4d} {widen:5d}  {w:4d}/{replayed}  {d:18d}  {n:7d}  {worst:.3f}")
 
 
 if __name__ == "__main__":
