@@ -746,13 +746,22 @@ json run_shape(Device& d, const Options& opt, const SuiteShape& s, size_t index,
 
   // The interleaved round: cuBLAS, the best cuBLASLt algorithm and the best kiln configuration, batch by batch.
   progress.mark(index, best.c ? "cand:" + best.c->name : "interleaved");
-  std::vector<double> t_blas, t_lt, t_kiln;
+  std::vector<double> t_blas, t_lt, t_kiln, t_kiln_plain;
   Op lt_op = [&](int set) { return lt_gemm(d, plan, *best_lt, args_for(s, o, set, o.d)); };
-  Op kiln_op;
+  Op kiln_op, kiln_plain_op;
+  bool programmatic = false;
+  Launch plain;
   if (best.c) {
     const KilnCandidate* k = best.c;
     kiln_op = [&, k](int set) {
       return launch_gemm(*k->kernel, k->params, k->geometry, kiln_args(s, o, set, d), d.stream, d.kiln_flags.ptr());
+    };
+    // The same kernel launched without programmatic dependent launch: what the launch attribute alone is worth.
+    programmatic = k->geometry.programmatic;
+    plain = k->geometry;
+    plain.programmatic = false;
+    kiln_plain_op = [&, k](int set) {
+      return launch_gemm(*k->kernel, k->params, plain, kiln_args(s, o, set, d), d.stream, d.kiln_flags.ptr());
     };
   }
   auto interleaved = [&](const Op& op, std::vector<double>& into, const char* what) {
@@ -769,6 +778,7 @@ json run_shape(Device& d, const Options& opt, const SuiteShape& s, size_t index,
     interleaved(cublas_op, t_blas, "cuBLAS");
     if (best_lt) interleaved(lt_op, t_lt, "cuBLASLt");
     if (best.c) interleaved(kiln_op, t_kiln, "kiln");
+    if (best.c && programmatic) interleaved(kiln_plain_op, t_kiln_plain, "kiln without programmatic launch");
   }
   const double cublas_us = t_blas.empty() ? s_cublas->median : bench::stats(t_blas).median;
   rec["cublas_us"] = cublas_us;
@@ -789,6 +799,8 @@ json run_shape(Device& d, const Options& opt, const SuiteShape& s, size_t index,
     rec["kiln_template_family"] = best.c->family;
     rec["kiln_template_err"] = best.err;
     rec["sweep_kiln_template_us"] = best.us;
+    rec["kiln_programmatic_launch"] = programmatic;
+    if (!t_kiln_plain.empty()) rec["kiln_template_no_pdl_us"] = bench::stats(t_kiln_plain).median;
     rec["speedup_vs_best_reference"] = ref_us / kus;
     rec["speedup_vs_cublas"] = cublas_us / kus;
   } else {

@@ -50,6 +50,12 @@ Summary summarize(const std::vector<json>& records) {
     log_sum += std::log(x);
     if (x >= 1.05) ++s.faster_105;
     if (x >= 1 / 1.05) ++s.within_105;
+    if (const double plain = number(r, "kiln_template_no_pdl_us"); plain > 0 && number(r, "best_reference_us") > 0) {
+      const double y = number(r, "best_reference_us") / plain;
+      ++s.measured_no_pdl;
+      if (y >= 1.05) ++s.faster_105_no_pdl;
+      if (y >= 1 / 1.05) ++s.within_105_no_pdl;
+    }
     if (integer(r, "m") == 4096 && integer(r, "n") == 4096 && integer(r, "k") == 4096 && text(r, "dtype") == "bf16" &&
         text(r, "layout_b") == "col") {
       s.square_vs_cublas = number(r, "speedup_vs_cublas");
@@ -70,6 +76,12 @@ std::string summary_text(const Summary& s) {
   out += fmt::format("4096^3 bf16: kiln at {:.3f}x of cuBLAS (target >= 0.95: {})\n", s.square_vs_cublas,
                      met(s.square_vs_cublas >= 0.95));
   out += fmt::format("geometric mean speed-up over the measured shapes: {:.3f}\n", s.geomean);
+  if (s.measured_no_pdl) {
+    out += fmt::format("the same kernels without programmatic dependent launch ({} shapes): >= 1.05x on {} ({}), "
+                       "within 1.05x on {} ({})\n",
+                       s.measured_no_pdl, s.faster_105_no_pdl, pct(s.faster_105_no_pdl, s.shapes),
+                       s.within_105_no_pdl, pct(s.within_105_no_pdl, s.shapes));
+  }
   return out;
 }
 
@@ -82,8 +94,12 @@ std::string markdown(const std::vector<json>& records, const json& env) {
          "interleaved round; cuBLASLt is its fastest correct heuristic algorithm; kiln is the fastest correct "
          "configuration of its template families; speed-up = best of cuBLAS and cuBLASLt / kiln.\n\n";
   out += "```\n" + summary_text(summarize(records)) + "```\n\n";
-  out += "| # | model | layer | M | N | K | dtype | B | cuBLAS us | cuBLASLt us | kiln us | kiln config | speed-up |\n";
-  out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  out += "kiln launches its Hopper kernels with programmatic dependent launch (each waits for the previous kernel before "
+         "touching memory; only its launch and prologue overlap the previous kernel's tail); 'kiln no PDL' is the same "
+         "kernel launched without it, in the same interleaved round.\n\n";
+  out += "| # | model | layer | M | N | K | dtype | B | cuBLAS us | cuBLASLt us | kiln us | kiln no PDL us | kiln config | "
+         "speed-up |\n";
+  out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const json& r : records) {
     auto us = [&](const char* key) {
       const double v = number(r, key);
@@ -92,10 +108,10 @@ std::string markdown(const std::vector<json>& records, const json& env) {
     const double x = number(r, "speedup_vs_best_reference");
     std::string config = text(r, "kiln_template_config");
     if (config.empty()) config = r.contains("error") ? "error: " + r["error"].dump() : "-";
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `{}` | {} |\n", integer(r, "index"),
-                       text(r, "model"), text(r, "layer"), integer(r, "m"), integer(r, "n"), integer(r, "k"),
-                       text(r, "dtype"), text(r, "layout_b"), us("cublas_us"), us("cublaslt_us"),
-                       us("kiln_template_us"), config, x > 0 ? fmt::format("{}{:.2f}x{}", x >= 1.05 ? "**" : "", x,
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `{}` | {} |\n",
+                       integer(r, "index"), text(r, "model"), text(r, "layer"), integer(r, "m"), integer(r, "n"),
+                       integer(r, "k"), text(r, "dtype"), text(r, "layout_b"), us("cublas_us"), us("cublaslt_us"),
+                       us("kiln_template_us"), us("kiln_template_no_pdl_us"), config, x > 0 ? fmt::format("{}{:.2f}x{}", x >= 1.05 ? "**" : "", x,
                                                                            x >= 1.05 ? "**" : "")
                                                              : "-");
   }
@@ -162,7 +178,9 @@ bool write_outputs(const std::string& prefix, const std::vector<json>& records, 
   json meta = env;
   meta["summary"] = {{"shapes", s.shapes},         {"measured", s.measured},
                      {"faster_105", s.faster_105}, {"within_105", s.within_105},
-                     {"square_4096_bf16_vs_cublas", s.square_vs_cublas}, {"geomean_speedup", s.geomean}};
+                     {"square_4096_bf16_vs_cublas", s.square_vs_cublas}, {"geomean_speedup", s.geomean},
+                     {"measured_no_pdl", s.measured_no_pdl}, {"faster_105_no_pdl", s.faster_105_no_pdl},
+                     {"within_105_no_pdl", s.within_105_no_pdl}};
   bool ok = write(prefix + ".json", json(records).dump(1) + "\n");
   ok &= write(prefix + ".meta.json", meta.dump(1) + "\n");
   ok &= write(prefix + ".md", markdown(records, env));

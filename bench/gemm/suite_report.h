@@ -22,6 +22,10 @@ struct Summary {
   int within_105 = 0;      // speedup_vs_best_reference >= 1 / 1.05
   double square_vs_cublas = 0;  // 4096^3 bf16 (B col-major): cuBLAS time / kiln time; 0 when not measured
   double geomean = 0;      // geometric mean of the speed-ups measured
+  // The same kernels launched without programmatic dependent launch (kiln_template_no_pdl_us), where measured.
+  int measured_no_pdl = 0;
+  int faster_105_no_pdl = 0;
+  int within_105_no_pdl = 0;
 };
 Summary summarize(const std::vector<nlohmann::json>& records);
 /// The summary as lines of text, with the acceptance thresholds (25% >= 1.05x, 80% within 1.05x,

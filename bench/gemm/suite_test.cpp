@@ -125,6 +125,7 @@ nlohmann::json record(int64_t m, int64_t n, int64_t k, double speedup, double vs
   r["cublaslt_us"] = 11.0;
   r["kiln_template_us"] = 10.0 / speedup;
   r["kiln_template_config"] = "gemm_wgmma_test";
+  r["best_reference_us"] = 10.0;
   r["speedup_vs_best_reference"] = speedup;
   r["speedup_vs_cublas"] = vs_cublas;
   return r;
@@ -146,6 +147,25 @@ TEST(GemmSuite, SummaryCountsAgainstTheAcceptanceThresholds) {
   EXPECT_NE(t.find("1 of 5 (20%; target >= 25%: NOT met)"), std::string::npos) << t;
   EXPECT_NE(t.find("3 of 5 (60%; target >= 80%: NOT met)"), std::string::npos) << t;
   EXPECT_NE(t.find("0.960x of cuBLAS (target >= 0.95: met)"), std::string::npos) << t;
+  EXPECT_EQ(s.measured_no_pdl, 0);
+  EXPECT_EQ(t.find("without programmatic"), std::string::npos) << "no line when nothing was measured without it";
+
+  // Without programmatic launch the first shape runs 1.00x (10 us against the reference's 10) and the third
+  // 0.9x: the summary counts them apart from the launched figures.
+  rs[0]["kiln_template_no_pdl_us"] = 10.0;
+  rs[2]["kiln_template_no_pdl_us"] = 10.0 / 0.9;
+  const Summary p = summarize(rs);
+  EXPECT_EQ(p.faster_105, 1);
+  EXPECT_EQ(p.measured_no_pdl, 2);
+  EXPECT_EQ(p.faster_105_no_pdl, 0);
+  EXPECT_EQ(p.within_105_no_pdl, 1);
+  EXPECT_NE(summary_text(p).find("without programmatic dependent launch (2 shapes): >= 1.05x on 0 (0%), within 1.05x "
+                                 "on 1 (20%)"),
+            std::string::npos)
+      << summary_text(p);
+  EXPECT_NE(markdown(rs, {{"device", "test"}}).find("| 8.3 | 10.0 | `gemm_wgmma_test` | **1.20x** |"),
+            std::string::npos)
+      << markdown(rs, {{"device", "test"}});
 
   const std::string md = markdown(rs, {{"device", "test"}});
   EXPECT_NE(md.find("| 4096 | 4096 | 4096 | bf16 | col |"), std::string::npos) << md;

@@ -170,24 +170,12 @@ __device__ __forceinline__ V kiln_ar_pack(const float (&acc)[kVec]) {
   return o;
 }
 
-// Programmatic dependent launch (the runtime launches these kernels with it on sm_90+): this grid may be scheduled
-// while the previous kernel of the stream still runs, and waits here until that kernel completed and its writes
-// (the input, the last launch's epochs and signals) are visible. It lets the next launch be scheduled at once, so
-// back-to-back eager calls do not pay the launch latency between them. No-ops without the launch attribute.
-__device__ __forceinline__ void kiln_ar_wait_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void kiln_ar_allow_next_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
+// Programmatic dependent launch (the runtime launches these kernels with it on sm_90+, see kiln_device.cuh): back-to-back
+// eager calls do not pay the launch latency between them; the wait makes the input, the last launch's epochs and
+// signals visible.
 extern "C" __global__ void __launch_bounds__(kThreads) kiln_allreduce(const KilnAllReduceArgs a) {
-  kiln_ar_wait_prior_grid();
-  kiln_ar_allow_next_grid();
+  kiln_wait_prior_grid();
+  kiln_allow_next_grid();
   __shared__ unsigned epoch_s;
   unsigned* my_epoch = a.signals[a.rank] + blockIdx.x;
   if (threadIdx.x == 0) epoch_s = *my_epoch + 1;

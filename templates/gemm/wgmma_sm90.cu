@@ -478,6 +478,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
   } else {
     __syncthreads();
   }
+  // Everything above overlaps the previous kernel's tail under programmatic launch; nothing before touches global
+  // memory (the tensor maps are kernel parameters).
+  kiln_wait_prior_grid();
+  kiln_allow_next_grid();
   // mcast: this block's rank in its pair (the grid is even, so w % 2 == blockIdx.x % 2 for every work unit).
   const unsigned peer = (blockIdx.x & 1) ^ 1;
 

@@ -234,6 +234,7 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
   l.block.x = static_cast<unsigned>(c.threads());
   l.shared_bytes = static_cast<unsigned>(c.smem_bytes());
   l.cluster.x = static_cast<unsigned>(c.cluster_k * c.mcast);
+  l.programmatic = programmatic_launch_enabled();  // the kernel waits for the previous grid (kiln_wait_prior_grid)
   return l;
 }
 

@@ -2,6 +2,9 @@
 #include "kiln/templates/launch.h"
 
 #include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 
 #include <fmt/format.h>
@@ -11,6 +14,17 @@
 #include "kiln/templates/registry.h"
 
 namespace kiln::templates {
+
+namespace {
+bool programmatic_from_env() {
+  const char* v = std::getenv("KILN_PDL");
+  return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
+}
+std::atomic<bool> g_programmatic{programmatic_from_env()};
+}  // namespace
+
+bool programmatic_launch_enabled() { return g_programmatic.load(std::memory_order_relaxed); }
+void set_programmatic_launch(bool on) { g_programmatic.store(on, std::memory_order_relaxed); }
 
 EpilogueArgs default_epilogue_args() {
   EpilogueArgs e{};

@@ -606,5 +606,37 @@ TEST(GemmTemplates, WaveFitWidthsFillWholeWaves) {
   EXPECT_TRUE(wave_fit_widths(-5, -5, -5).empty());
 }
 
+
+// gemm_wgmma_sm90 launches with programmatic dependent launch unless it is turned off (KILN_PDL=0 or
+// set_programmatic_launch(false)), and its kernel waits for the previous grid before touching memory; gemm_mma_sm80
+// (for devices before Hopper) never asks for it.
+TEST(GemmTemplates, WgmmaLaunchesProgrammaticallyUnlessTurnedOff) {
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  auto sm80 = *find_template("gemm_mma_sm80");
+  const bool was = programmatic_launch_enabled();
+  const Params p = sm90_params(128, 128, 2, 4, false);
+  set_programmatic_launch(true);
+  auto on = sm90->geometry(p, Shape{333, 4096, 4096});
+  ASSERT_TRUE(on.ok());
+  EXPECT_TRUE(on->programmatic);
+  EXPECT_TRUE(on->config(nullptr).programmatic);
+  auto old = sm80->geometry(sm80_params(128, 128, 32, 64, 64, 3, 8), Shape{333, 4096, 4096});
+  ASSERT_TRUE(old.ok()) << old.status().to_string();
+  EXPECT_FALSE(old->programmatic);
+  set_programmatic_launch(false);
+  auto off = sm90->geometry(p, Shape{333, 4096, 4096});
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->programmatic);
+  EXPECT_FALSE(off->config(nullptr).programmatic);
+  set_programmatic_launch(was);
+
+  auto r = sm90->render(p);
+  ASSERT_TRUE(r.ok());
+  const std::string& src = r->source.source;
+  const size_t wait = src.find("kiln_wait_prior_grid();\n"), first_load = src.find("tma_load(sa");
+  ASSERT_NE(wait, std::string::npos);
+  ASSERT_NE(first_load, std::string::npos);
+  EXPECT_LT(wait, first_load) << "the kernel waits for the previous grid before its first load";
+}
 }  // namespace
 }  // namespace kiln::templates

@@ -170,8 +170,21 @@ struct Launch {
   /// (kiln/templates/launch.h) refuse arguments that break this with kInvalidArgument naming the argument.
   unsigned align_bytes = 1;
   unsigned align_elems = 1;
-  LaunchConfig config(CUstream stream) const { return LaunchConfig{grid, block, shared_bytes, stream, cluster}; }
+  /// Launch with programmatic dependent launch (LaunchConfig::programmatic): set by the families whose kernels wait
+  /// for the previous grid before touching memory (kiln_wait_prior_grid), when programmatic_launch_enabled().
+  bool programmatic = false;
+  LaunchConfig config(CUstream stream) const {
+    return LaunchConfig{grid, block, shared_bytes, stream, cluster, programmatic};
+  }
 };
+
+/// Whether the Hopper families launch with programmatic dependent launch: the next kernel of a stream is scheduled
+/// while the previous one finishes, which hides the launch latency between back-to-back kernels (about a
+/// microsecond: a tenth of a decode GEMM). On by default; KILN_PDL=0 turns it off for the process. Geometry computed
+/// before a change keeps what it had.
+bool programmatic_launch_enabled();
+/// Turns it on or off (benchmarks measure both in one run).
+void set_programmatic_launch(bool on);
 
 /// What a family supplies to define one template. Only name, problem, file, entry and params are required.
 struct TemplateDef {
