@@ -9,8 +9,9 @@
 // grid may be scheduled while the previous kernel of the stream still runs. kiln_wait_prior_grid() returns once that
 // kernel has completed and its writes are visible, so a kernel calls it before its first global load or store; until
 // then only its prologue (barrier set-up, descriptor prefetch) overlaps the previous kernel's tail.
-// kiln_allow_next_grid() lets the next kernel be scheduled as soon as every block of this one has started (it then
-// waits in its own kiln_wait_prior_grid()). Both are no-ops without the launch attribute and before sm_90.
+// kiln_allow_next_grid() lets the next kernel be scheduled as soon as every block of this one has called it (it then
+// waits in its own kiln_wait_prior_grid()); without it the next kernel launches as this one's blocks exit. Both are
+// no-ops without the launch attribute and before sm_90.
 __device__ __forceinline__ void kiln_wait_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

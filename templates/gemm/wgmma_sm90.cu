@@ -479,9 +479,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     __syncthreads();
   }
   // Everything above overlaps the previous kernel's tail under programmatic launch; nothing before touches global
-  // memory (the tensor maps are kernel parameters).
+  // memory (the tensor maps are kernel parameters). No early kiln_allow_next_grid(): the next kernel launches as
+  // this one's blocks exit. Measured on the suite (H200, 111 shapes, same run): triggering at the start gains no
+  // more (median 0.985 of the time without the attribute on kernels under 40 us, 0.984 without a trigger) and
+  // triggering after the last load made single configurations up to 17% slower (waiting blocks parked on SMs).
   kiln_wait_prior_grid();
-  kiln_allow_next_grid();
   // mcast: this block's rank in its pair (the grid is even, so w % 2 == blockIdx.x % 2 for every work unit).
   const unsigned peer = (blockIdx.x & 1) ^ 1;
 
