@@ -263,7 +263,9 @@ Result<int> sm_count_of_current_device() {
 }
 
 // A 2-D tiled tensor map over a row-major [rows][cols] view (cols contiguous, `ld` elements apart) with a
-// box of box_cols x box_rows and 128-byte swizzle; reads outside the tensor are zero-filled.
+// box of box_cols x box_rows and 128-byte swizzle; reads outside the tensor are zero-filled. L2 promotion is 128
+// bytes, a box row: with 256 (what it was) the suite ran 0.5% slower in the median and 0.8% in the geometric mean,
+// decode shapes with a long K up to 6% (H200, same call, two runs each; bench/results/gemm-suite-*-2026-11-29-pdl.md).
 Status encode_map(CUtensorMap* map, const DriverApi* api, DType dtype, const void* base, int64_t rows, int64_t cols,
                   int64_t ld, unsigned box_cols, unsigned box_rows) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
@@ -273,7 +275,7 @@ Status encode_map(CUtensorMap* map, const DriverApi* api, DType dtype, const voi
   KILN_CHECK(api->cuTensorMapEncodeTiled(
       map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
       const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   return Status();
 }
 
