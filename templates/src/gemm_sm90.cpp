@@ -265,7 +265,8 @@ Result<int> sm_count_of_current_device() {
 // A 2-D tiled tensor map over a row-major [rows][cols] view (cols contiguous, `ld` elements apart) with a
 // box of box_cols x box_rows and 128-byte swizzle; reads outside the tensor are zero-filled. L2 promotion is 128
 // bytes, a box row: with 256 (what it was) the suite ran 0.5% slower in the median and 0.8% in the geometric mean,
-// decode shapes with a long K up to 6% (H200, same call, two runs each; bench/results/gemm-suite-*-2026-11-29-pdl.md).
+// decode shapes with a long K up to 6% (H200, same call, two runs each;
+// bench/results/gemm-suite-pdl-l2-nvidia-h200-2026-11-29.md).
 Status encode_map(CUtensorMap* map, const DriverApi* api, DType dtype, const void* base, int64_t rows, int64_t cols,
                   int64_t ld, unsigned box_cols, unsigned box_rows) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
