@@ -563,11 +563,12 @@ TEST(GemmGpu, WgmmaMulticast) {
 }
 
 
-// Programmatic dependent launch (Launch::programmatic, on by default for gemm_wgmma_sm90): the second GEMM reads the
-// first one's output as its A while both launch with the attribute, so its blocks may be scheduled before the first
-// finishes; it must wait for it (kiln_wait_prior_grid) before loading. The first GEMM's output is poisoned (NaN)
-// before every round, so a load that runs ahead reads NaN and the check fails. Each round also starts with the
-// second GEMM's output poisoned. Ten rounds, each against the float64 reference over the first GEMM's real output.
+// Programmatic dependent launch (Launch::programmatic, on by default for gemm_wgmma_sm90): a GEMM launched with it
+// may be scheduled while the previous kernel runs, and must wait for it (kiln_wait_prior_grid) before loading. The
+// previous kernel here lets its dependents launch at once (griddepcontrol.launch_dependents first), spins ~1 ms, then
+// writes the GEMM's A; A is poisoned (NaN) before every round, so a GEMM that loads without waiting reads NaN.
+// (Checked on the H200: with the wait taken out of the kernel this test fails.) Ten rounds, each against the float64
+// reference.
 TEST(GemmGpu, WgmmaProgrammaticLaunchWaitsForThePreviousKernel) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
@@ -576,46 +577,52 @@ TEST(GemmGpu, WgmmaProgrammaticLaunchWaitsForThePreviousKernel) {
   templates::set_programmatic_launch(true);
   using templates::Value;
   const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
-  // First: Y[256][1024] = X . W1 with a long K, so the second is scheduled well before it ends.
-  const GemmProblem p1{256, 1024, 8192, DType::kBF16, R, C, spec("", DType::kBF16), 1};
-  // Second: Z[256][512] = Y . W2.
-  const GemmProblem p2{256, 512, 1024, DType::kBF16, R, C, spec("", DType::kBF16), 1};
-  const auto tile = [](const GemmProblem& p, int bn) {
-    return wgmma_config(p, {{"bm", Value::integer(128)}, {"bn", Value::integer(bn)}, {"consumers", Value::integer(2)},
-                            {"stages", Value::integer(4)}});
-  };
+  const GemmProblem p{256, 512, 1024, DType::kBF16, R, C, spec("", DType::kBF16), 1};
   KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
-  auto compiled = compile_all({{t, tile(p1, 128)}, {t, tile(p2, 64)}}, {Target{"sm_90a"}, Target{"sm_90a"}});
+  auto compiled = compile_all({{t, wgmma_config(p, {{"bm", Value::integer(128)}, {"bn", Value::integer(64)},
+                                                    {"consumers", Value::integer(2)}, {"stages", Value::integer(4)}})}},
+                              {Target{"sm_90a"}});
   KILN_ASSERT_OK(compiled[0]);
-  KILN_ASSERT_OK(compiled[1]);
-  KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g1, t->geometry(compiled[0]->rendered.params, {p1.m, p1.n, p1.k}));
-  KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g2, t->geometry(compiled[1]->rendered.params, {p2.m, p2.n, p2.k}));
-  EXPECT_TRUE(g1.programmatic && g2.programmatic) << "gemm_wgmma_sm90 launches programmatically by default";
+  KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g, t->geometry(compiled[0]->rendered.params, {p.m, p.n, p.k}));
+  EXPECT_TRUE(g.programmatic) << "gemm_wgmma_sm90 launches programmatically by default";
 
-  const GemmData d1 = make_gemm_data(p1, 900), d2 = make_gemm_data(p2, 901);
-  KILN_ASSERT_OK_AND_ASSIGN(GemmDevice m1, upload_gemm(p1, d1));
-  KILN_ASSERT_OK_AND_ASSIGN(GemmDevice m2, upload_gemm(p2, d2));
-  GemmArgs a1 = gemm_args(p1, m1), a2 = gemm_args(p2, m2);
-  a2.a = m1.d.as<void>();  // Y, row-major with ld 1024 = p2.k
+  KernelSource late{.name = "late_copy", .entry = "late_copy", .source = R"(
+extern "C" __global__ void late_copy(const unsigned short* src, unsigned short* dst, long long n, long long spin) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const long long t0 = clock64();
+  while (clock64() - t0 < spin) {
+  }
+  for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+)"};
+  KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile(late, Target{"sm_90a"}));
+  KILN_ASSERT_OK_AND_ASSIGN(Kernel copy, load_kernel(bin));
+
+  const GemmData d = make_gemm_data(p, 900);
+  KILN_ASSERT_OK_AND_ASSIGN(GemmDevice m, upload_gemm(p, d));
+  const long long n = p.m * p.k;
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer a_late, DeviceBuffer::allocate(static_cast<size_t>(n) * 2));
+  GemmArgs args = gemm_args(p, m);
+  args.a = a_late.as<void>();
   KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* api, driver());
   CUstream stream = nullptr;
   ASSERT_EQ(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  std::vector<uint8_t> y_bytes(static_cast<size_t>(p1.m * p1.n) * 2), z_bytes(static_cast<size_t>(p2.m * p2.n) * 2);
+  std::vector<uint8_t> z_bytes(static_cast<size_t>(p.m * p.n) * 2);
+  const long long spin = 2'000'000;  // clock cycles: ~1 ms, far longer than the GEMM takes to start
   for (int round = 0; round < 10; ++round) {
-    ASSERT_EQ(api->cuMemsetD8Async(m1.d.ptr(), 0xFF, y_bytes.size(), stream), CUDA_SUCCESS);
-    ASSERT_EQ(api->cuMemsetD8Async(m2.d.ptr(), 0xFF, z_bytes.size(), stream), CUDA_SUCCESS);
-    KILN_ASSERT_OK(templates::launch_gemm(*compiled[0]->kernel, compiled[0]->rendered.params, g1, a1, stream));
-    KILN_ASSERT_OK(templates::launch_gemm(*compiled[1]->kernel, compiled[1]->rendered.params, g2, a2, stream));
+    ASSERT_EQ(api->cuMemsetD8Async(a_late.ptr(), 0xFF, static_cast<size_t>(n) * 2, stream), CUDA_SUCCESS);
+    ASSERT_EQ(api->cuMemsetD8Async(m.d.ptr(), 0xFF, z_bytes.size(), stream), CUDA_SUCCESS);
+    LaunchConfig lc;
+    lc.grid = {8, 1, 1};
+    lc.block = {256, 1, 1};
+    lc.stream = stream;
+    KILN_ASSERT_OK(copy(lc, m.a.ptr(), a_late.ptr(), n, spin));
+    KILN_ASSERT_OK(templates::launch_gemm(*compiled[0]->kernel, compiled[0]->rendered.params, g, args, stream));
     ASSERT_EQ(api->cuStreamSynchronize(stream), CUDA_SUCCESS);
-    KILN_ASSERT_OK(m1.d.copy_to_host(y_bytes.data(), y_bytes.size()));
-    KILN_ASSERT_OK(m2.d.copy_to_host(z_bytes.data(), z_bytes.size()));
-    const std::vector<double> y = to_doubles(DType::kBF16, y_bytes, static_cast<size_t>(p1.m * p1.n));
-    EXPECT_LE(rel_norm_error(y, p1.n, d1.out, p1.m, p1.n), gemm_tolerance(DType::kBF16)) << "round " << round;
-    const std::vector<double> z_ref =
-        reference_gemm(y, R, p2.k, d2.b.values, C, templates::dense_ldb(C, {p2.m, p2.n, p2.k}), p2.m, p2.n, p2.k);
-    const std::vector<double> z = to_doubles(DType::kBF16, z_bytes, static_cast<size_t>(p2.m * p2.n));
-    EXPECT_EQ(count_nan(z, p2.n, p2.m, p2.n), 0) << "round " << round << ": the second GEMM read the poisoned Y";
-    EXPECT_LE(rel_norm_error(z, p2.n, z_ref, p2.m, p2.n), gemm_tolerance(DType::kBF16)) << "round " << round;
+    KILN_ASSERT_OK(m.d.copy_to_host(z_bytes.data(), z_bytes.size()));
+    const std::vector<double> z = to_doubles(DType::kBF16, z_bytes, static_cast<size_t>(p.m * p.n));
+    EXPECT_EQ(count_nan(z, p.n, p.m, p.n), 0) << "round " << round << ": the GEMM read A before it was written";
+    EXPECT_LE(rel_norm_error(z, p.n, d.out, p.m, p.n), gemm_tolerance(DType::kBF16)) << "round " << round;
   }
   api->cuStreamDestroy(stream);
   templates::set_programmatic_launch(was);
