@@ -116,10 +116,7 @@ Result<TemplatePtr> find_template(std::string_view name) {
 TemplatePtr superseded_on(const Template& t, const Target& arch_target) {
   if (t.def().superseded_by.empty()) return nullptr;
   auto by = find_template(t.def().superseded_by);
-  if (!by.ok()) return nullptr;
-  const TemplateDef& d = (*by)->def();
-  if (arch_target.compute_capability() < d.min_cc) return nullptr;
-  if (d.needs_arch_specific && !arch_target.arch_specific()) return nullptr;
+  if (!by.ok() || !(*by)->supports(arch_target).ok()) return nullptr;
   return *by;
 }
 

@@ -470,16 +470,25 @@ Result<std::string> Template::config_name(const Params& params) const {
   return out;
 }
 
-Status Template::supports(const DeviceLimits& limits) const {
-  if (limits.cc < def_.min_cc) {
-    return make_error(ErrorCode::kFailedPrecondition,
-                      fmt::format("needs sm_{} or newer; target is {}", def_.min_cc, limits.arch));
+namespace {
+Status supports_arch(const TemplateDef& def, int cc, bool arch_specific, const std::string& arch) {
+  if (cc < def.min_cc) {
+    return make_error(ErrorCode::kFailedPrecondition, fmt::format("needs sm_{} or newer; target is {}", def.min_cc, arch));
   }
-  if (def_.needs_arch_specific && !limits.arch_specific) {
+  if (def.needs_arch_specific && !arch_specific) {
     return make_error(ErrorCode::kFailedPrecondition,
-                      fmt::format("needs an arch-specific target (e.g. sm_{}a); target is {}", limits.cc, limits.arch));
+                      fmt::format("needs an arch-specific target (e.g. sm_{}a); target is {}", cc, arch));
   }
   return Status();
+}
+}  // namespace
+
+Status Template::supports(const DeviceLimits& limits) const {
+  return supports_arch(def_, limits.cc, limits.arch_specific, limits.arch);
+}
+
+Status Template::supports(const Target& target) const {
+  return supports_arch(def_, target.compute_capability(), target.arch_specific(), target.arch);
 }
 
 Status Template::check(const Params& params, const DeviceLimits& limits) const {

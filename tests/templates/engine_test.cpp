@@ -350,6 +350,11 @@ TEST(Pruning, ArchRequirements) {
   EXPECT_THAT(t->check(toy_params(), limits("sm_80")).message(), HasSubstr("needs sm_90"));
   EXPECT_THAT(t->check(toy_params(), limits("sm_90")).message(), HasSubstr("arch-specific"));
   KILN_EXPECT_OK(t->check(toy_params(), limits("sm_90a")));
+  // The same rule for a compile target alone (choice generation and supersession decide by it).
+  EXPECT_THAT(t->supports(Target{"sm_80"}).message(), HasSubstr("needs sm_90"));
+  EXPECT_THAT(t->supports(Target{"sm_90"}).message(), HasSubstr("arch-specific"));
+  KILN_EXPECT_OK(t->supports(Target{"sm_90a"}));
+  KILN_EXPECT_OK(t->supports(Target{"sm_100a"}));
 }
 
 TEST(Pruning, RowTemplates) {

@@ -23,8 +23,7 @@ using templates::Value;
 std::optional<std::pair<Target, templates::DeviceLimits>> target_for(const templates::Template& t, const ChoiceContext& ctx) {
   const bool specific = t.def().needs_arch_specific;
   const Target& target = specific ? ctx.arch_target : ctx.target;
-  if (specific && !target.arch_specific()) return std::nullopt;
-  if (target.compute_capability() < t.def().min_cc) return std::nullopt;
+  if (!t.supports(target).ok()) return std::nullopt;
   return std::make_pair(target, specific ? ctx.arch_limits : ctx.limits);
 }
 

@@ -270,6 +270,8 @@ class Template {
   /// The template's arch requirements (min_cc, needs_arch_specific) alone: whether any configuration can pass
   /// check() on `limits`.
   Status supports(const DeviceLimits& limits) const;
+  /// The same for a compile target alone (what choice generation and supersession decide by).
+  Status supports(const Target& target) const;
   /// Arch requirements then the template's constraints. Ok or an error saying why the config is pruned.
   Status check(const Params& params, const DeviceLimits& limits) const;
   /// Whether the configuration can run `shape`, then its launch geometry.
