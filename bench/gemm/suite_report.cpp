@@ -111,9 +111,8 @@ std::string markdown(const std::vector<json>& records, const json& env) {
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `{}` | {} |\n",
                        integer(r, "index"), text(r, "model"), text(r, "layer"), integer(r, "m"), integer(r, "n"),
                        integer(r, "k"), text(r, "dtype"), text(r, "layout_b"), us("cublas_us"), us("cublaslt_us"),
-                       us("kiln_template_us"), us("kiln_template_no_pdl_us"), config, x > 0 ? fmt::format("{}{:.2f}x{}", x >= 1.05 ? "**" : "", x,
-                                                                           x >= 1.05 ? "**" : "")
-                                                             : "-");
+                       us("kiln_template_us"), us("kiln_template_no_pdl_us"), config,
+                       x > 0 ? fmt::format("{}{:.2f}x{}", x >= 1.05 ? "**" : "", x, x >= 1.05 ? "**" : "") : "-");
   }
   return out;
 }

@@ -213,7 +213,7 @@ struct SuiteOptions {
 
 int phase_suite(const std::string& part_text, const std::string& filter, const std::string& workload,
                 const std::string& cache_root, int exhaustive_configs, const std::string& json_path, double deadline_s,
-                const std::string& reports_path, SuiteOptions experiment) {
+                const std::string& reports_path, SuiteOptions options) {
   bench::check(ensure_context(0).status(), "no GPU");
   const auto run_start = Clock::now();
   fmt::print(stderr, "run start: unix {:.3f} s\n",
@@ -228,12 +228,12 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
   std::map<Effort, double> totals;
   std::map<Effort, json> gates;
   std::vector<Effort> efforts{Effort::kDefault};
-  if (!experiment.default_only) efforts.push_back(Effort::kExhaustive);
+  if (!options.default_only) efforts.push_back(Effort::kExhaustive);
   for (Effort effort : efforts) {
     const std::string dir = fmt::format("{}/{}-{}", cache_root, effort_name(effort), part.index);
     auto tuner = tuner_for(fresh_cache(dir), executor, effort, effort == Effort::kExhaustive ? exhaustive_configs : 0);
     const auto start = Clock::now();
-    auto planned = experiment.plan_ahead ? precompile_planned(*tuner, problems)
+    auto planned = options.plan_ahead ? precompile_planned(*tuner, problems)
                                          : std::vector<std::vector<Future<Binaries>>>(problems.size());
     for (size_t i = 0; i < problems.size(); ++i) {
       const auto& p = problems[i];
@@ -278,7 +278,7 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
   }
   json rows = json::array();
   bench::Table table({"problem", "default s", "exhaustive s", "default us", "exhaustive us", "ratio", "pruned", "chosen (default)"});
-  for (size_t i = 0; experiment.default_only && i < problems.size(); ++i) {
+  for (size_t i = 0; options.default_only && i < problems.size(); ++i) {
     const Tuned& d = tuned[Effort::kDefault][i];
     json row{{"problem", problems[i].id}, {"default_s", d.seconds}};
     if (d.selection) {
@@ -289,7 +289,7 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     }
     rows.push_back(row);
   }
-  for (size_t i = 0; !experiment.default_only && i < problems.size(); ++i) {
+  for (size_t i = 0; !options.default_only && i < problems.size(); ++i) {
     const Tuned& d = tuned[Effort::kDefault][i];
     const Tuned& x = tuned[Effort::kExhaustive][i];
     json row{{"problem", problems[i].id}, {"default_s", d.seconds}, {"exhaustive_s", x.seconds}};
@@ -299,13 +299,13 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
       continue;
     }
     auto [dus, xus] = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection, *x.selection,
-                                   experiment.retime_rounds);
+                                   options.retime_rounds);
     const TuneReport& dr = d.selection->report();
     const TuneReport& xr = x.selection->report();
     row["default_us"] = dus;
     row["exhaustive_us"] = xus;
     auto [self_a, self_b] = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection, *d.selection,
-                                         experiment.retime_rounds, 10, true);
+                                         options.retime_rounds, 10, true);
     row["default_self_us"] = {self_a, self_b};
     row["default_measured_again_us"] = measured_again(*tuners[Effort::kDefault], problems[i].problem, *d.selection);
     for (const auto& c : dr.choices) {
@@ -342,12 +342,12 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
   }
   fmt::print("{}", table.str());
   fmt::print("part totals: default {:.1f} s, exhaustive {:.1f} s for {} problems\nmethod: {}\n", totals[Effort::kDefault],
-             totals[Effort::kExhaustive], problems.size(), suite_method(exhaustive_configs, experiment.retime_rounds));
+             totals[Effort::kExhaustive], problems.size(), suite_method(exhaustive_configs, options.retime_rounds));
   json out{{"environment", bench::environment()}, {"part", fmt::format("{}/{}", part.index, part.count)},
            {"default_total_s", totals[Effort::kDefault]}, {"exhaustive_total_s", totals[Effort::kExhaustive]},
-           {"exhaustive_configs", exhaustive_configs}, {"method", suite_method(exhaustive_configs, experiment.retime_rounds)},
+           {"exhaustive_configs", exhaustive_configs}, {"method", suite_method(exhaustive_configs, options.retime_rounds)},
            {"default_gate", gates[Effort::kDefault]}, {"exhaustive_gate", gates[Effort::kExhaustive]},
-           {"experiment", {{"default_only", experiment.default_only}, {"plan_ahead", experiment.plan_ahead}}},
+           {"experiment", {{"default_only", options.default_only}, {"plan_ahead", options.plan_ahead}}},
            {"problems", rows}};
   return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
 }
@@ -645,10 +645,10 @@ int main(int argc, char** argv) {
   suite->add_option("--reports", reports_path, "write every problem's tune reports (both efforts) here, one JSON per line");
   suite->add_option("--deadline", deadline_s, "seconds: tune no new problem past this (0: none); the rest are "
                                               "reported as not run");
-  SuiteOptions experiment;
-  suite->add_flag("--default-only", experiment.default_only, "tune the default effort only (no exhaustive reference, "
+  SuiteOptions options;
+  suite->add_flag("--default-only", options.default_only, "tune the default effort only (no exhaustive reference, "
                                                              "no re-times): an experiment on its tune time");
-  suite->add_option("--retime-rounds", experiment.retime_rounds, "rounds of 10 runs in the side-by-side re-time of "
+  suite->add_option("--retime-rounds", options.retime_rounds, "rounds of 10 runs in the side-by-side re-time of "
                                                                  "both efforts' picks (default 12)")
       ->check(CLI::Range(1, 1000));
   bool no_plan_ahead = false;
@@ -672,10 +672,10 @@ int main(int argc, char** argv) {
   for (auto* s : {suite, g4096, work}) s->add_option("--json", json_path, "write JSON here");
   CLI11_PARSE(app, argc, argv);
   const Effort effort = bench::must(parse_effort(effort_text));
-  experiment.plan_ahead = !no_plan_ahead;
+  options.plan_ahead = !no_plan_ahead;
   if (suite->parsed()) {
     return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s, reports_path,
-                       experiment);
+                       options);
   }
   if (merge->parsed()) {
     try {

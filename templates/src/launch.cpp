@@ -3,12 +3,11 @@
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 
 #include <fmt/format.h>
 
+#include "env.h"
 #include "families.h"
 #include "kiln/enum_names.h"
 #include "kiln/templates/registry.h"
@@ -16,11 +15,7 @@
 namespace kiln::templates {
 
 namespace {
-bool programmatic_from_env() {
-  const char* v = std::getenv("KILN_PDL");
-  return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
-}
-std::atomic<bool> g_programmatic{programmatic_from_env()};
+std::atomic<bool> g_programmatic{detail::env_switch_on("KILN_PDL")};
 }  // namespace
 
 bool programmatic_launch_enabled() { return g_programmatic.load(std::memory_order_relaxed); }

@@ -1,20 +1,14 @@
 // Choice generation's memo: its switch, epoch and counters, and the keys it files entries under.
 #include "memo.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include "env.h"
 
 namespace kiln::templates {
 namespace {
 
-bool enabled_from_env() {
-  const char* v = std::getenv("KILN_GENERATION_CACHE");
-  return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
-}
-
-std::atomic<bool> g_enabled{enabled_from_env()};
+std::atomic<bool> g_enabled{detail::env_switch_on("KILN_GENERATION_CACHE")};
 std::atomic<uint64_t> g_epoch{1};
 std::atomic<uint64_t> g_renders{0}, g_render_hits{0}, g_samples{0}, g_sample_hits{0}, g_sample_checks{0};
 
