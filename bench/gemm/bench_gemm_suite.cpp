@@ -881,17 +881,32 @@ int main(int argc, char** argv) {
   app.add_option("--out", opt.out, "Output prefix: writes PREFIX.json, .jsonl, .md, .svg (default gemm-suite)");
   app.add_option("--shapes", opt.shapes,
                  "Comma-separated filter: id/model/layer substrings, m<=N, max=N (default: every shape)");
-  app.add_option("--max-seconds", opt.max_seconds, "Stop starting shapes after this long (default 480)");
-  app.add_option("--hang-seconds", opt.hang_seconds, "A step making no progress this long is killed (default 60)");
-  app.add_option("--max-configs", opt.max_configs, "Configurations per kiln family per shape (default 40)");
-  app.add_option("--lt-algos", opt.lt_algos, "cuBLASLt heuristic results to try (default 32)");
-  app.add_option("--samples", opt.samples, "Timed graphs per candidate (median; default 5)");
-  app.add_option("--rounds", opt.rounds, "Interleaved rounds of the final comparison (default 5)");
-  app.add_option("--batch-us", opt.batch_us, "GPU time per timed graph, about (default 300)");
+  app.add_option("--max-seconds", opt.max_seconds, "Stop starting shapes after this long (default 480)")
+      ->check(CLI::Range(0.001, 1e7));
+  app.add_option("--hang-seconds", opt.hang_seconds, "A step making no progress this long is killed (default 60)")
+      ->check(CLI::Range(0.001, 1e7));
+  app.add_option("--max-configs", opt.max_configs, "Configurations per kiln family per shape (default 40)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--lt-algos", opt.lt_algos, "cuBLASLt heuristic results to try (default 32)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--samples", opt.samples, "Timed graphs per candidate (median; default 5)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--rounds", opt.rounds, "Interleaved rounds of the final comparison (default 5)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--batch-us", opt.batch_us, "GPU time per timed graph, about (default 300)")
+      ->check(CLI::Range(0.001, 1e7));
   app.add_option("--family", opt.families,
                  "Also measure this superseded family (gemm_mma_sm80 on sm_90a), or 'all'; repeatable");
   app.add_flag("--list", opt.list, "Print the shapes (after --shapes) and exit");
   CLI11_PARSE(app, argc, argv);
+  // CLI::Range lets NaN through (it compares false both ways).
+  for (auto [name, v] : {std::pair{"--max-seconds", opt.max_seconds}, std::pair{"--hang-seconds", opt.hang_seconds},
+                         std::pair{"--batch-us", opt.batch_us}}) {
+    if (!std::isfinite(v)) {
+      fmt::print(stderr, "bench_gemm_suite: {} must be a finite number, not {}\n", name, v);
+      return 2;
+    }
+  }
 
   const std::vector<SuiteShape> shapes = bench::suite::filter_shapes(bench::suite::suite_shapes(), opt.shapes);
   if (opt.list) {
