@@ -98,9 +98,13 @@ std::shared_ptr<cache::TuningCache> fresh_cache(const std::string& dir) {
   return bench::must(cache::TuningCache::open(cache::TuneMode::kTune, store), "opening the cache");
 }
 
+// How every tuner and re-time of this run measures (the defaults, or --l2-flush-by-writing).
+BenchmarkOptions g_measuring;
+
 std::unique_ptr<Tuner> tuner_for(std::shared_ptr<cache::TuningCache> c, std::shared_ptr<Executor> executor, Effort effort,
                                  int configs = 0, bool defer_loads = true) {
   TuneOptions o;
+  o.bench = g_measuring;
   o.defer_loads = defer_loads;
   o.cache = std::move(c);
   o.executor = std::move(executor);
@@ -148,7 +152,7 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
   bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
   DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>({a.choice()->workspace_bytes(),
                                                                           b.choice()->workspace_bytes(), 256})));
-  BenchmarkOptions o;
+  BenchmarkOptions o = g_measuring;
   o.adaptive = false;
   auto runner = bench::must(BenchRunner::create(o, tuner.context().device), "bench runner");
   const bool same = !time_both && a.choice()->name() == b.choice()->name();
@@ -181,7 +185,7 @@ double measured_again(const Tuner& tuner, const Problem& problem, const Selectio
   auto d = bench::must(driver());
   bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
   DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>(s.choice()->workspace_bytes(), 256)));
-  auto runner = bench::must(BenchRunner::create(BenchmarkOptions{}, tuner.context().device), "bench runner");
+  auto runner = bench::must(BenchRunner::create(g_measuring, tuner.context().device), "bench runner");
   auto m = runner->measure(*s.choice(), buffers.args, ws.ptr(), 0);
   return m.ok() ? summarize(m->us).median : 0;
 }
@@ -195,9 +199,10 @@ std::string suite_method(int exhaustive_configs, int retime_rounds) {
       "in that workload. The exhaustive reference measures every generated choice (no model pruning) with the "
       "sample bounded to {} configurations per template (every parameter value covered, the seeds included). "
       "default_us / exhaustive_us re-time both chosen kernels side by side, {} rounds of 10 runs interleaved in ABBA "
-      "order, each as the tuner times it (graph replays below graph_below_us); where both efforts chose the same kernel "
-      "it is timed once.",
-      exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"), retime_rounds);
+      "order, each as the tuner times it (graph replays below graph_below_us, L2 flushed before each run by {}); where "
+      "both efforts chose the same kernel it is timed once.",
+      exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"), retime_rounds,
+      g_measuring.flush_l2_by_writing ? "writing (a memset of twice its size)" : "reading a buffer of twice its size");
 }
 
 // How the suite runs. Experiments on the default effort: `default_only` skips the exhaustive reference (and the
@@ -651,6 +656,8 @@ int main(int argc, char** argv) {
   suite->add_option("--retime-rounds", options.retime_rounds, "rounds of 10 runs in the side-by-side re-time of "
                                                                  "both efforts' picks (default 12)")
       ->check(CLI::Range(1, 1000));
+  suite->add_flag("--l2-flush-by-writing", g_measuring.flush_l2_by_writing,
+                  "flush L2 between timed runs with a memset, as kiln did before 29 Nov 2026 (leaves dirty lines)");
   bool no_plan_ahead = false;
   suite->add_flag("--no-plan-ahead", no_plan_ahead, "do not compile every problem's planned choices in the "
                                                     "background from the start (each tune compiles what it needs)");

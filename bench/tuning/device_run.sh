@@ -14,7 +14,8 @@
 # bounds the exhaustive sample as before: the whole pruned wgmma space is 3444 configurations per dtype/layout.
 # `bench_tuning_speed plan --part 0/2 --exhaustive-configs 256` estimates a part's call without a GPU. --deadline
 # 560 stops tuning new problems before the call's limit and reports the rest as not run, so a part that runs
-# long still brings back what it measured (rerun the missing ones with --shapes).
+# long still brings back what it measured (rerun the missing ones with --shapes). SUITE_ARGS adds options to the
+# suite's command line (e.g. --l2-flush-by-writing for the flush kiln used before 29 Nov 2026).
 source "$(dirname "$0")/../support/device_env.sh" "${PACK:-.device-ts}"
 export KILN_MACHINE=${KILN_MACHINE:-nvidia-h200}
 step=${1:-headline}
@@ -47,7 +48,7 @@ case "$step" in
     fi
     timeout 590 $D/bench_tuning_speed suite --part "$part" --cache-root "$(mktemp -d)" \
       --exhaustive-configs "${EXHAUSTIVE_CONFIGS:-256}" --deadline "${DEADLINE:-560}" \
-      --json "$OUT/tuning-speed-part-${part%%/*}.json" --reports "$OUT/tuning-reports-part-${part%%/*}.jsonl" \
+      --json "$OUT/tuning-speed-part-${part%%/*}.json" --reports "$OUT/tuning-reports-part-${part%%/*}.jsonl" ${SUITE_ARGS:-} \
       2> "$OUT/tuning-speed-part-${part%%/*}.log" | tail -140
     tail -5 "$OUT/tuning-speed-part-${part%%/*}.log"
     xz -f "$OUT/tuning-reports-part-${part%%/*}.jsonl" 2>/dev/null || true

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <vector>
 
 #include "kiln/cache/tuning.h"
 #include "kiln/jit/driver.h"
@@ -150,6 +151,33 @@ TEST_F(TuneGpu, HostWorkBeforeALaunchIsNotTimed) {
   KILN_ASSERT_OK_AND_ASSIGN(Samples s, runner->time_runs(choice, CustomArgs{}, 0, 20, false));
   ASSERT_EQ(s.us.size(), 20u);
   for (double us : s.us) EXPECT_LT(us, 500.0) << "a 3 ms host delay landed inside a timed run";
+}
+
+// The L2 flush between timed runs reads its whole buffer and writes nothing back into it (a write would leave L2
+// dirty: the point of reading). Its kernel stores to the buffer's first word only when a thread's XOR of what it
+// read equals 0x9e3779b9, which a buffer of one repeated word never gives: planting that value as the last word's
+// second element shows the last word was read; the repeated-word buffer comes back unchanged.
+TEST_F(TuneGpu, TheL2FlushReadsEveryWordAndWritesNothing) {
+  constexpr uint32_t kSentinel = 0x9e3779b9u;
+  const size_t words = (size_t{96} << 20) / 4;  // 96 MiB: twice an H100/H200's L2, more words than threads
+  std::vector<uint32_t> host(words, 0x5a5a5a5au);
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, DeviceBuffer::allocate(words * 4));
+  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
+  ASSERT_EQ(d->cuMemcpyHtoD(buffer.ptr(), host.data(), words * 4), CUDA_SUCCESS);
+  KILN_ASSERT_OK(read_through_l2(buffer.ptr(), words * 4, nullptr));
+  std::vector<uint32_t> back(words);
+  ASSERT_EQ(d->cuMemcpyDtoH(back.data(), buffer.ptr(), words * 4), CUDA_SUCCESS);
+  EXPECT_TRUE(back == host) << "the flush changed its buffer";
+
+  host[words - 3] = kSentinel ^ 0x5a5a5a5au;  // the last 16-byte word: {w, s ^ w, w, w} XORs to s
+  ASSERT_EQ(d->cuMemcpyHtoD(buffer.ptr(), host.data(), words * 4), CUDA_SUCCESS);
+  KILN_ASSERT_OK(read_through_l2(buffer.ptr(), words * 4, nullptr));
+  uint32_t first = 0;
+  ASSERT_EQ(d->cuMemcpyDtoH(&first, buffer.ptr(), 4), CUDA_SUCCESS);
+  EXPECT_EQ(first, kSentinel) << "the flush did not read the buffer's last word";
+
+  EXPECT_EQ(read_through_l2(buffer.ptr() + 4, 64, nullptr).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(read_through_l2(buffer.ptr(), 100, nullptr).code(), ErrorCode::kInvalidArgument);
 }
 
 TEST_F(TuneGpu, CachedDecisionInANewTunerMeasuresNothing) {

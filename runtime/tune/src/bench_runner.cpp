@@ -136,7 +136,10 @@ Result<std::unique_ptr<BenchRunner>> BenchRunner::create(const BenchmarkOptions&
   r->options_ = options;
   KILN_ASSIGN_OR_RETURN(r->stream_, Stream::create());
   if (options.flush_l2) {
-    KILN_ASSIGN_OR_RETURN(r->flush_buffer_, DeviceBuffer::allocate(std::max<size_t>(2 * device.l2_bytes, 8 << 20)));
+    const size_t bytes = (std::max<size_t>(2 * static_cast<size_t>(std::max(device.l2_bytes, 0)), 8 << 20) + 15) / 16 * 16;
+    KILN_ASSIGN_OR_RETURN(r->flush_buffer_, DeviceBuffer::allocate(bytes));
+    // One repeated word: the read flush's loads never make it store (helpers.cu).
+    KILN_RETURN_IF_ERROR(r->flush_buffer_.fill_bytes(0x5a, r->stream_.get()));
   }
   const int events = 2 * std::max({options.max_reps, options.fixed_reps, options.min_reps, 8});
   for (int i = 0; i < events; ++i) {
@@ -177,6 +180,7 @@ Status BenchRunner::synchronize() {
 
 Status BenchRunner::flush() {
   if (!options_.flush_l2 || flush_buffer_.size() == 0) return Status();
+  if (!options_.flush_l2_by_writing) return read_through_l2(flush_buffer_.ptr(), flush_buffer_.size(), stream_.get());
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
   KILN_CHECK(d->cuMemsetD32Async(flush_buffer_.ptr(), 0x5a5a5a5a, flush_buffer_.size() / 4, stream_.get()));
   return Status();

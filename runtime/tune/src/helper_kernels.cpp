@@ -34,7 +34,9 @@ Result<const HelperKernels*> helper_kernels() {
   KILN_ASSIGN_OR_RETURN(Kernel cmp, m.kernel("kiln_compare"));
   KILN_ASSIGN_OR_RETURN(Kernel norm, m.kernel("kiln_reference_norm"));
   KILN_ASSIGN_OR_RETURN(Kernel softmax, m.kernel("kiln_reference_softmax"));
-  auto [it, _] = loaded->emplace(ctx, HelperKernels{std::move(fill), std::move(cmp), std::move(norm), std::move(softmax)});
+  KILN_ASSIGN_OR_RETURN(Kernel flush, m.kernel("kiln_flush_l2"));
+  auto [it, _] = loaded->emplace(
+      ctx, HelperKernels{std::move(fill), std::move(cmp), std::move(norm), std::move(softmax), std::move(flush)});
   return &it->second;
 }
 
@@ -48,6 +50,22 @@ Status fill_uniform(CUdeviceptr ptr, int64_t count, DType dtype, uint32_t seed, 
   long long n = count;
   int dt = static_cast<int>(dtype);
   return h->fill_uniform(cfg, ptr, n, dt, seed, lo, hi);
+}
+
+Status read_through_l2(CUdeviceptr buffer, size_t bytes, CUstream stream) {
+  if (bytes < 16) return Status();
+  if (buffer % 16 || bytes % 16) {
+    return make_error(ErrorCode::kInvalidArgument, "read_through_l2: the buffer must be 16-byte aligned and sized");
+  }
+  KILN_ASSIGN_OR_RETURN(const HelperKernels* h, helper_kernels());
+  long long words = static_cast<long long>(bytes / 16);
+  LaunchConfig cfg;
+  cfg.block = {256};
+  // 2048 blocks of 256 threads keep ~8 MB of loads in flight: DRAM's full rate on the devices kiln targets.
+  cfg.grid = {static_cast<unsigned>(std::min<long long>((words + 255) / 256, 2048))};
+  cfg.stream = stream;
+  CUdeviceptr sink = buffer;
+  return h->flush_l2(cfg, buffer, words, sink);
 }
 
 Result<Comparison> compare(CUdeviceptr out, DType out_dtype, int64_t ld_out, CUdeviceptr ref, DType ref_dtype,

@@ -1,5 +1,5 @@
 // The tuner's fixed helper kernels (runtime/tune/kernels/helpers.cu, built into kiln::tune as a fatbin):
-// random inputs, on-GPU comparison of an output with a reference, and reference norms and softmax. Ops use
+// random inputs, on-GPU comparison of an output with a reference, reference norms and softmax, and the L2 flush. Ops use
 // them to fill their buffers (OpDef::buffers) and for plain reference choices.
 #pragma once
 
@@ -16,6 +16,7 @@ struct HelperKernels {
   Kernel compare;
   Kernel reference_norm;
   Kernel reference_softmax;
+  Kernel flush_l2;
 };
 
 /// The helpers loaded in the current context (loaded on first use per context, kept for the process).
@@ -23,6 +24,10 @@ Result<const HelperKernels*> helper_kernels();
 
 /// Fills `count` elements of `dtype` at `ptr` with uniform values in [lo, hi) from `seed`.
 Status fill_uniform(CUdeviceptr ptr, int64_t count, DType dtype, uint32_t seed, float lo, float hi, CUstream stream);
+
+/// Reads `bytes` (a multiple of 16, 16-byte aligned) at `buffer`, which holds one repeated 32-bit word: the L2 flush
+/// between timed runs, which leaves L2 holding clean lines (see BenchmarkOptions::flush_l2_by_writing).
+Status read_through_l2(CUdeviceptr buffer, size_t bytes, CUstream stream);
 
 /// ‖out − ref‖ / ‖ref‖ over a rows x cols region, and how many outputs are not finite. Synchronises `stream`.
 struct Comparison {

@@ -38,8 +38,14 @@ struct BenchmarkOptions {
   /// Default 0.5%: at 2% (the tie fraction, before 27 Nov) six of the H200 suite's ten misses were a template
   /// measured 0.1-1.8% faster than an extern and not chosen, which the side-by-side re-time put 1.2-3.4% ahead.
   double rank_tie_fraction = 0.005;
-  /// Flush L2 (a memset of twice its size) before every timed run, outside the timed region. Default true.
+  /// Flush L2 before every timed run, outside the timed region: a kernel reads a buffer of twice its size, which
+  /// leaves it holding clean lines. Default true.
   bool flush_l2 = true;
+  /// Flush by writing that buffer instead (a memset: kiln's flush before 29 Nov 2026, as Triton's do_bench and
+  /// nvbench do it). It leaves L2 full of dirty lines, which a memory-bound choice then writes back inside its
+  /// timed run: on an H200 a 30 us decode GEMM timed 40 us, and choices were ranked under that load. Kept to
+  /// compare the two. Default false.
+  bool flush_l2_by_writing = false;
   /// Choices estimated under this many microseconds are timed as CUDA-graph replays (launch-bound). Default 20.
   double graph_below_us = 20;
   /// Adaptive repetitions: timed runs come in rounds of min_reps and stop (judge()) once the median's 95%
