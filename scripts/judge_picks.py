@@ -33,7 +33,8 @@ def load_reports(paths):
                              if c.get("ok") and c.get("runs", 0) > 0 and c.get("median_us", 0) > 0}
                     if times:
                         best[o["problem"]] = times
-        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError, json.JSONDecodeError, KeyError) as e:
+        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError, ValueError, KeyError, TypeError,
+                AttributeError) as e:
             sys.exit(f"cannot read {path}: {e}")
     if not best:
         sys.exit("no exhaustive reports in the judge's files")
@@ -53,6 +54,8 @@ def main():
                 problems = json.load(f)["problems"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             sys.exit(f"cannot read {path}: {e}")
+        if not isinstance(problems, list) or not all(isinstance(p, dict) for p in problems):
+            sys.exit(f"{path}: 'problems' is not a list of objects (a merged tuning-speed JSON has one)")
         for effort in ("default", "exhaustive"):
             ratios = []
             for p in problems:
@@ -63,7 +66,7 @@ def main():
             if not ratios:
                 continue
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-            label = f"{path.rsplit('/', 1)[-1][:36]} / {effort}"
+            label = f"{path.rsplit('/', 1)[-1][-36:]} / {effort}"
             print(f"{label:46s} {len(ratios):6d}  {sum(r <= 1.01 for r in ratios):9d}  {sum(r <= 1.03 for r in ratios):9d}"
                   f"  {geo:7.4f}  {max(ratios):.3f}")
 
