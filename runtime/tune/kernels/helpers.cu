@@ -40,9 +40,9 @@ extern "C" __global__ void kiln_fill_uniform(void* p, long long n, int dtype, un
 // The tuner's L2 flush between timed runs: reads n 16-byte words (a buffer of twice L2), so that whatever L2 held
 // is evicted and it is left holding clean lines. A memset flush (kiln's before 29 Nov 2026, and Triton's and
 // nvbench's) leaves it full of dirty lines instead, which the next kernel writes back to DRAM while it is timed:
-// +10 us (a third) on a 30 us decode GEMM on an H200, so memory-bound choices were ranked under a load that no
-// model layer puts on them. The buffer holds one repeated 32-bit word, so x stays 0 and the store never happens;
-// it keeps the loads.
+// +9 us on every memory-bound GEMM on an H200 (a 1x4096x14336 decode tile 32.5 -> 41.3 us), so those choices
+// were ranked under a load that no model layer puts on them. The buffer holds one repeated 32-bit word, so x
+// stays 0 and the store never happens; it keeps the loads.
 extern "C" __global__ void kiln_flush_l2(const uint4* p, long long n, unsigned* sink) {
   unsigned x = 0;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {

@@ -136,7 +136,8 @@ Result<std::unique_ptr<BenchRunner>> BenchRunner::create(const BenchmarkOptions&
   r->options_ = options;
   KILN_ASSIGN_OR_RETURN(r->stream_, Stream::create());
   if (options.flush_l2) {
-    const size_t bytes = (std::max<size_t>(2 * static_cast<size_t>(std::max(device.l2_bytes, 0)), 8 << 20) + 15) / 16 * 16;
+    const size_t l2 = static_cast<size_t>(std::max(device.l2_bytes, 0));
+    const size_t bytes = (std::max<size_t>(2 * l2, 8 << 20) + 15) / 16 * 16;
     KILN_ASSIGN_OR_RETURN(r->flush_buffer_, DeviceBuffer::allocate(bytes));
     // One repeated word: the read flush's loads never make it store (helpers.cu).
     KILN_RETURN_IF_ERROR(r->flush_buffer_.fill_bytes(0x5a, r->stream_.get()));

@@ -1,6 +1,6 @@
 // The tuner's fixed helper kernels (runtime/tune/kernels/helpers.cu, built into kiln::tune as a fatbin):
-// random inputs, on-GPU comparison of an output with a reference, reference norms and softmax, and the L2 flush. Ops use
-// them to fill their buffers (OpDef::buffers) and for plain reference choices.
+// random inputs, on-GPU comparison of an output with a reference, reference norms and softmax, and the L2 flush
+// between timed runs. Ops use them to fill their buffers (OpDef::buffers) and for plain reference choices.
 #pragma once
 
 #include <cuda.h>
