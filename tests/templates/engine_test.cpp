@@ -508,7 +508,9 @@ TEST(Sample, CoversEveryValueDeterministically) {
     for (const Params& p : a) KILN_EXPECT_OK(t->check(p, limits("sm_90a")));
     auto big = sample(g, limits("sm_90a"), 40);
     EXPECT_EQ(big.size(), std::min<size_t>(std::max<size_t>(40, a.size()), all.size()));
-    if (all.size() > a.size()) EXPECT_NE(sample(g, limits("sm_90a"), 4, 1), a) << "the seed changes the sample";
+    if (all.size() > a.size()) {
+      EXPECT_NE(sample(g, limits("sm_90a"), 4, 1), a) << "the seed changes the sample";
+    }
   }
 }
 
