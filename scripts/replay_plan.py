@@ -8,7 +8,7 @@ part name (each compiles once per part: sizes are run-time arguments). Readings 
 estimates, and extern-first pruning is not replayed (it removes templates, never adds), so the figures compare
 plans with each other rather than predict a run.
 
-  scripts/replay_plan.py bench/results/tuning-reports-nvidia-h200-2026-11-29-dfac3d2-part-*.jsonl.xz
+  scripts/replay_plan.py bench/results/tuning-reports-nvidia-h200-2026-11-29-39ad297-part-*.jsonl.xz
 """
 import argparse
 import collections
@@ -73,7 +73,33 @@ def diverse(ranked, keep, planned, share):
     return out + rest[:keep - len(out)]
 
 
-def replay(problems, plan, keep, share, widen):
+def widen_kept(kept, ranked, externs, widen, variants, near_extern, rounds):
+    """Diverse widening (Tuner, EffortPolicy::widen_variants): each round takes the next `widen` of each of the
+    `variants` fastest kept variants whose fastest beats the best extern or trails it by under `near_extern`, and
+    was not widened around before; it stops when nothing new is taken."""
+    around = set()
+    best_extern = min(externs) if externs else float("inf")
+    widened = False
+    for _ in range(rounds):
+        fastest = {}
+        for c in kept:
+            v = variant(c)
+            if v not in fastest or c["median_us"] < fastest[v]["median_us"]:
+                fastest[v] = c
+        order = sorted(fastest.values(), key=lambda c: c["median_us"])[:variants]
+        chosen = [c for c in order if c["median_us"] < best_extern * (1 + near_extern) and c["name"] not in around]
+        more = []
+        for c in chosen:
+            around.add(c["name"])
+            more += [x for x in ranked if variant(x) == variant(c) and x not in kept and x not in more][:widen]
+        if not more:
+            break
+        widened = True
+        kept = kept + more
+    return kept, widened
+
+
+def replay(problems, plan, keep, share, widen, variants=1, near_extern=0.0, rounds=2):
     within, worst, widened, replayed = 0, 1.0, 0, 0
     names = collections.defaultdict(set)
     for part, report in problems:
@@ -86,11 +112,8 @@ def replay(problems, plan, keep, share, widen):
         ranked = sorted((c for c in ok if "model_rank" in c), key=lambda c: c["model_rank"])
         kept = plan(ranked, keep, names[part], share)
         if kept and widen:
-            top = min(kept, key=lambda c: c["median_us"])
-            if not externs or top["median_us"] < min(externs):
-                more = [c for c in ranked if variant(c) == variant(top) and c not in kept][:widen]
-                widened += bool(more)
-                kept = kept + more
+            kept, w = widen_kept(kept, ranked, externs, widen, variants, near_extern, rounds)
+            widened += w
         names[part].update(c["name"] for c in kept)
         got = min(externs + [c["median_us"] for c in kept])
         within += got <= 1.01 * best
@@ -123,12 +146,15 @@ def main():
     if not problems:
         sys.exit("no exhaustive reports in the files given")
     print(f"{len(problems)} problems; share margin {args.share}")
-    print("plan                      keep widen  within 1%  distinct templates  widened  worst")
-    for label, plan, widen in (("by rank", by_rank, 0), ("one per variant first", diverse, 0),
-                               ("one per variant + widen", diverse, 2)):
+    print("plan                                    keep widen  within 1%  distinct templates  widened  worst")
+    for label, plan, widen, variants, near in (
+            ("by rank", by_rank, 0, 1, 0.0), ("one per variant first", diverse, 0, 1, 0.0),
+            ("one per variant + widen the fastest", diverse, 2, 1, 0.0),
+            ("+ widen the two fastest", diverse, 2, 2, 0.0),
+            ("+ widen the two fastest, 3% of extern", diverse, 2, 2, 0.03)):
         for keep in (8, 10, 12):
-            w, replayed, d, n, worst = replay(problems, plan, keep, args.share, widen)
-            print(f"{label:25s} {keep:4d} {widen:5d}  {w:4d}/{replayed}  {d:18d}  {n:7d}  {worst:.3f}")
+            w, replayed, d, n, worst = replay(problems, plan, keep, args.share, widen, variants, near)
+            print(f"{label:39s} {keep:4d} {widen:5d}  {w:4d}/{replayed}  {d:18d}  {n:7d}  {worst:.3f}")
 
 
 if __name__ == "__main__":

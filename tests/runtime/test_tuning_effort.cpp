@@ -361,6 +361,39 @@ TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
   EXPECT_TRUE(detail::take_variant(reserve, varied, "no such variant", 2).empty());
 }
 
+// Widening goes around the fastest measured choice of each of the fastest variants: only model-ranked choices
+// count, a variant behind the best extern counts within the near-extern margin only, and a choice widened around
+// once is not widened around again (a widening that found no new best stops there).
+TEST(EffortPlan, WidensAroundTheFastestVariantsNearTheBestExtern) {
+  detail::TunePlan plan;
+  plan.structure = {{"sk_a", "swab/sk"}, {"sk_b", "swab/sk"}, {"ck2_a", "swab/ck2"}, {"tile_a", "tile/none"},
+                    {"ck4_a", "swab/ck4"}};
+  const std::vector<std::pair<std::string, double>> measured{
+      {"cublas_default", 20.0}, {"sk_a", 19.0}, {"sk_b", 18.5}, {"ck2_a", 20.4}, {"tile_a", 25.0}, {"ck4_a", 21.0}};
+  using Picks = std::vector<std::pair<std::string, std::string>>;
+  // The best variant only, as before: stream-K around its fastest member.
+  EXPECT_EQ(detail::variants_to_widen(measured, plan, 20.0, 1, 0, {}), (Picks{{"swab/sk", "sk_b"}}));
+  // Two variants: ck2 trails cuBLAS by 2%, inside a 3% margin, outside none.
+  EXPECT_EQ(detail::variants_to_widen(measured, plan, 20.0, 2, 0.03, {}),
+            (Picks{{"swab/sk", "sk_b"}, {"swab/ck2", "ck2_a"}}));
+  EXPECT_EQ(detail::variants_to_widen(measured, plan, 20.0, 2, 0, {}), (Picks{{"swab/sk", "sk_b"}}));
+  // The third variant (5% behind) is not among the two fastest, nor within the margin of the extern.
+  EXPECT_EQ(detail::variants_to_widen(measured, plan, 20.0, 3, 0.03, {}).size(), 2u);
+  EXPECT_EQ(detail::variants_to_widen(measured, plan, 20.0, 3, 0.06, {}).size(), 3u);
+  // Already widened around sk_b: only ck2 is left; around both: nothing (the loop stops).
+  EXPECT_EQ(detail::variants_to_widen(measured, plan, 20.0, 2, 0.03, {"sk_b"}), (Picks{{"swab/ck2", "ck2_a"}}));
+  EXPECT_TRUE(detail::variants_to_widen(measured, plan, 20.0, 2, 0.03, {"sk_b", "ck2_a"}).empty());
+  // No extern measured: the fastest variants, whatever their times.
+  EXPECT_EQ(detail::variants_to_widen(measured, plan, 0, 2, 0, {}),
+            (Picks{{"swab/sk", "sk_b"}, {"swab/ck2", "ck2_a"}}));
+  // An extern far ahead: nothing to widen.
+  EXPECT_TRUE(detail::variants_to_widen(measured, plan, 10.0, 2, 0.03, {}).empty());
+  // The default effort widens two variants near the extern; quick only around a winner.
+  EXPECT_EQ(effort_policy(Effort::kDefault).widen_variants, 2);
+  EXPECT_GT(effort_policy(Effort::kDefault).widen_near_extern, 0);
+  EXPECT_EQ(effort_policy(Effort::kQuick).widen_variants, 1);
+}
+
 TEST(EffortPlan, NonePicksTheModelsTopWithoutMeasuring) {
   const Problem p = gemm(4096, 4096, 4096);
   auto choices = mixed_choices(6);

@@ -54,6 +54,15 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
 std::vector<ChoicePtr> take_variant(std::vector<ChoicePtr>& reserve, const TunePlan& plan, const std::string& variant,
                                     size_t n);
 
+/// Diverse widening: which structural variants to widen next, each with the measured choice it is widened
+/// around (the fastest of that variant), fastest first. Of the `variants` fastest variants among `measured`
+/// (name, median; only the model-ranked ones count: `plan.structure` names them), those whose fastest is below
+/// the best extern's time x (1 + near_extern) (any, when no extern was measured: best_extern_us <= 0), and not
+/// widened around already (`widened_around`).
+std::vector<std::pair<std::string, std::string>> variants_to_widen(
+    const std::vector<std::pair<std::string, double>>& measured, const TunePlan& plan, double best_extern_us,
+    int variants, double near_extern, const std::set<std::string>& widened_around);
+
 /// Effort none: the model's top choice, else (no choice the model can judge) the reference; null if neither.
 ChoicePtr model_pick(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
                      const std::string& reference);

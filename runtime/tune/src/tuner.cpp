@@ -245,7 +245,8 @@ std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std:
   // the ranks a tune at this effort may reach (the kept ones, every widening, and what `kiln precompile`
   // compiles beyond them: the same horizon), and the ties at its end; choices further down are not asked for
   // their kernels at all.
-  const size_t horizon = static_cast<size_t>(policy.keep + policy.widen * (policy.max_widenings + 1));
+  const size_t horizon = static_cast<size_t>(policy.keep + policy.widen * std::max(1, policy.widen_variants) *
+                                                                (policy.max_widenings + 1));
   std::set<std::string> cached;
   double last_score = -1;
   size_t seen = 0;
@@ -686,18 +687,21 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   // the tune's best, measure the next of its variant, and again while that finds a new best.
   int kept = plan.kept_ranked;
   std::list<std::vector<Future<Binaries>>> widened_futures;
-  std::string widened_for;  // diverse: the best the last widening was around
+  std::set<std::string> widened_around;  // diverse: the choices widenings were around
   while (!stopped && report.widenings < policy.max_widenings && !reserve.empty()) {
     std::vector<ChoicePtr> batch;
     if (policy.diverse) {
-      const ChoiceResult* best = nullptr;
+      std::vector<std::pair<std::string, double>> measured;
       for (const auto& r : results) {
-        if (r.status.ok() && !r.partial && (best == nullptr || r.median_us < best->median_us)) best = &r;
+        if (r.status.ok() && !r.partial) measured.push_back({r.name, r.median_us});
       }
-      auto variant = best != nullptr ? plan.structure.find(best->name) : plan.structure.end();
-      if (variant == plan.structure.end() || best->name == widened_for) break;
-      widened_for = best->name;
-      batch = detail::take_variant(reserve, plan, variant->second, static_cast<size_t>(std::max(1, policy.widen)));
+      for (const auto& [variant, around] :
+           detail::variants_to_widen(measured, plan, report.best_extern_us, policy.widen_variants,
+                                     policy.widen_near_extern, widened_around)) {
+        widened_around.insert(around);
+        auto more = detail::take_variant(reserve, plan, variant, static_cast<size_t>(std::max(1, policy.widen)));
+        batch.insert(batch.end(), more.begin(), more.end());
+      }
       if (batch.empty()) break;
     } else {
       int best_rank = -1;

@@ -103,6 +103,11 @@ struct EffortPolicy {
   /// faster than the stream-K tiles it ranked first, at ranks 13-34), and within one its near-equal scores only
   /// repeat one guess. false: the first `keep` by rank, widened by rank when the best sits at the end.
   bool diverse = false;
+  /// Diverse widening around more than the best: each widening takes the next `widen` of each of the
+  /// `widen_variants` fastest measured variants, counting only those whose fastest is faster than the best extern
+  /// or within `widen_near_extern` of it (a template 2% behind cuBLAS may have a sibling 2% ahead of it).
+  int widen_variants = 1;
+  double widen_near_extern = 0;
 };
 EffortPolicy effort_policy(Effort effort);
 
