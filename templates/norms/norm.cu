@@ -40,27 +40,46 @@ ${if layernorm}kiln_layernorm${else}kiln_rmsnorm${endif}(const KilnNormArgs args
   const float inv_cols = 1.f / (float)cols;
 
   if (cols <= kRowThreads * kVec * kItems) {
-    // Register path.
+    // Register path. Every load is issued before any store or reduction: a store to residual_out or y may alias
+    // the next item's x, residual or weight as far as the compiler knows, so loads interleaved with stores wait
+    // one memory latency per item (on an H200, a 1 x 4096 residual RMSNorm ran 5.1 us at one item per thread
+    // and 7.8-11.8 us at four to eight). The weight (and bias) row does not depend on the statistics: loaded
+    // here, its latency overlaps the reduction instead of following it.
+    V xv[kItems], rv[kItems], wv[kItems], bv[kItems];
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int col = (i * kRowThreads + t) * kVec;
+      if (active && col < cols) {
+        xv[i] = kiln_load_vec<T, kVec>(x + col);
+        if constexpr (kResidual) rv[i] = kiln_load_vec<T, kVec>(res + col);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int col = (i * kRowThreads + t) * kVec;
+      if (active && col < cols) {
+        wv[i] = kiln_load_vec<T, kVec>(w + col);
+        if constexpr (kBias) bv[i] = kiln_load_vec<T, kVec>(b + col);
+      }
+    }
     float h[kItems][kVec];
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const int col = (i * kRowThreads + t) * kVec;
       if (active && col < cols) {
-        V xv = kiln_load_vec<T, kVec>(x + col);
         if constexpr (kResidual) {
-          V rv = kiln_load_vec<T, kVec>(res + col);
           V hv;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            hv.v[j] = kiln_from_f32<T>(kiln_to_f32(xv.v[j]) + kiln_to_f32(rv.v[j]));
+            hv.v[j] = kiln_from_f32<T>(kiln_to_f32(xv[i].v[j]) + kiln_to_f32(rv[i].v[j]));
           }
           kiln_store_vec<T, kVec>(res_out + col, hv);
-          xv = hv;
+          xv[i] = hv;
         }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          h[i][j] = kiln_to_f32(xv.v[j]);
+          h[i][j] = kiln_to_f32(xv[i].v[j]);
           sum += kLayerNorm ? h[i][j] : h[i][j] * h[i][j];
         }
       } else {
@@ -91,16 +110,12 @@ ${if layernorm}kiln_layernorm${else}kiln_rmsnorm${endif}(const KilnNormArgs args
     for (int i = 0; i < kItems; ++i) {
       const int col = (i * kRowThreads + t) * kVec;
       if (col < cols) {
-        V wv = kiln_load_vec<T, kVec>(w + col);
         V out;
-        if constexpr (kBias) {
-          V bv = kiln_load_vec<T, kVec>(b + col);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j)
-            out.v[j] = kiln_from_f32<T>((h[i][j] - mean) * inv * kiln_to_f32(wv.v[j]) + kiln_to_f32(bv.v[j]));
-        } else {
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) out.v[j] = kiln_from_f32<T>((h[i][j] - mean) * inv * kiln_to_f32(wv.v[j]));
+        for (int j = 0; j < kVec; ++j) {
+          float v = (h[i][j] - mean) * inv * kiln_to_f32(wv[i].v[j]);
+          if constexpr (kBias) v += kiln_to_f32(bv[i].v[j]);
+          out.v[j] = kiln_from_f32<T>(v);
         }
         kiln_store_vec<T, kVec>(y + col, out);
       }
