@@ -15,7 +15,11 @@
 // (--torch FILE) supplies torch.compile's times for the same shapes. copy_bw_fraction is the kernel's
 // (read + write) bandwidth over the device's copy bandwidth (a 128 MiB cuMemcpyDtoD).
 //
+// --rows LIST (comma-separated, default 8192) measures the row problems at each of those row counts (decode
+// sizes: 1, 16, 64 ...), each configuration compiled once for all of them.
+//
 // Usage: bench_norms [--json FILE] [--reps N] [--sweep-reps N] [--quick] [--torch FILE] [--only rows|long]
+//                    [--rows LIST]
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
   int reps = 50, sweep_reps = 10;
   bool quick = false;
   std::string torch_path, only;
+  std::vector<int64_t> row_counts = {8192};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -113,9 +118,24 @@ int main(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--torch" && i + 1 < argc) torch_path = argv[++i];
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
-    else {
+    else if (a == "--rows" && i + 1 < argc) {
+      row_counts.clear();
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, comma - at);
+        char* end = nullptr;
+        const long long v = std::strtoll(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || v < 1 || v > 65536) {
+          fmt::print(stderr, "bench_norms: --rows takes row counts from 1 to 65536, comma-separated, not '{}'\n", item);
+          return 2;
+        }
+        row_counts.push_back(v);
+        at = comma + 1;
+      }
+    } else {
       fmt::print(stderr, "usage: bench_norms [--json FILE] [--reps N] [--sweep-reps N] [--quick] [--torch FILE] "
-                         "[--only rows|long]\n");
+                         "[--only rows|long] [--rows LIST]\n");
       return 2;
     }
   }
@@ -129,7 +149,7 @@ int main(int argc, char** argv) {
   CUstream st = stream->get();
   const DriverApi* drv = *driver();
 
-  const int64_t rows = 8192;
+  const int64_t buffer_rows = std::max<int64_t>(8192, *std::max_element(row_counts.begin(), row_counts.end()));
   const std::vector<int64_t> col_sizes = {4096, 8192};
   const DType dt = DType::kBF16;
   std::vector<Problem> problems = {
@@ -142,10 +162,10 @@ int main(int argc, char** argv) {
 
   // Two sets of four rows x max-cols tensors (x, residual, y, residual_out), a weight and bias row.
   const int64_t max_cols = *std::max_element(col_sizes.begin(), col_sizes.end());
-  const size_t tensor_bytes = rows * max_cols * dtype_bytes(dt);
+  const size_t tensor_bytes = buffer_rows * max_cols * dtype_bytes(dt);
   std::vector<DeviceBuffer> bufs;
   {
-    std::vector<uint16_t> host(rows * max_cols);
+    std::vector<uint16_t> host(buffer_rows * max_cols);
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> d(-2.f, 2.f);
     for (auto& h : host) store_element(dt, d(rng), &h);
@@ -168,13 +188,13 @@ int main(int argc, char** argv) {
 
   nlohmann::json out;
   out["environment"] = bench::environment();
-  out["method"] = "bf16, rows=8192; best of a sweep of configurations keeping a row in registers (median of "
+  out["method"] = "bf16, rows as listed (--rows, default 8192); best of a sweep of configurations keeping a row in registers (median of "
                   "sweep_reps launches each), then best and cuMemcpyDtoD of the same bytes timed interleaved "
                   "(median of reps each); GB/s = (bytes read + bytes written) / time; inputs rotate over 2 sets";
   out["reps"] = reps;
   out["sweep_reps"] = sweep_reps;
   out["results"] = nlohmann::json::array();
-  bench::Table table({"problem", "cols", "best configuration", "swept", "kernel us", "GB/s", "copy us", "copy GB/s",
+  bench::Table table({"problem", "rows", "cols", "best configuration", "swept", "kernel us", "GB/s", "copy us", "copy GB/s",
                       "% of copy"});
 
   if (only == "long") problems.clear();
@@ -185,7 +205,7 @@ int main(int argc, char** argv) {
     bench::check(grid.status());
     auto configs = pruned(*grid, limits);
     for (int64_t cols : col_sizes) {
-      Shape shape{rows, cols};
+      Shape shape{buffer_rows, cols};
       std::vector<Params> cands;
       for (const Params& c : configs) {
         int64_t cap = get_int(c, "threads") / get_int(c, "rows_per_block") * get_int(c, "vec") * get_int(c, "items");
@@ -213,120 +233,122 @@ int main(int argc, char** argv) {
       }
       for (auto& th : threads) th.join();
 
-      const int sets = 2;
-      auto args_for = [&](int set) {
-        NormArgs a{};
-        int base = set * 4;
-        a.x = p(base);
-        a.residual = p(base + 1);
-        a.y = p(base + 2);
-        a.residual_out = p(base + 3);
-        a.weight = reinterpret_cast<void*>(static_cast<uintptr_t>(weight->ptr()));
-        a.bias = a.weight;
-        a.rows = static_cast<int>(rows);
-        a.cols = static_cast<int>(cols);
-        a.ld_x = a.ld_residual = a.ld_residual_out = a.ld_y = cols;
-        a.eps = 1e-5f;
-        if (prob.tmpl != "softmax" && !get_bool(prob.fixed, "residual")) a.residual = a.residual_out = nullptr;
-        return a;
-      };
-      auto run = [&](const Kernel& k, const Launch& g, int set) -> Status {
-        NormArgs a = args_for(set);
-        if (prob.tmpl == "softmax") {
-          SoftmaxArgs s{};
-          s.x = a.x;
-          s.y = a.y;
-          s.rows = a.rows;
-          s.cols = a.cols;
-          s.ld_x = s.ld_y = cols;
-          s.scale = 1.f;
-          return launch(k, g, s, st);
-        }
-        return launch(k, g, a, st);
-      };
+      for (const int64_t rows : row_counts) {
+        const int sets = 2;
+        auto args_for = [&](int set) {
+          NormArgs a{};
+          int base = set * 4;
+          a.x = p(base);
+          a.residual = p(base + 1);
+          a.y = p(base + 2);
+          a.residual_out = p(base + 3);
+          a.weight = reinterpret_cast<void*>(static_cast<uintptr_t>(weight->ptr()));
+          a.bias = a.weight;
+          a.rows = static_cast<int>(rows);
+          a.cols = static_cast<int>(cols);
+          a.ld_x = a.ld_residual = a.ld_residual_out = a.ld_y = cols;
+          a.eps = 1e-5f;
+          if (prob.tmpl != "softmax" && !get_bool(prob.fixed, "residual")) a.residual = a.residual_out = nullptr;
+          return a;
+        };
+        auto run = [&](const Kernel& k, const Launch& g, int set) -> Status {
+          NormArgs a = args_for(set);
+          if (prob.tmpl == "softmax") {
+            SoftmaxArgs s{};
+            s.x = a.x;
+            s.y = a.y;
+            s.rows = a.rows;
+            s.cols = a.cols;
+            s.ld_x = s.ld_y = cols;
+            s.scale = 1.f;
+            return launch(k, g, s, st);
+          }
+          return launch(k, g, a, st);
+        };
 
-      std::vector<Timed> timed;
-      std::optional<Kernel> best_kernel;
-      Launch best_geo;
-      double best_us = 1e30;
-      size_t failed = 0;
-      for (size_t i = 0; i < cands.size(); ++i) {
-        if (!bins[i].ok()) {
-          fmt::print(stderr, "compile failed {}: {}\n", rendered[i].config_name, bins[i].status().to_string_with_detail());
-          ++failed;
-          continue;
+        std::vector<Timed> timed;
+        std::optional<Kernel> best_kernel;
+        Launch best_geo;
+        double best_us = 1e30;
+        size_t failed = 0;
+        for (size_t i = 0; i < cands.size(); ++i) {
+          if (!bins[i].ok()) {
+            fmt::print(stderr, "compile failed {}: {}\n", rendered[i].config_name, bins[i].status().to_string_with_detail());
+            ++failed;
+            continue;
+          }
+          auto k = load_kernel(*bins[i]);
+          bench::check(k.status());
+          auto geo = (*t)->geometry(cands[i], shape);
+          bench::check(geo.status());
+          for (int w = 0; w < 3; ++w) bench::check(run(*k, *geo, w % sets));
+          bench::check(sync_ctx());
+          auto us = time_us([&](int r) { return run(*k, *geo, r % sets); }, sweep_reps, st);
+          bench::check(us.status());
+          timed.push_back({rendered[i].config_name, *us});
+          if (*us < best_us) {
+            best_us = *us;
+            best_kernel.emplace(std::move(*k));
+            best_geo = *geo;
+          }
         }
-        auto k = load_kernel(*bins[i]);
-        bench::check(k.status());
-        auto geo = (*t)->geometry(cands[i], shape);
-        bench::check(geo.status());
-        for (int w = 0; w < 3; ++w) bench::check(run(*k, *geo, w % sets));
-        bench::check(sync_ctx());
-        auto us = time_us([&](int r) { return run(*k, *geo, r % sets); }, sweep_reps, st);
-        bench::check(us.status());
-        timed.push_back({rendered[i].config_name, *us});
-        if (*us < best_us) {
-          best_us = *us;
-          best_kernel.emplace(std::move(*k));
-          best_geo = *geo;
+        if (!best_kernel) {
+          fmt::print(stderr, "bench_norms: no configuration ran for {} cols={}\n", prob.label, cols);
+          return 1;
         }
-      }
-      if (!best_kernel) {
-        fmt::print(stderr, "bench_norms: no configuration ran for {} cols={}\n", prob.label, cols);
-        return 1;
-      }
-      std::sort(timed.begin(), timed.end(), [](const Timed& a, const Timed& b) { return a.median_us < b.median_us; });
+        std::sort(timed.begin(), timed.end(), [](const Timed& a, const Timed& b) { return a.median_us < b.median_us; });
 
-      // Best configuration and the copy, interleaved.
-      const size_t tensor = static_cast<size_t>(rows) * cols * dtype_bytes(dt);
-      const size_t bytes = tensor * prob.tensors / 2;  // read (and written) by the kernel and by the copy
-      std::vector<double> k_us, c_us;
-      for (int r = 0; r < reps; ++r) {
-        auto ku = time_us([&](int) { return run(*best_kernel, best_geo, r % sets); }, 1, st);
-        bench::check(ku.status());
-        k_us.push_back(*ku);
-        auto cu = time_us(
-            [&](int) -> Status {
-              // x -> y (and residual -> residual_out): the same tensors the kernel reads and writes.
-              int base = (r % sets) * 4;
-              for (int c = 0; c < prob.tensors / 2; ++c) {
-                KILN_CHECK(drv->cuMemcpyDtoDAsync(bufs[base + 2 + c].ptr(), bufs[base + c].ptr(), tensor, st));
-              }
-              return Status();
-            },
-            1, st);
-        bench::check(cu.status());
-        c_us.push_back(*cu);
+        // Best configuration and the copy, interleaved.
+        const size_t tensor = static_cast<size_t>(rows) * cols * dtype_bytes(dt);
+        const size_t bytes = tensor * prob.tensors / 2;  // read (and written) by the kernel and by the copy
+        std::vector<double> k_us, c_us;
+        for (int r = 0; r < reps; ++r) {
+          auto ku = time_us([&](int) { return run(*best_kernel, best_geo, r % sets); }, 1, st);
+          bench::check(ku.status());
+          k_us.push_back(*ku);
+          auto cu = time_us(
+              [&](int) -> Status {
+                // x -> y (and residual -> residual_out): the same tensors the kernel reads and writes.
+                int base = (r % sets) * 4;
+                for (int c = 0; c < prob.tensors / 2; ++c) {
+                  KILN_CHECK(drv->cuMemcpyDtoDAsync(bufs[base + 2 + c].ptr(), bufs[base + c].ptr(), tensor, st));
+                }
+                return Status();
+              },
+              1, st);
+          bench::check(cu.status());
+          c_us.push_back(*cu);
+        }
+        auto ks = bench::stats(k_us), cs = bench::stats(c_us);
+        const double moved = 2.0 * bytes;  // read + write
+        double kgbs = moved / (ks.median * 1e-6) / 1e9, cgbs = moved / (cs.median * 1e-6) / 1e9;
+        table.add({prob.label, std::to_string(rows), std::to_string(cols), timed.front().config,
+                   std::to_string(timed.size()), fmt::format("{:.1f}", ks.median), fmt::format("{:.0f}", kgbs), fmt::format("{:.1f}", cs.median),
+                   fmt::format("{:.0f}", cgbs), fmt::format("{:.1f}%", 100.0 * cs.median / ks.median)});
+        nlohmann::json r;
+        r["problem"] = prob.label;
+        r["rows"] = rows;
+        r["cols"] = cols;
+        r["dtype"] = "bf16";
+        r["bytes_moved"] = moved;
+        r["best_config"] = timed.front().config;
+        r["configs_swept"] = timed.size();
+        r["compile_failures"] = failed;
+        r["kernel_us"] = bench::to_json(ks);
+        r["copy_us"] = bench::to_json(cs);
+        r["kernel_gbps"] = kgbs;
+        r["copy_gbps"] = cgbs;
+        r["fraction_of_copy"] = cs.median / ks.median;
+        nlohmann::json top = nlohmann::json::array();
+        for (size_t i = 0; i < std::min<size_t>(timed.size(), 8); ++i) {
+          top.push_back({{"config", timed[i].config}, {"median_us", timed[i].median_us}});
+        }
+        r["sweep_top"] = top;
+        r["sweep_worst"] = {{"config", timed.back().config}, {"median_us", timed.back().median_us}};
+        out["results"].push_back(r);
+        fmt::print(stderr, "{} rows={} cols={}: {} configs, best {} {:.1f} us\n", prob.label, rows, cols,
+                   timed.size(), timed.front().config, timed.front().median_us);
       }
-      auto ks = bench::stats(k_us), cs = bench::stats(c_us);
-      const double moved = 2.0 * bytes;  // read + write
-      double kgbs = moved / (ks.median * 1e-6) / 1e9, cgbs = moved / (cs.median * 1e-6) / 1e9;
-      table.add({prob.label, std::to_string(cols), timed.front().config, std::to_string(timed.size()),
-                 fmt::format("{:.1f}", ks.median), fmt::format("{:.0f}", kgbs), fmt::format("{:.1f}", cs.median),
-                 fmt::format("{:.0f}", cgbs), fmt::format("{:.1f}%", 100.0 * cs.median / ks.median)});
-      nlohmann::json r;
-      r["problem"] = prob.label;
-      r["rows"] = rows;
-      r["cols"] = cols;
-      r["dtype"] = "bf16";
-      r["bytes_moved"] = moved;
-      r["best_config"] = timed.front().config;
-      r["configs_swept"] = timed.size();
-      r["compile_failures"] = failed;
-      r["kernel_us"] = bench::to_json(ks);
-      r["copy_us"] = bench::to_json(cs);
-      r["kernel_gbps"] = kgbs;
-      r["copy_gbps"] = cgbs;
-      r["fraction_of_copy"] = cs.median / ks.median;
-      nlohmann::json top = nlohmann::json::array();
-      for (size_t i = 0; i < std::min<size_t>(timed.size(), 8); ++i) {
-        top.push_back({{"config", timed[i].config}, {"median_us", timed[i].median_us}});
-      }
-      r["sweep_top"] = top;
-      r["sweep_worst"] = {{"config", timed.back().config}, {"median_us", timed.back().median_us}};
-      out["results"].push_back(r);
-      fmt::print(stderr, "{} cols={}: {} configs, best {} {:.1f} us\n", prob.label, cols, timed.size(),
-                 timed.front().config, timed.front().median_us);
     }
   }
   if (only != "long") {
@@ -367,7 +389,7 @@ int main(int argc, char** argv) {
     out["device_copy_gbps"] = copy_gbps;
     std::vector<uint16_t> host_x;  // the values every buffer was filled with
     {
-      host_x.resize(rows * max_cols);
+      host_x.resize(buffer_rows * max_cols);
       bench::check(bufs[0].copy_to_host(host_x.data(), host_x.size() * 2));
     }
     bench::Table long_table({"rows", "cols", "best kiln configuration", "kiln us", "GB/s", "of copy bw", "copy us",
