@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
       for (auto& th : threads) th.join();
 
       for (const int64_t rows : row_counts) {
+        const Shape rows_shape{rows, cols};  // the launch's geometry (the grid follows the rows)
         const int sets = 2;
         auto args_for = [&](int set) {
           NormArgs a{};
@@ -279,7 +280,7 @@ int main(int argc, char** argv) {
           }
           auto k = load_kernel(*bins[i]);
           bench::check(k.status());
-          auto geo = (*t)->geometry(cands[i], shape);
+          auto geo = (*t)->geometry(cands[i], rows_shape);
           bench::check(geo.status());
           for (int w = 0; w < 3; ++w) bench::check(run(*k, *geo, w % sets));
           bench::check(sync_ctx());
