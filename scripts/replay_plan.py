@@ -57,7 +57,7 @@ def diverse(ranked, keep, planned, share):
             continue
         seen.add(variant(best))
         pick = best
-        for c in ranked[i:]:
+        for c in ranked[i:] if i > 0 else []:  # the model's first choice is never swapped
             if best["name"] in planned or c["model_us"] > best["model_us"] * (1 + share):
                 break
             if variant(c) == variant(best) and c["name"] in planned:
