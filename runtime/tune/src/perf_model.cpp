@@ -196,15 +196,25 @@ ModelEstimate row_estimate(const Problem& problem, const Params& p, const Device
   e.occupancy = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(d.max_threads_per_sm / threads, 32)));
   const int64_t slots = static_cast<int64_t>(d.sms) * e.occupancy;
   e.waves = static_cast<double>(e.blocks) / static_cast<double>(slots);
-  const int64_t active_sms = std::min<int64_t>(d.sms, ceil_div(e.blocks, e.occupancy));
-  // Bytes in flight per SM: every resident thread's vector loads of one sweep (items of them, issued together),
+  // The block scheduler spreads blocks over the SMs before it stacks them: 128 blocks run on 128 SMs, one each.
+  // (Packing them occupancy-deep onto 128 / occupancy SMs ranked every few-block norm configuration 1.5-2x slow;
+  // over five H200 suite runs' exhaustive reports the spread placement, with the row bound below, put a choice
+  // within 1% of the best among the kept ones on 39 of 45 norm/softmax problems against 32, and the worst
+  // 1.00-1.05 against 1.03-1.08.)
+  const int64_t active_sms = std::min<int64_t>(d.sms, e.blocks);
+  const int64_t blocks_per_sm = std::min<int64_t>(e.occupancy, ceil_div(e.blocks, d.sms));
+  // Bytes in flight per SM: every loading thread's vector loads of one sweep (items of them, issued together),
   // but no more than the row has for it: items past a thread's share of the row load nothing. (Counting them
   // ranked items=6 over items=2 for 128k-column softmax rows, where each thread has 2 vectors: the H200 suite of
-  // 26 Nov measured the exact fit 4-10% faster.)
+  // 26 Nov measured the exact fit 4-10% faster.) A block holds at most its rows' bytes in flight, and the
+  // threads of rows past the last one load nothing.
   const double per_thread_vectors = std::ceil(static_cast<double>(cols) / static_cast<double>(row_threads * vec));
   const double loaded_items = std::min(static_cast<double>(items), per_thread_vectors);
-  const double in_flight = static_cast<double>(std::min<int64_t>(e.blocks, e.occupancy) * threads) *
-                           static_cast<double>(vec) * loaded_items * elem;
+  const int64_t loading_threads = blocks_per_row > 1 ? threads : std::min(rows_per_block, rows) * (threads / rows_per_block);
+  const double row_share = static_cast<double>(blocks_per_row > 1 ? ceil_div(cols, blocks_per_row)
+                                                                  : std::min(rows_per_block, rows) * cols);
+  const double in_flight = static_cast<double>(blocks_per_sm) *
+                           std::min(static_cast<double>(loading_threads * vec) * loaded_items, row_share) * elem;
   e.memory_us = bytes / (reachable_gbps(d, active_sms, in_flight) * 1e3);
   // Latency of one block: its sweeps over the row and log-depth reductions (two: max/sum or sum/sum-of-squares),
   // paid once per wave; a cluster adds its distributed shared memory exchange.
