@@ -158,7 +158,7 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   // Stream-K: the flag waits, and each tail tile's other pieces parked in and summed from L2 (~0.7 us per 64 KiB
   // partial read by one SM). sk_even: about one partial per block (its first piece), read by the block before it.
   // No memset any more (the flags stay lowered): the same configurations ran 1.85 us faster (median of 511) on an
-  // H200 than with it (28 Nov, bench/results/gemm-suite-nvidia-h200-2026-11-28-a0971ff.json against -1359ef4).
+  // H200 than with it (28 Nov, bench/results/gemm-suite-nvidia-h200-2026-11-28-a0971ff.json.xz against -1359ef4).
   if (sk_pieces > 1) e.us += 0.3 + 0.7 * static_cast<double>(sk_pieces - 1) * static_cast<double>(g.bm * g.bn) / 16384.0;
   if (subgraph_slices > 1 || unfused) e.us += d.launch_us;
   return e;
