@@ -11,31 +11,21 @@ one condition, with measurements independent of those that made the picks.
 """
 import argparse
 import json
-import lzma
 import math
 import sys
 
+from replay_plan import exhaustive_reports
+
 
 def load_reports(paths):
+    """Each problem's measured times (choice name -> median us) in the judge's exhaustive reports."""
     best = {}
-    for path in paths:
-        opener = lzma.open if path.endswith(".xz") else open
-        try:
-            with opener(path, "rt") as f:
-                for n, line in enumerate(f, 1):
-                    o = json.loads(line)
-                    if not isinstance(o, dict) or o.get("effort") != "exhaustive":
-                        continue
-                    report = o.get("report")
-                    if not isinstance(report, dict) or not isinstance(report.get("choices"), list):
-                        sys.exit(f"{path}:{n}: an exhaustive line without a report's choices")
-                    times = {c["name"]: c["median_us"] for c in report["choices"]
-                             if c.get("ok") and c.get("runs", 0) > 0 and c.get("median_us", 0) > 0}
-                    if times:
-                        best[o["problem"]] = times
-        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError, ValueError, KeyError, TypeError,
-                AttributeError) as e:
-            sys.exit(f"cannot read {path}: {e}")
+    for path, problem, report in exhaustive_reports(paths):
+        times = {c.get("name"): c.get("median_us") for c in report["choices"]
+                 if c.get("ok") and c.get("runs", 0) > 0 and isinstance(c.get("median_us"), (int, float))
+                 and c["median_us"] > 0}
+        if times:
+            best[problem] = times
     if not best:
         sys.exit("no exhaustive reports in the judge's files")
     return best
@@ -59,11 +49,14 @@ def main():
         for effort in ("default", "exhaustive"):
             ratios = []
             for p in problems:
-                times = judge.get(p.get("problem"))
-                pick = p.get(f"{effort}_choice")
+                problem, pick = p.get("problem"), p.get(f"{effort}_choice")
+                if not isinstance(problem, str) or not isinstance(pick, str):
+                    continue  # not judged: a problem without a name or a pick (an error in that run)
+                times = judge.get(problem)
                 if times and pick in times:
                     ratios.append(times[pick] / min(times.values()))
             if not ratios:
+                print(f"{path.rsplit('/', 1)[-1][-36:]} / {effort}: no pick found in the judge's reports")
                 continue
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
             label = f"{path.rsplit('/', 1)[-1][-36:]} / {effort}"

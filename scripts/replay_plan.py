@@ -123,6 +123,30 @@ def replay(problems, plan, keep, share, widen, variants=1, near_extern=0.0, roun
     return within, replayed, sum(len(v) for v in names.values()), widened, worst
 
 
+def exhaustive_reports(paths):
+    """(path, problem, report) for every exhaustive line of bench_tuning_speed's tuning-reports-*.jsonl[.xz];
+    exits naming the file when one cannot be read or a line is not such a report."""
+    for path in paths:
+        opener = lzma.open if path.endswith(".xz") else open
+        try:
+            with opener(path, "rt") as f:
+                for n, line in enumerate(f, 1):
+                    o = json.loads(line)
+                    if not isinstance(o, dict) or o.get("effort") != "exhaustive":
+                        continue
+                    report = o.get("report")
+                    if not isinstance(report, dict) or not isinstance(report.get("choices"), list) or \
+                            not all(isinstance(c, dict) for c in report["choices"]):
+                        sys.exit(f"{path}:{n}: an exhaustive line without a report's choices")
+                    for c in report["choices"]:
+                        for key in ("runs", "median_us", "model_rank", "model_us"):
+                            if key in c and (isinstance(c[key], bool) or not isinstance(c[key], (int, float))):
+                                sys.exit(f"{path}:{n}: choice {c.get('name')!r} has a {key} that is not a number")
+                    yield path, o.get("problem"), report
+        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            sys.exit(f"cannot read {path}: {e}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("reports", nargs="+", help="tuning-reports-*-part-N.jsonl[.xz] from bench_tuning_speed suite")
@@ -131,20 +155,9 @@ def main():
     if not args.share >= 0:
         sys.exit(f"--share must be a fraction >= 0, not {args.share}")
     problems = []
-    for path in args.reports:
+    for path, _, report in exhaustive_reports(args.reports):
         m = re.search(r"part-(\d+)", path)
-        opener = lzma.open if path.endswith(".xz") else open
-        try:
-            with opener(path, "rt") as f:
-                for n, line in enumerate(f, 1):
-                    o = json.loads(line)
-                    if isinstance(o, dict) and o.get("effort") == "exhaustive":
-                        report = o.get("report")
-                        if not isinstance(report, dict) or not isinstance(report.get("choices"), list):
-                            sys.exit(f"{path}:{n}: an exhaustive line without a report's choices")
-                        problems.append((m.group(1) if m else path, report))
-        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            sys.exit(f"cannot read {path}: {e}")
+        problems.append((m.group(1) if m else path, report))
     if not problems:
         sys.exit("no exhaustive reports in the files given")
     print(f"{len(problems)} problems; share margin {args.share}")
@@ -152,6 +165,7 @@ def main():
     for label, plan, widen, variants, near in (
             ("by rank", by_rank, 0, 1, 0.0), ("one per variant first", diverse, 0, 1, 0.0),
             ("one per variant + widen the fastest", diverse, 2, 1, 0.0),
+            ("  the same, the first never swapped", lambda r, k, p, sh: diverse(r, k, p, sh, keep_first=True), 2, 1, 0.0),
             ("+ widen the two fastest", diverse, 2, 2, 0.0),
             ("+ widen the two fastest, 3% of extern", diverse, 2, 2, 0.03)):
         for keep in (8, 10, 12):
