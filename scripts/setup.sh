@@ -6,7 +6,8 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libtbb-dev librocksdb-dev libxxhash-dev libgtest-dev libgmock-dev
           libbenchmark-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libssl-dev python3
           libhiredis-dev redis-server  # the fleet tier's client, and the Redis its tests start
-          clang)  # clang (14 on Debian 12) with libFuzzer: scripts/fuzz.sh, run by CI
+          clang  # clang (14 on Debian 12) with libFuzzer: scripts/fuzz.sh, run by CI
+          xz-utils)  # reads the recorded tuning reports (bench_calibration_replay's test)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,295 @@
+// Offline replay of the tuner's neighbour calibration over recorded suite runs (issue 16), no GPU needed.
+//
+// A suite run (bench_tuning_speed suite, parts 0..N-1) records each problem's default-effort tune and its
+// exhaustive tune: the exhaustive one measured every template, the default one what it kept. For each GEMM of a
+// part, in tuning order, this rebuilds what the default tune's cache knew (the timings its earlier neighbours
+// measured), ranks the problem's every template with the real model (estimate()) under several ways of carrying
+// the neighbours' timings over, and asks of each: is the fastest template within the first K, and how far is the
+// best of the first K from the fastest? Only the calibration differs between the schemes; the plan's variant
+// picks, shares, widenings and extern-first pruning are not replayed, so the figures compare schemes with each
+// other and do not predict a run.
+//
+//   bench_calibration_replay --keep 10 bench/results/tuning-reports-nvidia-h200-2026-11-29-9456867-part-*.jsonl.xz
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "kiln/runtime/perf_model.h"
+#include "kiln/runtime/problem.h"
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::runtime;
+using Params = std::map<std::string, std::string>;
+
+struct Timing {
+  std::string name;
+  Params parameters;
+  ChoiceKind kind = ChoiceKind::kTemplate;
+  double median_us = 0;
+};
+
+struct Tune {
+  std::string id;
+  Problem problem;
+  std::vector<Timing> templates;  // measured, ok
+};
+
+std::optional<Problem> gemm_from_id(const std::string& id) {
+  static const std::regex re(R"(m(\d+)_n(\d+)_k(\d+)_(bf16|f16)_([cr]))");
+  std::smatch m;
+  if (!std::regex_match(id, m, re)) return std::nullopt;
+  GemmProblem g;
+  g.m = std::stoll(m[1]), g.n = std::stoll(m[2]), g.k = std::stoll(m[3]);
+  g.a = g.b = g.epilogue.out = m[4] == "bf16" ? DType::kBF16 : DType::kF16;
+  g.b_layout = m[5] == "c" ? Layout::kColMajor : Layout::kRowMajor;
+  return Problem::gemm(g);
+}
+
+// One part's tunes of one effort, in the order they ran.
+using Part = std::map<std::string, std::vector<Tune>>;
+
+bool read_part(const std::string& path, Part& part, std::string& err) {
+  const std::string cmd = (path.ends_with(".xz") ? "xz -dc '" : "cat '") + path + "'";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) {
+    err = "cannot read " + path;
+    return false;
+  }
+  std::string text;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  if (pclose(f) != 0 || text.empty()) {
+    err = path + ": not a readable report file";
+    return false;
+  }
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("report")) {
+      err = path + ": a line that is not a tuning report";
+      return false;
+    }
+    try {
+      auto problem = gemm_from_id(j.value("problem", ""));
+      if (!problem) continue;
+      Tune t{j["problem"], *problem, {}};
+      for (const auto& c : j["report"]["choices"]) {
+        if (c.value("kind", "") != "template" || !c.value("ok", false)) continue;
+        const double us = c.value("median_us", 0.0);
+        if (!(us > 0)) continue;
+        t.templates.push_back({c["name"], c["parameters"].get<Params>(), ChoiceKind::kTemplate, us});
+      }
+      part[j.value("effort", "")].push_back(std::move(t));
+    } catch (const std::exception& e) {  // a field of the wrong type, a size past int64
+      err = path + ": a report kiln cannot read (" + e.what() + ")";
+      return false;
+    }
+  }
+  return true;
+}
+
+// How the neighbours' timings become a score. A choice measured nearby is scaled by its own measured / modelled
+// there (the library's rule) in every scheme but "no per-choice"; the schemes differ in what a choice nobody
+// measured nearby is scaled by.
+enum class Scheme { kMain, kNoPerChoice, kFamilyLocal, kFamilyLocalOrFit, kMedian, kQuartile };
+const char* scheme_name(Scheme s) {
+  switch (s) {
+    case Scheme::kMain: return "overall x fit (main)";
+    case Scheme::kNoPerChoice: return "no per-choice";
+    case Scheme::kFamilyLocal: return "family's nearby";
+    case Scheme::kFamilyLocalOrFit: return "min(family's, fit)";
+    case Scheme::kMedian: return "median ratio";
+    case Scheme::kQuartile: return "lower quartile ratio";
+  }
+  return "?";
+}
+
+struct Neighbour {
+  const Tune* tune;
+  double distance;
+};
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+// Scores every template of `truth` (the exhaustive tune of the problem) under a scheme.
+std::vector<std::pair<double, const Timing*>> scored(const Tune& truth, const std::vector<Neighbour>& near,
+                                                     Scheme scheme, const DevicePeaks& peaks) {
+  std::vector<NeighbourTiming> timings;
+  std::vector<double> ratios;
+  for (const auto& nb : near) {
+    for (const auto& t : nb.tune->templates) {
+      timings.push_back({nb.tune->problem, t.name, t.parameters, t.kind, t.median_us});
+      const ModelEstimate q = estimate(nb.tune->problem, t.kind, t.parameters, peaks);
+      if (q.known && q.us > 0) ratios.push_back(std::clamp(t.median_us / q.us, 0.25, 4.0));
+    }
+  }
+  const auto cal = calibrate(timings, peaks);
+  const double overall = cal.count("*") ? cal.at("*") : 1.0;
+  std::vector<std::pair<double, const Timing*>> out;
+  for (const auto& t : truth.templates) {
+    const ModelEstimate e = estimate(truth.problem, t.kind, t.parameters, peaks);
+    if (!e.known) continue;
+    const std::string family = calibration_family(t.kind, t.parameters, e.bound);
+    const double fitted = fitted_calibration(family, peaks);
+    auto local = cal.find("family:" + family);
+    double factor = overall * fitted;
+    switch (scheme) {
+      case Scheme::kMain:
+      case Scheme::kNoPerChoice: break;
+      case Scheme::kFamilyLocal:
+        if (local != cal.end()) factor = local->second;
+        break;
+      case Scheme::kFamilyLocalOrFit:
+        if (local != cal.end()) factor = std::min(local->second, fitted);
+        break;
+      case Scheme::kMedian:
+        if (!ratios.empty()) factor = quantile(ratios, 0.5);
+        break;
+      case Scheme::kQuartile:
+        if (!ratios.empty()) factor = quantile(ratios, 0.25);
+        break;
+    }
+    auto own = cal.find(t.name);
+    if (own != cal.end() && scheme != Scheme::kNoPerChoice) factor = own->second;
+    out.push_back({e.us * factor, &t});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Replay the tuner's neighbour calibration over recorded suite reports (no GPU)"};
+  std::vector<std::string> files;
+  int keep = 10;
+  bool verbose = false;
+  std::string show;
+  double latency = 0;
+  app.add_option("reports", files, "tuning-reports-…-part-N.jsonl[.xz], one file per part")->required();
+  app.add_option("--keep", keep, "templates a plan keeps")->check(CLI::Range(1, 1000));
+  app.add_flag("--verbose", verbose, "one line per problem where the schemes differ");
+  app.add_option("--show", show, "print the first 2K of this problem's order under each scheme, and its neighbours");
+  app.add_option("--latency", latency, "DevicePeaks::memory_latency_us to replay with (default: the library's)")
+      ->check(CLI::Range(0.05, 20.0));
+  CLI11_PARSE(app, argc, argv);
+
+  // An H200 as from_device() reads it.
+  DevicePeaks peaks = DevicePeaks::for_arch("sm_90a");
+  peaks.hbm_gbps = 2.0 * 3201e3 * 1e3 * (6144 / 8.0) / 1e9;
+  peaks.l2_gbps = std::max(peaks.l2_gbps, 2.5 * peaks.hbm_gbps);
+  peaks.measured = true;
+  if (latency > 0) peaks.memory_latency_us = latency;
+
+  const std::vector<Scheme> schemes{Scheme::kMain,   Scheme::kNoPerChoice, Scheme::kFamilyLocal,
+                                    Scheme::kFamilyLocalOrFit, Scheme::kMedian, Scheme::kQuartile};
+  struct Tally {
+    int problems = 0, best_kept = 0, within1 = 0, within3 = 0;
+    double worst = 1, log_sum = 0;
+  };
+  std::map<Scheme, Tally> tally;
+  Tally alone;
+  for (const auto& path : files) {
+    Part part;
+    std::string err;
+    if (!read_part(path, part, err)) {
+      fmt::print(stderr, "bench_calibration_replay: {}\n", err);
+      return 1;
+    }
+    const auto& defaults = part["default"];
+    std::map<std::string, const Tune*> exhaustive;
+    for (const auto& t : part["exhaustive"]) exhaustive[t.id] = &t;
+    for (size_t i = 0; i < defaults.size(); ++i) {
+      auto ex = exhaustive.find(defaults[i].id);
+      if (ex == exhaustive.end() || ex->second->templates.empty()) continue;
+      const Tune& truth = *ex->second;
+      // The tuner's neighbours: measured earlier in this part, each size within 2x, the nearest 8.
+      std::vector<Neighbour> near;
+      for (size_t j = 0; j < i; ++j) {
+        if (auto d = neighbour_distance(defaults[i].problem, defaults[j].problem)) near.push_back({&defaults[j], *d});
+      }
+      std::stable_sort(near.begin(), near.end(), [](const auto& a, const auto& b) { return a.distance < b.distance; });
+      if (near.size() > 8) near.resize(8);
+      double fastest = 1e30;
+      for (const auto& t : truth.templates) fastest = std::min(fastest, t.median_us);
+      {
+        // The model alone (its family fits, nothing measured nearby), on every problem.
+        const auto order = scored(truth, {}, Scheme::kMain, peaks);
+        double best = 1e30;
+        for (size_t r = 0; r < order.size() && r < static_cast<size_t>(keep); ++r) best = std::min(best, order[r].second->median_us);
+        auto& t = alone;
+        ++t.problems;
+        t.best_kept += best == fastest;
+        t.within1 += best / fastest <= 1.01;
+        t.within3 += best / fastest <= 1.03;
+        t.worst = std::max(t.worst, best / fastest);
+        t.log_sum += std::log(best / fastest);
+      }
+      if (near.empty()) continue;  // nothing to calibrate with: every scheme ranks alike
+      std::string line;
+      std::set<double> ratios;
+      for (Scheme s : schemes) {
+        const auto order = scored(truth, near, s, peaks);
+        if (truth.id == show) {
+          fmt::print("{} under '{}' (fastest template {:.1f} us):\n", truth.id, scheme_name(s), fastest);
+          for (size_t r = 0; r < order.size() && r < static_cast<size_t>(2 * keep); ++r) {
+            const auto& t = *order[r].second;
+            fmt::print("  {:>3} {:<62} score {:7.1f} model {:7.1f} measured {:7.1f}\n", r, t.name, order[r].first,
+                       estimate(truth.problem, t.kind, t.parameters, peaks).us, t.median_us);
+          }
+          if (s == Scheme::kMain) {
+            for (const auto& nb : near) fmt::print("  neighbour {} ({} timings)\n", nb.tune->id, nb.tune->templates.size());
+          }
+        }
+        double best = 1e30;
+        bool kept = false;
+        for (size_t r = 0; r < order.size() && r < static_cast<size_t>(keep); ++r) {
+          best = std::min(best, order[r].second->median_us);
+          kept |= order[r].second->median_us == fastest;
+        }
+        const double ratio = best / fastest;
+        auto& t = tally[s];
+        ++t.problems;
+        t.best_kept += kept;
+        t.within1 += ratio <= 1.01;
+        t.within3 += ratio <= 1.03;
+        t.worst = std::max(t.worst, ratio);
+        t.log_sum += std::log(ratio);
+        ratios.insert(std::round(ratio * 1000) / 1000);
+        line += fmt::format(" {:.3f}", ratio);
+      }
+      if (verbose && ratios.size() > 1) fmt::print("{:<28}{}\n", truth.id, line);
+    }
+  }
+  fmt::print("\n{:<24} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8}\n", "scheme", "problems", "best kept", "within 1%",
+             "within 3%", "worst", "geomean");
+  fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "model alone (every GEMM)", alone.problems,
+             alone.best_kept, alone.within1, alone.within3, alone.worst, std::exp(alone.log_sum / std::max(1, alone.problems)));
+  for (Scheme s : schemes) {
+    const auto& t = tally[s];
+    fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", scheme_name(s), t.problems, t.best_kept,
+               t.within1, t.within3, t.worst, std::exp(t.log_sum / std::max(1, t.problems)));
+  }
+  return 0;
+}
