@@ -187,14 +187,14 @@ Result<std::vector<PlannedKernel>> plan_kernels(const runtime::Workload& w, cons
   KILN_ASSIGN_OR_RETURN(runtime::Effort effort, effort_of(a));
   ctx.max_template_configs = runtime::template_sample(sample_options(a), effort);
   ctx.families = a.families;
-  const runtime::DevicePeaks peaks = runtime::DevicePeaks::for_arch(target.arch);
+  const std::vector<runtime::DevicePeaks> parts = runtime::DevicePeaks::parts_of(target.arch);
   std::vector<PlannedKernel> out;
   std::unordered_map<KernelKey, size_t> index;
   for (size_t i = 0; i < w.problems.size(); ++i) {
     auto all = runtime::default_ops().choices(w.problems[i], ctx);
     // The effort's share of the choices: those a tune at this effort compiles (and one widening's worth more).
     auto choices = all.ok() ? runtime::precompile_plan(runtime::default_ops(), w.problems[i], std::move(all).value(),
-                                                       effort, peaks)
+                                                       effort, parts)
                             : Result<std::vector<runtime::ChoicePtr>>(all.status());
     if (!choices.ok()) {
       failures.push_back(fmt::format("{}: {}", w.problems[i].describe(), choices.status().to_string()));

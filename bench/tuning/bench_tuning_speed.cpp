@@ -592,7 +592,7 @@ int phase_plan(const std::string& part_text, const std::string& filter, const st
     for (const auto& p : problems) {
       auto all = bench::must(default_ops().choices(p.problem, ctx), p.id);
       choices += all.size();
-      auto kept = bench::must(precompile_plan(default_ops(), p.problem, std::move(all), effort, peaks));
+      auto kept = bench::must(precompile_plan(default_ops(), p.problem, std::move(all), effort, {peaks}));
       planned += kept.size();
       for (const auto& c : kept) {
         for (auto& k : c->kernels()) kernels.emplace(make_key(k.source, k.target), k);

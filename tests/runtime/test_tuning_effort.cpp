@@ -12,7 +12,10 @@
 #include "kiln/runtime/budget.h"
 #include "kiln/runtime/measure.h"
 #include "kiln/runtime/perf_model.h"
+#include "kiln/runtime/builtin.h"
+#include "kiln/runtime/ops.h"
 #include "kiln/runtime/tuner.h"
+#include "kiln/runtime/workload.h"
 #include "fake_choices.h"
 #include "selection_rule.h"
 
@@ -484,6 +487,117 @@ TEST(WorkloadBudget, OrdersByGainPerSecondAndStopsWhenSpent) {
   // The roofline of a GEMM is its FLOPs at peak; of a norm its bytes at bandwidth.
   EXPECT_NEAR(roofline_us(gemm(4096, 4096, 4096), kH100), 2.0 * 4096 * 4096 * 4096 / 989e6, 1);
   EXPECT_GT(roofline_us(Problem::norm({.rows = 4096, .cols = 4096}), kH100), 19);
+}
+
+// The serving recipe (docs/python.md): a cache `kiln precompile --arch sm_90a` filled on a machine without a GPU
+// must leave the default tune on any sm_90a part nothing to compile, widenings included. On an H200 (its
+// measured bandwidth, its own family fit) the tune ranked templates precompile had left out, and it widened past
+// the precompiled next ranks (measured as cached extras): the recipe's warm-up compiled 1-4 kernels (GPU test
+// test_serving_recipe, 26 and 29 Nov).
+TEST(EffortPlan, APrecompiledCacheLeavesTheDefaultTuneNothingToCompileOnEveryPartOfTheArch) {
+  auto workload = load_workload(std::string(KILN_SOURCE_DIR) + "/examples/llama3-8b.json");
+  ASSERT_TRUE(workload.ok()) << workload.status().to_string();
+  std::vector<Problem> problems = workload->problems;
+  GemmProblem recipe;  // python/tests/test_warmup.py's workload
+  recipe.m = 16, recipe.n = 4096, recipe.k = 4096, recipe.b_layout = Layout::kColMajor;
+  problems.push_back(Problem::gemm(recipe));
+  auto ctx = choice_context_for_arch(Target{"sm_90a"});
+  ASSERT_TRUE(ctx.ok());
+  const EffortPolicy policy = effort_policy(Effort::kDefault);
+  ctx->max_template_configs = policy.sample_per_template;
+  DeviceInfo h200;  // as the driver reports an H200
+  h200.cc_major = 9, h200.sm_count = 132, h200.memory_clock_khz = 3201000, h200.memory_bus_bits = 6144;
+  h200.max_shared_per_sm = 233472;
+  int checked = 0, widened = 0;
+  for (const Problem& p : problems) {
+    auto all = default_ops().choices(p, *ctx);
+    ASSERT_TRUE(all.ok()) << p.describe();
+    auto def = default_ops().find(p.op);
+    ASSERT_TRUE(def.ok());
+    auto pre = precompile_plan(default_ops(), p, *all, Effort::kDefault, DevicePeaks::parts_of("sm_90a"));
+    ASSERT_TRUE(pre.ok());
+    std::set<std::string> precompiled;
+    for (const auto& c : *pre) {
+      if (!c->kernels().empty()) precompiled.insert(c->name());
+    }
+    for (const DevicePeaks& peaks : {DevicePeaks::for_arch("sm_90a"), DevicePeaks::from_device(h200)}) {
+      // The tune on the GPU: the cache holds the precompiled binaries (cached first among equal scores, and
+      // measured whatever their rank), then every widening round around any variant it measured.
+      const auto order = rank(p, *all, peaks, {}, precompiled);
+      detail::TunePlan plan = detail::plan_choices(*all, order, (*def)->reference(p), policy.keep, {}, 0, policy.diverse);
+      std::set<std::string> variants;
+      for (const auto& c : plan.first) {
+        if (c->kernels().empty()) continue;  // externs: nothing to compile
+        EXPECT_TRUE(precompiled.count(c->name())) << p.describe() << " on " << peaks.hbm_gbps << " GB/s: "
+                                                  << c->name() << " is measured first and not precompiled";
+        ++checked;
+        if (auto it = plan.structure.find(c->name()); it != plan.structure.end()) variants.insert(it->second);
+      }
+      std::vector<ChoicePtr> cached = plan.cached_extras;
+      for (const auto& v : variants) {
+        for (int round = 0; round < policy.max_widenings; ++round) {
+          for (const auto& c : detail::widen_variant(plan.reserve, cached, plan, v, static_cast<size_t>(policy.widen))) {
+            EXPECT_TRUE(precompiled.count(c->name())) << p.describe() << " on " << peaks.hbm_gbps << " GB/s: widening "
+                                                      << v << " compiles " << c->name();
+            ++widened;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+  std::printf("%d choices measured first, %d widened beyond the cached extras, all precompiled\n", checked, widened);
+}
+
+TEST(EffortPlan, AWideningTakesTheNextRanksOfTheVariantCachedOrNot) {
+  const Problem p = gemm(16, 4096, 4096);
+  // Six choices of one variant (ranks 0-5 by tile size), and one of another.
+  std::vector<ChoicePtr> choices;
+  for (int i = 0; i < 6; ++i) {
+    choices.push_back(std::make_shared<FakeChoice>("v" + std::to_string(i), ChoiceKind::kTemplate,
+                                                   wgmma(64, 16 << (i % 4), 1, 4 + i, 1, true)));
+  }
+  choices.push_back(std::make_shared<FakeChoice>("other", ChoiceKind::kTemplate, wgmma(128, 128, 2, 4, 1, false, true)));
+  const auto order = rank(p, choices, kH100, {}, {"v2", "v3"});
+  detail::TunePlan plan = detail::plan_choices(choices, order, "cublas_default", 1, {}, 0, true);
+  ASSERT_FALSE(plan.first.empty());
+  std::vector<ChoicePtr> cached = plan.cached_extras;
+  std::vector<std::string> cached_names;
+  for (const auto& c : cached) cached_names.push_back(c->name());
+  EXPECT_EQ(std::set<std::string>(cached_names.begin(), cached_names.end()), (std::set<std::string>{"v2", "v3"}));
+  const std::string variant = plan.structure.at("v0");
+  ASSERT_EQ(plan.structure.at("v5"), variant);
+  // The first widening of v's variant: its next two ranks. Those cached were measured already: nothing of
+  // theirs compiles, and the reserve keeps what lies beyond.
+  std::vector<std::string> ranked;  // v's variant in model order, past the first
+  for (const auto& r : order) {
+    const std::string n = choices[r.index]->name();
+    if (plan.structure.count(n) && plan.structure.at(n) == variant &&
+        std::none_of(plan.first.begin(), plan.first.end(), [&](const ChoicePtr& c) { return c->name() == n && !r.cached; })) {
+      ranked.push_back(n);
+    }
+  }
+  ASSERT_GE(ranked.size(), 4u);
+  const size_t reserve_before = plan.reserve.size();
+  auto batch = detail::widen_variant(plan.reserve, cached, plan, variant, 2);
+  size_t compiled = 0;
+  for (const auto& n : {ranked[0], ranked[1]}) compiled += (n == "v2" || n == "v3") ? 0 : 1;
+  EXPECT_EQ(batch.size(), compiled);
+  EXPECT_EQ(plan.reserve.size(), reserve_before - compiled);
+  // Taken cached ones are used up: the next widening goes on past them.
+  auto next = detail::widen_variant(plan.reserve, cached, plan, variant, 2);
+  std::set<std::string> all_taken;
+  for (const auto& c : batch) all_taken.insert(c->name());
+  for (const auto& c : next) all_taken.insert(c->name());
+  std::set<std::string> cached_left{"v2", "v3"};
+  for (size_t i = 0; i < 4; ++i) {
+    if (ranked[i] != "v2" && ranked[i] != "v3") EXPECT_TRUE(all_taken.count(ranked[i])) << ranked[i];
+    cached_left.erase(ranked[i]);
+  }
+  EXPECT_EQ(all_taken.size(), 4 - (2 - cached_left.size()));
+  std::set<std::string> left;
+  for (const auto& c : cached) left.insert(c->name());
+  EXPECT_EQ(left, cached_left);
 }
 
 }  // namespace

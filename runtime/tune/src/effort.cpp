@@ -1,6 +1,7 @@
 // Effort levels and what they mean in numbers; the model's plan of what a tune measures first.
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -148,6 +149,7 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     } else if (r.cached) {
       // No compile to wait for: measured whatever its rank, unless extern-first pruning cuts it.
       plan.first.push_back(c);
+      plan.cached_extras.push_back(c);
       ++plan.cached_extra;
     } else {
       plan.reserve.push_back(c);
@@ -166,6 +168,35 @@ std::vector<ChoicePtr> take_variant(std::vector<ChoicePtr>& reserve, const TuneP
     (match ? out : left).push_back(std::move(c));
   }
   reserve = std::move(left);
+  return out;
+}
+
+std::vector<ChoicePtr> widen_variant(std::vector<ChoicePtr>& reserve, std::vector<ChoicePtr>& cached,
+                                     const TunePlan& plan, const std::string& variant, size_t n) {
+  auto rank_of = [&](const ChoicePtr& c) {
+    auto it = plan.model.find(c->name());
+    return it == plan.model.end() ? std::numeric_limits<int>::max() : it->second.first;
+  };
+  auto of_variant = [&](const ChoicePtr& c) {
+    auto it = plan.structure.find(c->name());
+    return it != plan.structure.end() && it->second == variant;
+  };
+  std::vector<ChoicePtr> out;
+  size_t taken = 0, r = 0, c = 0;
+  std::vector<ChoicePtr> reserve_left, cached_left;
+  // Both lists are in model order: merge them, taking the first n of the variant.
+  while (r < reserve.size() || c < cached.size()) {
+    const bool from_reserve = c >= cached.size() || (r < reserve.size() && rank_of(reserve[r]) < rank_of(cached[c]));
+    ChoicePtr& next = from_reserve ? reserve[r++] : cached[c++];
+    if (taken < n && of_variant(next)) {
+      ++taken;
+      if (from_reserve) out.push_back(std::move(next));
+      continue;
+    }
+    (from_reserve ? reserve_left : cached_left).push_back(std::move(next));
+  }
+  reserve = std::move(reserve_left);
+  cached = std::move(cached_left);
   return out;
 }
 

@@ -262,6 +262,19 @@ DevicePeaks DevicePeaks::from_device(const DeviceInfo& device) {
   return d;
 }
 
+std::vector<DevicePeaks> DevicePeaks::parts_of(const std::string& arch) {
+  std::vector<DevicePeaks> parts{for_arch(arch)};
+  if (Target{arch}.compute_capability() == 90) {
+    DeviceInfo h200;  // what the driver reports of an H200 SXM
+    h200.cc_major = 9, h200.cc_minor = 0, h200.sm_count = 132, h200.max_shared_per_sm = 233472;
+    h200.memory_clock_khz = 3201000, h200.memory_bus_bits = 6144;
+    DevicePeaks d = from_device(h200);
+    d.arch = arch;
+    parts.push_back(d);
+  }
+  return parts;
+}
+
 ModelEstimate estimate(const Problem& problem, ChoiceKind kind, const Params& params, const DevicePeaks& peaks) {
   if (kind == ChoiceKind::kExtern || kind == ChoiceKind::kUser) return {};
   if (const auto* g = std::get_if<GemmProblem>(&problem.desc)) {

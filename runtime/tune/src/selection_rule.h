@@ -39,6 +39,7 @@ struct TunePlan {
   std::map<std::string, std::pair<int, double>> model;  // by name: model rank and estimate (us)
   int kept_ranked = 0;             // how many of `first` the model ranked within `keep` (or the reference)
   int cached_extra = 0;            // ranked below `keep` but cached (RankedChoice::cached): in `first` too
+  std::vector<ChoicePtr> cached_extras;  // those, in model order
   int shared_swaps = 0;            // ranked below `keep` but kept for sharing (share_margin) in place of another
   int variant_picks = 0;           // ranked below `keep` but kept as the best of its structural variant (diverse)
   std::map<std::string, std::string> structure;  // by name, for the model-ranked choices: structure_class()
@@ -53,6 +54,12 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
 /// Diverse widening: the next `n` choices of `reserve` (model order) of `variant`, taken out of it.
 std::vector<ChoicePtr> take_variant(std::vector<ChoicePtr>& reserve, const TunePlan& plan, const std::string& variant,
                                     size_t n);
+/// A tune's diverse widening: the next `n` choices of `variant` in model order among `reserve` and `cached`
+/// (the cached extras, measured already), each taken out of its list; returns those of the reserve, the ones
+/// to compile. A cached extra among the next ranks stands for itself, so a cache `kiln precompile` filled
+/// (which compiles every widening's next ranks) leaves the tune nothing to compile.
+std::vector<ChoicePtr> widen_variant(std::vector<ChoicePtr>& reserve, std::vector<ChoicePtr>& cached,
+                                     const TunePlan& plan, const std::string& variant, size_t n);
 
 /// Diverse widening: which structural variants to widen next, each with the measured choice it is widened
 /// around (the fastest of that variant), fastest first. Of the `variants` fastest variants among `measured`

@@ -688,6 +688,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   int kept = plan.kept_ranked;
   std::list<std::vector<Future<Binaries>>> widened_futures;
   std::set<std::string> widened_around;  // diverse: the choices widenings were around
+  std::vector<ChoicePtr> cached_pool = plan.cached_extras;  // diverse: measured already, next ranks of their variant
   while (!stopped && report.widenings < policy.max_widenings && !reserve.empty()) {
     std::vector<ChoicePtr> batch;
     if (policy.diverse) {
@@ -699,7 +700,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
            detail::variants_to_widen(measured, plan, report.best_extern_us, policy.widen_variants,
                                      policy.widen_near_extern, widened_around)) {
         widened_around.insert(around);
-        auto more = detail::take_variant(reserve, plan, variant, static_cast<size_t>(std::max(1, policy.widen)));
+        auto more = detail::widen_variant(reserve, cached_pool, plan, variant,
+                                          static_cast<size_t>(std::max(1, policy.widen)));
         batch.insert(batch.end(), more.begin(), more.end());
       }
       if (batch.empty()) break;
@@ -913,37 +915,66 @@ int template_sample(const TuneOptions& options, Effort effort) {
 }
 
 Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Problem& problem,
-                                               std::vector<ChoicePtr> choices, Effort effort, const DevicePeaks& peaks) {
+                                               std::vector<ChoicePtr> choices, Effort effort,
+                                               const std::vector<DevicePeaks>& parts) {
   const EffortPolicy policy = effort_policy(effort);
   if (policy.measure && policy.keep <= 0) return choices;
   KILN_ASSIGN_OR_RETURN(auto def, ops.find(problem.op));
   const std::string reference = def->reference(problem);
-  const auto order = rank(problem, choices, peaks);
+  // Every part of the arch the tune may run on ranks with its own figures (an H200's bandwidth and family fit
+  // order the templates differently from an H100's): the union of their plans, in the first part's order.
+  std::vector<ChoicePtr> out;
+  std::set<std::string> taken;
+  auto take = [&](const ChoicePtr& c) {
+    if (c && taken.insert(c->name()).second) out.push_back(c);
+  };
   if (!policy.measure) {
-    ChoicePtr pick = detail::model_pick(choices, order, reference);
-    return pick ? std::vector<ChoicePtr>{pick} : std::vector<ChoicePtr>{};
+    for (const DevicePeaks& peaks : parts) take(detail::model_pick(choices, rank(problem, choices, peaks), reference));
+    return out;
   }
-  detail::TunePlan plan = detail::plan_choices(choices, order, reference, policy.keep, {}, 0, policy.diverse);
-  // What a tune at this effort may reach by widening, and a margin for the order moving on the GPU machine
-  // (its measured peaks and the cache's calibration rank a little differently than the arch's table): a cache
-  // precompiled on a build machine should serve the tune with nothing left to compile. By rank: the next ranks
-  // of every widening and one more. Diverse: the first widening around any kept variant.
-  if (policy.diverse) {
-    std::set<std::string> variants;
-    for (const auto& c : plan.first) {
-      if (auto it = plan.structure.find(c->name()); it != plan.structure.end()) variants.insert(it->second);
+  if (!policy.diverse) {
+    for (const DevicePeaks& peaks : parts) {
+      detail::TunePlan plan = detail::plan_choices(choices, rank(problem, choices, peaks), reference, policy.keep, {},
+                                                   0, false);
+      for (const auto& c : plan.first) take(c);
+      // What a tune may reach by widening: the next ranks of every widening.
+      const size_t extra = std::min<size_t>(
+          plan.reserve.size(), static_cast<size_t>(policy.widen) * static_cast<size_t>(policy.max_widenings + 1));
+      for (size_t i = 0; i < extra; ++i) take(plan.reserve[i]);
     }
-    for (const auto& v : variants) {
-      for (auto& c : detail::take_variant(plan.reserve, plan, v, static_cast<size_t>(std::max(1, policy.widen)))) {
-        plan.first.push_back(std::move(c));
+    return out;
+  }
+  // Diverse: what the tune on each part measures first and every widening round around any variant it
+  // measured, as it plans them on a cache that holds what is taken so far (cached choices go first among equal
+  // scores and are measured whatever their rank; a widening takes the next ranks of its variant, cached or
+  // not); again until the tune would compile nothing more. A cache precompiled on a build machine then serves
+  // the tune with nothing left to compile.
+  for (int pass = 0; pass < 8; ++pass) {
+    const size_t before = out.size();
+    for (const DevicePeaks& peaks : parts) {
+      std::set<std::string> cached;
+      for (const auto& c : out) {
+        if (!c->kernels().empty()) cached.insert(c->name());
+      }
+      const auto order = rank(problem, choices, peaks, {}, cached);
+      detail::TunePlan plan = detail::plan_choices(choices, order, reference, policy.keep, {}, 0, true);
+      for (const auto& c : plan.first) take(c);
+      std::set<std::string> variants;
+      for (const auto& c : plan.first) {
+        if (auto it = plan.structure.find(c->name()); it != plan.structure.end()) variants.insert(it->second);
+      }
+      std::vector<ChoicePtr> pool = plan.cached_extras;
+      for (const auto& v : variants) {
+        for (int round = 0; round < std::max(1, policy.max_widenings); ++round) {
+          for (auto& c : detail::widen_variant(plan.reserve, pool, plan, v, static_cast<size_t>(std::max(1, policy.widen)))) {
+            take(c);
+          }
+        }
       }
     }
-    return plan.first;
+    if (out.size() == before) break;
   }
-  const size_t extra = std::min<size_t>(plan.reserve.size(),
-                                        static_cast<size_t>(policy.widen) * static_cast<size_t>(policy.max_widenings + 1));
-  plan.first.insert(plan.first.end(), plan.reserve.begin(), plan.reserve.begin() + static_cast<std::ptrdiff_t>(extra));
-  return plan.first;
+  return out;
 }
 
 Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem& problem, const Target& arch,
@@ -961,7 +992,7 @@ Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem
   ctx.families = options.families;
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> all, ops.choices(problem, ctx));
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices,
-                        precompile_plan(ops, problem, std::move(all), effort, DevicePeaks::for_arch(arch.arch)));
+                        precompile_plan(ops, problem, std::move(all), effort, DevicePeaks::parts_of(arch.arch)));
   PrecompileReport report;
   report.problem = problem.describe();
   std::vector<Future<Binary>> futures;

@@ -53,6 +53,10 @@ struct DevicePeaks {
   /// clock x bus width x 2, DDR) read from the device and the tensor peak scaled by its SM count and clock.
   /// H200 (HBM3e) reads ~4.8 TB/s this way.
   static DevicePeaks from_device(const DeviceInfo& device);
+  /// The parts of an arch whose figures rank differently, as from_device() reads them: sm_90 the H100 (the table)
+  /// and the H200 (HBM3e: 4.9 TB/s, and its own fitted_calibration()); every other arch its table entry. What a
+  /// machine without the GPU compiles ahead covers each (precompile_plan()).
+  static std::vector<DevicePeaks> parts_of(const std::string& arch);
 };
 
 /// The model's view of one choice on one problem.

@@ -374,11 +374,13 @@ struct PrecompileReport {
   std::vector<std::string> failures;
   double seconds = 0;
 };
-/// The choices of `problem` worth compiling ahead at `effort` with no GPU at hand: the model's kept set plus
-/// one widening's worth of the next ranks (every choice at exhaustive effort; the model's pick at none).
-/// `ops` gives the reference choice. Used by precompile_problem() and `kiln precompile`.
+/// The choices of `problem` worth compiling ahead at `effort` with no GPU at hand: on each of `parts` (the
+/// arch's parts, DevicePeaks::parts_of()), the model's kept set plus every widening the tune may make (every
+/// choice at exhaustive effort; the model's pick at none); their union. `ops` gives the reference choice. Used
+/// by precompile_problem() and `kiln precompile`.
 Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Problem& problem,
-                                               std::vector<ChoicePtr> choices, Effort effort, const DevicePeaks& peaks);
+                                               std::vector<ChoicePtr> choices, Effort effort,
+                                               const std::vector<DevicePeaks>& parts);
 /// The template sample per template a context gets from TuneOptions (max_template_configs, else the effort's).
 int template_sample(const TuneOptions& options, Effort effort);
 
