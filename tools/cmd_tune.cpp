@@ -192,7 +192,8 @@ Result<std::vector<PlannedKernel>> plan_kernels(const runtime::Workload& w, cons
   std::unordered_map<KernelKey, size_t> index;
   for (size_t i = 0; i < w.problems.size(); ++i) {
     auto all = runtime::default_ops().choices(w.problems[i], ctx);
-    // The effort's share of the choices: those a tune at this effort compiles (and one widening's worth more).
+    // The effort's share of the choices: those a tune at this effort compiles, every widening included, on every
+    // part of the arch.
     auto choices = all.ok() ? runtime::precompile_plan(runtime::default_ops(), w.problems[i], std::move(all).value(),
                                                        effort, parts)
                             : Result<std::vector<runtime::ChoicePtr>>(all.status());

@@ -382,9 +382,11 @@ Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& pr
   // tuner benchmarks one at a time, so parallel tunes only interleave their host work with the measuring). Their
   // planned compiles all start first, so a tune finds the next problems' kernels compiling or done (as `kiln tune`
   // does); decided problems load on every thread meanwhile.
+  // (A tuner that never measures, mode use or strict, compiles only the reference of an undecided problem.)
   std::mutex undecided_mu;
   std::vector<bool> undecided(problems.size(), false);
-  for (size_t i = 0; i < problems.size(); ++i) {
+  const bool measures = t->cache().mode() == cache::TuneMode::kTune || t->cache().mode() == cache::TuneMode::kOff;
+  for (size_t i = 0; measures && i < problems.size(); ++i) {
     auto decision = t->cache().lookup_decision(t->key(problems[i]));
     undecided[i] = decision.ok() && *decision == nullptr;
     if (!undecided[i]) continue;
