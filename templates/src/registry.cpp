@@ -171,6 +171,8 @@ Params Grid::at(uint64_t index) const {
 
 std::vector<Params> pruned(const Grid& grid, const DeviceLimits& limits) {
   std::vector<Params> out;
+  // check() refuses every configuration of a template the arch cannot run: no walk (the wgmma grid is ~1M).
+  if (!grid.tmpl().supports(limits).ok()) return out;
   for (uint64_t i = 0; i < grid.size(); ++i) {
     Params p = grid.at(i);
     if (grid.tmpl().check(p, limits).ok()) out.push_back(std::move(p));
@@ -180,6 +182,7 @@ std::vector<Params> pruned(const Grid& grid, const DeviceLimits& limits) {
 
 uint64_t pruned_count(const Grid& grid, const DeviceLimits& limits) {
   uint64_t n = 0;
+  if (!grid.tmpl().supports(limits).ok()) return n;  // as pruned()
   for (uint64_t i = 0; i < grid.size(); ++i) {
     if (grid.tmpl().check(grid.at(i), limits).ok()) ++n;
   }

@@ -355,6 +355,13 @@ TEST(Pruning, ArchRequirements) {
   EXPECT_THAT(t->supports(Target{"sm_90"}).message(), HasSubstr("arch-specific"));
   KILN_EXPECT_OK(t->supports(Target{"sm_90a"}));
   KILN_EXPECT_OK(t->supports(Target{"sm_100a"}));
+  // Pruning for an arch the template cannot run leaves nothing (without walking the grid), for one it can every
+  // configuration its constraints allow.
+  KILN_ASSERT_OK_AND_ASSIGN(Grid g, Grid::create(t));
+  EXPECT_EQ(pruned_count(g, limits("sm_80")), 0u);
+  EXPECT_TRUE(pruned(g, limits("sm_90")).empty());
+  EXPECT_EQ(pruned_count(g, limits("sm_90a")), g.size());
+  EXPECT_EQ(pruned(g, limits("sm_90a")).size(), g.size());
 }
 
 TEST(Pruning, RowTemplates) {
