@@ -195,11 +195,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.05, 20.0));
   CLI11_PARSE(app, argc, argv);
 
-  // An H200 as from_device() reads it.
-  DevicePeaks peaks = DevicePeaks::for_arch("sm_90a");
-  peaks.hbm_gbps = 2.0 * 3201e3 * 1e3 * (6144 / 8.0) / 1e9;
-  peaks.l2_gbps = std::max(peaks.l2_gbps, 2.5 * peaks.hbm_gbps);
-  peaks.measured = true;
+  DevicePeaks peaks = DevicePeaks::parts_of("sm_90a").back();  // the H200, as from_device() reads it
   if (latency > 0) peaks.memory_latency_us = latency;
 
   const std::vector<Scheme> schemes{Scheme::kMain,   Scheme::kNoPerChoice, Scheme::kFamilyLocal,

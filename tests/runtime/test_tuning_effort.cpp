@@ -352,8 +352,9 @@ TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
   EXPECT_FALSE(names(shared.first).count(ck2_best));
   // Widening around one variant takes its next members in model order, and only those.
   auto reserve = varied.reserve;
+  std::vector<ChoicePtr> no_cached;
   const std::string sk_variant = varied.structure.at("sk0");
-  auto more = detail::take_variant(reserve, varied, sk_variant, 2);
+  auto more = detail::widen_variant(reserve, no_cached, varied, sk_variant, 2);
   ASSERT_EQ(more.size(), 2u);
   EXPECT_LT(rank_of[more[0]->name()], rank_of[more[1]->name()]);
   for (const auto& c : more) {
@@ -361,7 +362,7 @@ TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
     EXPECT_FALSE(kept.count(c->name()));
   }
   EXPECT_EQ(reserve.size() + 2, varied.reserve.size());
-  EXPECT_TRUE(detail::take_variant(reserve, varied, "no such variant", 2).empty());
+  EXPECT_TRUE(detail::widen_variant(reserve, no_cached, varied, "no such variant", 2).empty());
 }
 
 // Widening goes around the fastest measured choice of each of the fastest variants: only model-ranked choices

@@ -159,18 +159,6 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
   return plan;
 }
 
-std::vector<ChoicePtr> take_variant(std::vector<ChoicePtr>& reserve, const TunePlan& plan, const std::string& variant,
-                                    size_t n) {
-  std::vector<ChoicePtr> out, left;
-  for (auto& c : reserve) {
-    auto it = plan.structure.find(c->name());
-    const bool match = out.size() < n && it != plan.structure.end() && it->second == variant;
-    (match ? out : left).push_back(std::move(c));
-  }
-  reserve = std::move(left);
-  return out;
-}
-
 std::vector<ChoicePtr> widen_variant(std::vector<ChoicePtr>& reserve, std::vector<ChoicePtr>& cached,
                                      const TunePlan& plan, const std::string& variant, size_t n) {
   auto rank_of = [&](const ChoicePtr& c) {

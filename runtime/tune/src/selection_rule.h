@@ -51,9 +51,6 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
                       const std::string& reference, int keep, const std::set<std::string>& planned = {},
                       double share_margin = 0, bool diverse = false);
 
-/// Diverse widening: the next `n` choices of `reserve` (model order) of `variant`, taken out of it.
-std::vector<ChoicePtr> take_variant(std::vector<ChoicePtr>& reserve, const TunePlan& plan, const std::string& variant,
-                                    size_t n);
 /// A tune's diverse widening: the next `n` choices of `variant` in model order among `reserve` and `cached`
 /// (the cached extras, measured already), each taken out of its list; returns those of the reserve, the ones
 /// to compile. A cached extra among the next ranks stands for itself, so a cache `kiln precompile` filled
