@@ -50,7 +50,10 @@ def _workload_text(workload):
         workload = {"name": "python", "problems": workload}
     if isinstance(workload, dict):
         return _json.dumps(workload)
-    if isinstance(workload, _os.PathLike) or not str(workload).lstrip().startswith("{"):
+    if not isinstance(workload, (str, _os.PathLike)):  # open() would take an int as a file descriptor
+        raise TypeError(f"workload is a file path, its JSON text, a dict or a list of entries, not "
+                        f"{type(workload).__name__}")
+    if isinstance(workload, _os.PathLike) or not workload.lstrip().startswith("{"):
         with open(workload) as f:
             return f.read()
     return workload

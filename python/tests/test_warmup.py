@@ -21,6 +21,15 @@ def recipe_code():
     return re.search(r"```python\n(.*?)```", recipe, re.S).group(1)
 
 
+@pytest.mark.parametrize("workload", [123, 4.5, b"{}", object()])
+def test_a_workload_of_the_wrong_type_is_a_type_error(cache_dir, workload):
+    # An int once reached open() as a file descriptor (OSError: Bad file descriptor, or a read of whatever fd it was).
+    with pytest.raises(TypeError, match="workload is a file path"):
+        kiln.warmup(cache_dir, workload)
+    with pytest.raises(TypeError, match="workload is a file path"):
+        kiln.precompile(workload, arch="sm_90a", cache_dir=cache_dir)
+
+
 def test_warmup_without_a_gpu_is_a_clear_error(cache_dir):
     if HAS_GPU:
         pytest.skip("a GPU is here: the no-GPU path is not reachable")
