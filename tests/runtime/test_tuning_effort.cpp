@@ -301,15 +301,18 @@ TEST(EffortPlan, SharedChoicesNearTheCutOffAreKeptFirst) {
 TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
   const Problem p = gemm(1, 4096, 4096);
   std::vector<ChoicePtr> choices;
-  // Twelve stream-K decode tiles the model ranks alike, then three other variants.
+  // Twelve cluster split-K decode tiles the model ranks alike (it does not see group_m: equal scores, distinct
+  // names), then three other variants, one of them with two members.
   for (int i = 0; i < 12; ++i) {
-    Params sk = wgmma(64, 8, 1, 3 + i % 6, 1, true, true);
-    sk["stream_k"] = "true";
-    sk["group_m"] = std::to_string(i);  // (the model does not see it: equal scores, distinct names)
-    choices.push_back(std::make_shared<FakeChoice>("sk" + std::to_string(i), ChoiceKind::kTemplate, sk));
+    choices.push_back(std::make_shared<FakeChoice>("pair" + std::to_string(i), ChoiceKind::kTemplate,
+                                                   wgmma(64, 8, 1, 3 + i % 6, 2, true, false, 1, i)));
   }
-  choices.push_back(std::make_shared<FakeChoice>("ck2", ChoiceKind::kTemplate, wgmma(64, 8, 1, 8, 2, true)));
-  choices.push_back(std::make_shared<FakeChoice>("ck2_s4", ChoiceKind::kTemplate, wgmma(64, 8, 1, 4, 2, true)));
+  Params sk = wgmma(64, 8, 1, 8, 1, true, true);
+  sk["stream_k"] = "true";
+  Params sk_s4 = sk;
+  sk_s4["stages"] = "4";
+  choices.push_back(std::make_shared<FakeChoice>("sk", ChoiceKind::kTemplate, sk));
+  choices.push_back(std::make_shared<FakeChoice>("sk_s4", ChoiceKind::kTemplate, sk_s4));
   choices.push_back(std::make_shared<FakeChoice>("ck4", ChoiceKind::kTemplate, wgmma(64, 8, 1, 8, 4, true)));
   choices.push_back(std::make_shared<FakeChoice>("tile", ChoiceKind::kTemplate, wgmma(128, 64, 2, 4)));
   choices.push_back(std::make_shared<FakeChoice>("cublas_default", ChoiceKind::kExtern, Params{}));
@@ -322,7 +325,7 @@ TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
     rank_of[choices[o.index]->name()] = r++;
     variants.insert(o.structure);
   }
-  ASSERT_EQ(variants.size(), 4u) << "stream-K swap-AB, cluster of 2, cluster of 4, plain tile";
+  ASSERT_EQ(variants.size(), 4u) << "cluster of 2, stream-K swap-AB, cluster of 4, plain tile";
   const int keep = 6;
   const auto by_rank = detail::plan_choices(choices, order, "cublas_default", keep);
   const auto varied = detail::plan_choices(choices, order, "cublas_default", keep, {}, 0, true);
@@ -343,22 +346,23 @@ TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
   }
   EXPECT_GT(past_cut, 0) << "the fixture must rank some variant's best past the cut-off";
   EXPECT_EQ(varied.variant_picks, past_cut);
-  EXPECT_EQ(varied.structure.at("ck2"), varied.structure.at("ck2_s4"));
-  // A shared choice of a variant within the margin stands in for that variant's best.
-  const std::string ck2_best = best_of[varied.structure.at("ck2")];
-  const std::string ck2_other = ck2_best == "ck2" ? "ck2_s4" : "ck2";
-  const auto shared = detail::plan_choices(choices, order, "cublas_default", keep, {ck2_other}, 10.0, true);
-  EXPECT_TRUE(names(shared.first).count(ck2_other));
-  EXPECT_FALSE(names(shared.first).count(ck2_best));
+  EXPECT_EQ(varied.structure.at("sk"), varied.structure.at("sk_s4"));
+  // A shared choice of a variant within the margin stands in for that variant's best (a pick past the cut-off).
+  const std::string sk_best = best_of[varied.structure.at("sk")];
+  ASSERT_GE(rank_of[sk_best], keep) << "the twelve alike tiles rank first";
+  const std::string sk_other = sk_best == "sk" ? "sk_s4" : "sk";
+  const auto shared = detail::plan_choices(choices, order, "cublas_default", keep, {sk_other}, 10.0, true);
+  EXPECT_TRUE(names(shared.first).count(sk_other));
+  EXPECT_FALSE(names(shared.first).count(sk_best));
   // Widening around one variant takes its next members in model order, and only those.
   auto reserve = varied.reserve;
   std::vector<ChoicePtr> no_cached;
-  const std::string sk_variant = varied.structure.at("sk0");
-  auto more = detail::widen_variant(reserve, no_cached, varied, sk_variant, 2);
+  const std::string ck_variant = varied.structure.at("pair0");
+  auto more = detail::widen_variant(reserve, no_cached, varied, ck_variant, 2);
   ASSERT_EQ(more.size(), 2u);
   EXPECT_LT(rank_of[more[0]->name()], rank_of[more[1]->name()]);
   for (const auto& c : more) {
-    EXPECT_EQ(varied.structure.at(c->name()), sk_variant);
+    EXPECT_EQ(varied.structure.at(c->name()), ck_variant);
     EXPECT_FALSE(kept.count(c->name()));
   }
   EXPECT_EQ(reserve.size() + 2, varied.reserve.size());

@@ -159,7 +159,15 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   // partial read by one SM). sk_even: about one partial per block (its first piece), read by the block before it.
   // No memset any more (the flags stay lowered): the same configurations ran 1.85 us faster (median of 511) on an
   // H200 than with it (28 Nov, bench/results/gemm-suite-nvidia-h200-2026-11-28-a0971ff.json.xz against -1359ef4).
-  if (sk_pieces > 1) e.us += 0.3 + 0.7 * static_cast<double>(sk_pieces - 1) * static_cast<double>(g.bm * g.bn) / 16384.0;
+  // The finisher waits for its pieces one after another, each a flag poll and a partial read behind an L2 round
+  // trip: ~2 us per piece past the first and ~2 us for the protocol, whatever the partial's size. Priced by size
+  // alone (0.3 us + 0.7 us per 64 KiB), stream-K tiles filled the model's first ten places on few-tile decode GEMMs
+  // (1x1280x8192: modelled 6.5 us, measured 13.3; the winner, a cluster split, 12.1 us at rank 61). Over the twelve
+  // H200 suite runs' exhaustive reports of 29 Nov (1,332 GEMM tunes, bench_calibration_replay), the model alone's
+  // first ten held a template within 1% of the fastest on 1,134 instead of 963 (one per variant first: 1,076, 1,041).
+  if (sk_pieces > 1) {
+    e.us += 2.0 + (2.0 + 0.7 * static_cast<double>(g.bm * g.bn) / 16384.0) * static_cast<double>(sk_pieces - 1);
+  }
   if (subgraph_slices > 1 || unfused) e.us += d.launch_us;
   return e;
 }
