@@ -64,25 +64,32 @@ std::string age(int64_t ns) {
   return fmt::format("{:.0f}d ago", s / 86400);
 }
 
-// "512M", "2G", "1048576" -> bytes.
+// "512M", "2G", "1048576" -> bytes. strtod also reads "nan", "inf" and 1e400: refused, as is anything past 2^62
+// bytes, since converting such a double to an integer is undefined (it once read `--max-size nan` as some size).
 Result<uint64_t> parse_size(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   std::string unit(end);
   double mult = unit.empty() || unit == "B" ? 1 : unit == "K" || unit == "KiB" ? 1024.0
               : unit == "M" || unit == "MiB" ? 1048576.0 : unit == "G" || unit == "GiB" ? 1073741824.0 : -1;
-  if (end == s.c_str() || mult < 0 || v < 0) return make_error(ErrorCode::kInvalidArgument, fmt::format("bad size '{}' (e.g. 512M, 2G)", s));
-  return static_cast<uint64_t>(v * mult);
+  const double bytes = v * mult;
+  if (end == s.c_str() || mult < 0 || !(bytes >= 0 && bytes <= 0x1p62)) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("bad size '{}' (e.g. 512M, 2G)", s));
+  }
+  return static_cast<uint64_t>(bytes);
 }
 
-// "30d", "12h", "90m", "3600" (seconds) -> seconds.
+// "30d", "12h", "90m", "3600" (seconds) -> seconds; like sizes, not NaN, infinite or past 10,000 years.
 Result<std::chrono::seconds> parse_age(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   std::string unit(end);
   double mult = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : -1;
-  if (end == s.c_str() || mult < 0 || v <= 0) return make_error(ErrorCode::kInvalidArgument, fmt::format("bad age '{}' (e.g. 30d, 12h)", s));
-  return std::chrono::seconds(static_cast<int64_t>(v * mult));
+  const double seconds = v * mult;
+  if (end == s.c_str() || mult < 0 || !(seconds > 0 && seconds <= 1e4 * 365.25 * 86400)) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("bad age '{}' (e.g. 30d, 12h)", s));
+  }
+  return std::chrono::seconds(static_cast<int64_t>(seconds));
 }
 
 // The remote part of `kiln cache stats`: what it holds and the fleet's counters (every kiln process adds its

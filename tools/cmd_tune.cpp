@@ -1,5 +1,6 @@
 // kiln tune: tune every problem of a workload and store the results (the main job).
 // kiln precompile: compile every choice of a workload into the cache, with no GPU (a build machine).
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -85,6 +86,17 @@ CLI::Validator known_effort() {
         return e.ok() ? "" : e.status().message();
       },
       "EFFORT");
+}
+
+// A number that is one: CLI::Range lets "nan" through (every comparison with it is false).
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        return end != text.c_str() && *end == '\0' && std::isfinite(v) ? "" : "'" + text + "' is not a finite number";
+      },
+      "NUMBER");
 }
 
 // The effort of a run: --effort, else $KILN_TUNE_EFFORT, else default.
@@ -524,6 +536,7 @@ void add_tune_commands(CLI::App& app) {
       ->check(known_effort());
   tune->add_option("--budget", args->budget, "Seconds for the whole workload: the problems with the most to gain "
                                              "go first; the rest get the model's pick, reported as not tuned")
+      ->check(finite_number())
       ->check(CLI::Range(0.001, 1e9));
   tune->add_option("--arch", args->arch, "Without a GPU: the arch to precompile for (default sm_90a)");
   tune->add_flag("--quiet", args->quiet, "One line per problem");
