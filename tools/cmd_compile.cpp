@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "kiln/embedded.h"
+#include "kiln/input.h"
 #include "kiln/jit.h"
 #include "kiln/pool/process_pool.h"
 
@@ -67,6 +68,9 @@ std::string guess_entry(const std::string& source) {
   return std::regex_search(source, m, re) ? m[1].str() : std::string();
 }
 
+// A kernel source file: far past any real one (the CUDA headers it includes are read by NVRTC, not here).
+constexpr InputLimit kSourceBytesLimit{"kernel source file", "KILN_MAX_SOURCE_BYTES", 16ull << 20};
+
 Result<KernelSource> source_from_args(const CompileArgs& a) {
   KernelSource src;
   if (a.sample) {
@@ -77,11 +81,9 @@ Result<KernelSource> source_from_args(const CompileArgs& a) {
     src.name_expressions = {"axpy<__half, 8>"};
     src.entry = "axpy<__half, 8>";
   } else {
-    std::ifstream in(a.file, std::ios::binary);
-    if (!in) return make_error(ErrorCode::kNotFound, fmt::format("cannot read '{}'", a.file));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    src.source = ss.str();
+    // Bounded like every file kiln reads: /dev/zero, a FIFO or a folder is an error naming it, not a read that
+    // never ends (it ended in an out-of-memory exit).
+    KILN_ASSIGN_OR_RETURN(src.source, read_file_limited(a.file, kSourceBytesLimit));
     src.name = basename_without_ext(a.file);
     src.name_expressions = a.name_exprs;
     // Quoted includes next to the file resolve as they would with nvcc.

@@ -1,10 +1,11 @@
 // kiln warmup: load every cached kernel for this device (or a workload's) and report how long it took.
 #include <fmt/format.h>
 
-#include <fstream>
+#include <sstream>
 
 #include "commands.h"
 #include "kiln/cache/cache.h"
+#include "kiln/input.h"
 
 namespace kiln::cli {
 namespace {
@@ -36,11 +37,13 @@ int run_warmup(const WarmupArgs& a) {
   // (a serving process preloads lazily, the library's default; docs/cache.md).
   po.lazy = false;
   if (!a.problems_file.empty()) {
-    std::ifstream in(a.problems_file);
-    if (!in) {
-      fmt::print(stderr, "kiln warmup: cannot read '{}'\n", a.problems_file);
+    // A list of problem keys: bounded as a workload file is (/dev/zero once read until memory ran out).
+    auto text = read_file_limited(a.problems_file, InputLimit{"problems file", "KILN_MAX_WORKLOAD_BYTES", 16ull << 20});
+    if (!text.ok()) {
+      fmt::print(stderr, "kiln warmup: {}\n", text.status().to_string());
       return 1;
     }
+    std::istringstream in(*text);
     for (std::string line; std::getline(in, line);) {
       if (!line.empty() && line[0] != '#') po.problems.push_back(line);
     }

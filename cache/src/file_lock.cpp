@@ -34,10 +34,13 @@ Result<FileLock> FileLock::acquire(const std::string& path, bool blocking, const
 }
 
 std::string FileLock::read_note(const std::string& path) {
+  // A note is a line; a lock file someone replaced (a huge file, a link to /dev/zero) is read no further than this.
+  constexpr std::streamsize kMaxNote = 4096;
   std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string note(kMaxNote, '\0');
+  in.read(note.data(), kMaxNote);
+  note.resize(static_cast<size_t>(in.gcount()));
+  return note;
 }
 
 FileLock& FileLock::operator=(FileLock&& o) noexcept {
