@@ -30,6 +30,16 @@ def test_a_workload_of_the_wrong_type_is_a_type_error(cache_dir, workload):
         kiln.precompile(workload, arch="sm_90a", cache_dir=cache_dir)
 
 
+def test_a_workload_file_past_the_limit_is_an_error_naming_it(cache_dir, monkeypatch):
+    # /dev/zero was read until memory ran out; the C++ side bounds the same file by the same variable.
+    monkeypatch.setenv("KILN_MAX_WORKLOAD_BYTES", "1K")
+    with pytest.raises(kiln.OutOfRangeError, match="workload file '/dev/zero' is larger than 1024 bytes"):
+        kiln.precompile("/dev/zero", arch="sm_90a", cache_dir=cache_dir)
+    monkeypatch.setenv("KILN_MAX_WORKLOAD_BYTES", "lots")
+    with pytest.raises(kiln.InvalidArgumentError, match="KILN_MAX_WORKLOAD_BYTES='lots'"):
+        kiln.precompile("/dev/zero", arch="sm_90a", cache_dir=cache_dir)
+
+
 def test_warmup_without_a_gpu_is_a_clear_error(cache_dir):
     if HAS_GPU:
         pytest.skip("a GPU is here: the no-GPU path is not reachable")
