@@ -28,6 +28,7 @@ struct Wgmma {
   bool stream_k = false;  // persistent: the partial wave's tiles split along K to fill the grid
   bool sk_even = false;   // stream_k's free-running form: every block an equal share of all K iterations
   bool pingpong = false;  // persistent, two consumers taking whole bm x bn tiles in turn
+  int64_t early = 0;      // swap_ab: stages of weights requested before the dependency wait (B constant)
 };
 Wgmma pingpong(Wgmma w) {
   w.pingpong = true;
@@ -109,6 +110,19 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
       out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, false, 1, 1, true});
     }
     out.push_back({64, bn, 1, fit_stages(l, 64, bn, 6, 2), 1, false, 1, 2, true});
+    if (s.m <= 32) {
+      // Two blocks per SM on the deepest ring that fits, also with the weights of the first half or all of the ring
+      // requested before the dependency wait: the next GEMM's blocks sit beside this one's and stream their first
+      // weights during its tail (the suite never writes B, so it promises KILN_GEMM_B_CONSTANT).
+      const int64_t st = fit_stages(l, 64, bn, 16, 2);
+      for (int64_t ck : {cluster_for(tiles(64, bn, true), s.k, sms), int64_t{1}}) {
+        for (int64_t e : {int64_t{0}, st / 2, st}) {
+          Wgmma w{64, bn, 1, st, 1, false, ck, 2, true};
+          w.early = e;
+          out.push_back(w);
+        }
+      }
+    }
     out.push_back({128, bn, bn > 128 ? 2 : 1, fit_stages(l, 128, bn, 5), 1, false,
                    cluster_for(tiles(128, bn, true), s.k, sms), 1, true});
   }
@@ -206,6 +220,7 @@ Params wgmma_params(const Params& base, const Wgmma& w) {
   p.insert_or_assign("stream_k", Value::boolean(w.stream_k));
   p.insert_or_assign("sk_even", Value::boolean(w.sk_even));
   p.insert_or_assign("pingpong", Value::boolean(w.pingpong));
+  p.insert_or_assign("early", Value::integer(w.early));
   return p;
 }
 

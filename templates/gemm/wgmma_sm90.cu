@@ -74,6 +74,11 @@ constexpr int BLOCKS_PER_SM = ${blocks_per_sm};
 constexpr int MCAST = ${mcast};
 constexpr bool STREAM_K = ${stream_k};
 constexpr bool SK_EVEN = ${sk_even};
+// With early = ${early} > 0 (swap_ab: the kernel's A is the GEMM's B, a weight) and the caller's promise that no
+// earlier kernel writes it (KILN_GEMM_B_CONSTANT), the producer requests the weights of its first `early` stages
+// before waiting for the previous kernel, and every block lets the next kernel launch at its start: a next kernel's
+// blocks that fit beside this one's (blocks_per_sm 2) then stream their first weights during this kernel's tail.
+constexpr int EARLY = ${early};
 constexpr int SK_FLAG_BYTES = 4096;  // the workspace's flags (at most 1024 blocks), before the slots
 enum class Epi { direct, smem };
 constexpr bool EPI_SMEM = Epi::${epi} == Epi::smem;
@@ -91,6 +96,7 @@ constexpr int EPI_BYTES = EPI_SMEM ? CONSUMERS * WG_M * EPI_ROW_BYTES : 0;
 constexpr int BARRIER_BYTES = (STAGES * 16 + 127) / 128 * 128;
 static_assert(!STREAM_K || (CLUSTER_K == 1 && MCAST == 1 && !PARTIALS), "stream-K: its own K split");
 static_assert(!SK_EVEN || STREAM_K, "sk_even is a form of stream-K");
+static_assert(EARLY == 0 || (SWAP_AB && MCAST == 1 && EARLY <= STAGES), "early weights: swap_ab, within the ring");
 static_assert(!PINGPONG || (CONSUMERS == 2 && !STREAM_K && CLUSTER_K == 1 && MCAST == 1 && !SWAP_AB),
               "ping-pong: two consumers taking whole tiles in turn");
 static_assert(CLUSTER_K == 1 || (!PARTIALS && CONSUMERS * MW * BN * 128 * 2 <= STAGES * STAGE_BYTES),
@@ -483,13 +489,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
   // this one's blocks exit. Measured on the suite (H200, 111 shapes, same run): triggering at the start gains no
   // more (median 0.985 of the time without the attribute on kernels under 40 us, 0.984 without a trigger) and
   // triggering after the last load made single configurations up to 17% slower (waiting blocks parked on SMs).
-  kiln_wait_prior_grid();
-  // mcast: this block's rank in its pair (the grid is even, so w % 2 == blockIdx.x % 2 for every work unit).
-  const unsigned peer = (blockIdx.x & 1) ^ 1;
-
   const int tiles_m = (args.m + BM - 1) / BM, tiles_n = (args.n + BN - 1) / BN;
   const int slices = PARTIALS ? args.split_k : 1;
   const int total = (MCAST == 2 ? 2 * tiles_m * ((tiles_n + 1) / 2) : tiles_m * tiles_n) * slices * CLUSTER_K;
+  // The kernel's A box(es) of one stage: the weights, with swap_ab.
+  auto load_a = [&](unsigned sa, int k, int m0, unsigned full) {
+    if constexpr (!A_COL) {
+      tma_load(sa, &tma_a, k, m0, full);
+    } else {
+#pragma unroll
+      for (int j = 0; j < BM / 64; ++j) tma_load(sa + j * CHUNK_BYTES, &tma_a, m0 + 64 * j, k, full);
+    }
+  };
+  int early = 0;  // K blocks of the producer's first unit whose A was requested before the wait
+  if constexpr (EARLY > 0) {
+    kiln_allow_next_grid();
+    if (threadIdx.x == 0 && (args.flags & KILN_GEMM_B_CONSTANT)) {
+      Units units(args, tiles_m, tiles_n, total);
+      Work wk;
+      if (units.next(wk)) {
+        early = min(EARLY, wk.k_blocks);
+        for (int s = 0; s < early; ++s) {
+          mbar_expect_tx(full_bar + 8 * s, STAGE_BYTES);
+          load_a(base + s * STAGE_BYTES, wk.k_begin + s * BK, wk.m0, full_bar + 8 * s);
+        }
+      }
+    }
+  }
+  kiln_wait_prior_grid();
+  // mcast: this block's rank in its pair (the grid is even, so w % 2 == blockIdx.x % 2 for every work unit).
+  const unsigned peer = (blockIdx.x & 1) ^ 1;
 
   if (wg == 0) {
     // One block per SM: registers move from the producer to the consumers. Two per SM: everyone keeps the
@@ -501,28 +530,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
       int stage = 0;
       unsigned phase = 0;
       Units units(args, tiles_m, tiles_n, total);
-      for (Work wk; units.next(wk);) {
+      for (Work wk; units.next(wk); early = 0) {
         for (int kb = 0; kb < wk.k_blocks; ++kb) {
-          mbar_wait(empty_bar + 8 * stage, phase ^ 1);
           const unsigned full = full_bar + 8 * stage;
-          mbar_expect_tx(full, STAGE_BYTES);
           const unsigned sa = base + stage * STAGE_BYTES, sb = sa + A_STAGE_BYTES;
           const int k = wk.k_begin + kb * BK;
-          if constexpr (MCAST == 2) {
-            // This block's half of A, into both blocks (the tensor map's box is BM / 2 rows when K-major).
-            const int half = static_cast<int>(peer ^ 1);
-            if constexpr (!A_COL) {
-              tma_load_multicast(sa + half * (A_STAGE_BYTES / 2), &tma_a, k, wk.m0 + half * (BM / 2), full, 3);
+          // The first unit's first `early` stages are fresh and expect their bytes already: only B is missing.
+          if (kb >= early) {
+            mbar_wait(empty_bar + 8 * stage, phase ^ 1);
+            mbar_expect_tx(full, STAGE_BYTES);
+            if constexpr (MCAST == 2) {
+              // This block's half of A, into both blocks (the tensor map's box is BM / 2 rows when K-major).
+              const int half = static_cast<int>(peer ^ 1);
+              if constexpr (!A_COL) {
+                tma_load_multicast(sa + half * (A_STAGE_BYTES / 2), &tma_a, k, wk.m0 + half * (BM / 2), full, 3);
+              } else {
+#pragma unroll
+                for (int j = half * (BM / 128); j < (half + 1) * (BM / 128); ++j)
+                  tma_load_multicast(sa + j * CHUNK_BYTES, &tma_a, wk.m0 + 64 * j, k, full, 3);
+              }
             } else {
-#pragma unroll
-              for (int j = half * (BM / 128); j < (half + 1) * (BM / 128); ++j)
-                tma_load_multicast(sa + j * CHUNK_BYTES, &tma_a, wk.m0 + 64 * j, k, full, 3);
+              load_a(sa, k, wk.m0, full);
             }
-          } else if constexpr (!A_COL) {
-            tma_load(sa, &tma_a, k, wk.m0, full);
-          } else {
-#pragma unroll
-            for (int j = 0; j < BM / 64; ++j) tma_load(sa + j * CHUNK_BYTES, &tma_a, wk.m0 + 64 * j, k, full);
           }
           if constexpr (B_COL) {
             tma_load(sb, &tma_b, k, wk.n0, full);

@@ -326,6 +326,7 @@ struct WgmmaCheck {
   GemmProblem problem;
   Params params;
   uint64_t seed;
+  int flags = 0;  // KilnGemmArgs::flags
 };
 
 // Compiles every configuration for sm_90a (each must pass the device's constraints), then runs each `runs` times
@@ -348,13 +349,13 @@ void check_wgmma(const DeviceInfo& info, const std::vector<WgmmaCheck>& checks, 
     const GemmData d = make_gemm_data(p, checks[i].seed);
     KILN_ASSERT_OK_AND_ASSIGN(GemmDevice g, upload_gemm(p, d));
     const std::string& name = compiled[i]->rendered.config_name;
-    auto err = run_and_check(*compiled[i], p, d, g);
+    auto err = run_and_check(*compiled[i], p, d, g, 0, checks[i].flags);
     KILN_ASSERT_OK(err);
     const bool flags = templates::gemm_takes_flags(compiled[i]->rendered.params);
     KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer lowered, DeviceBuffer::allocate(templates::kGemmFlagBytes));
     KILN_ASSERT_OK(lowered.fill_bytes(0));
     for (int r = 1; r < runs; ++r) {
-      auto again = run_and_check(*compiled[i], p, d, g, flags ? lowered.ptr() : 0);
+      auto again = run_and_check(*compiled[i], p, d, g, flags ? lowered.ptr() : 0, checks[i].flags);
       KILN_ASSERT_OK(again);
       EXPECT_EQ(*err, *again) << name << ": the sum order changed between runs (run " << r << ")";
     }
@@ -569,6 +570,115 @@ TEST(GemmGpu, WgmmaMulticast) {
 // writes the GEMM's A; A is poisoned (NaN) before every round, so a GEMM that loads without waiting reads NaN.
 // (Checked on the H200: with the wait taken out of the kernel this test fails.) Ten rounds, each against the float64
 // reference.
+// Early weights (gemm_wgmma_sm90, early > 0, swap_ab): the first stages' weights are requested before the
+// dependency wait when the call promises B constant. Both B layouts, two blocks per SM and one, a cluster split,
+// early of part and all of the ring, K shorter than the ring, M, N, K off the tile; with and without the promise.
+TEST(GemmGpu, WgmmaEarlyWeights) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
+  using templates::Value;
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  struct Case {
+    int64_t m, n, k;
+    DType in;
+    Layout lb;
+    const char* ep;
+    int bn, stages, early, cluster_k, blocks;
+  };
+  const std::vector<Case> cases = {
+      {1, 4096, 7168, DType::kBF16, C, "", 8, 12, 12, 2, 2},
+      {3, 1000, 1000, DType::kBF16, C, "bias+gelu", 8, 12, 6, 1, 2},  // K tail, N off the tile
+      {16, 4104, 200, DType::kF16, R, "bias", 16, 10, 10, 1, 2},     // 4 K blocks: fewer than early
+      {32, 2000, 3000, DType::kBF16, R, "residual", 32, 8, 4, 2, 2},
+      {8, 3000, 2048, DType::kBF16, C, "scale", 8, 16, 16, 2, 1},    // one block per SM
+  };
+  std::vector<WgmmaCheck> checks;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const GemmProblem p{c.m, c.n, c.k, c.in, Layout::kRowMajor, c.lb, spec(c.ep, c.in), 1};
+    for (int flags : {KILN_GEMM_B_CONSTANT, 0}) {
+      checks.push_back({p,
+                        wgmma_config(p, {{"bm", Value::integer(64)}, {"bn", Value::integer(c.bn)},
+                                         {"consumers", Value::integer(1)}, {"stages", Value::integer(c.stages)},
+                                         {"group_m", Value::integer(1)}, {"swap_ab", Value::boolean(true)},
+                                         {"cluster_k", Value::integer(c.cluster_k)},
+                                         {"blocks_per_sm", Value::integer(c.blocks)}, {"early", Value::integer(c.early)}}),
+                        static_cast<uint64_t>(1100 + i), flags});
+    }
+  }
+  check_wgmma(info, checks, 2);
+}
+
+// A kernel that lets its dependent launch at once, spins ~1 ms, then copies src to dst: a GEMM launched
+// programmatically after it that read dst before its dependency wait would see the poison.
+constexpr const char* kLateCopySource = R"(
+extern "C" __global__ void late_copy(const unsigned short* src, unsigned short* dst, long long n, long long spin) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const long long t0 = clock64();
+  while (clock64() - t0 < spin) {
+  }
+  for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+)";
+
+// An early-weights configuration launched programmatically after a kernel still writing one of its operands: the
+// activations (A) with the promise, the weights (B) without it. Either way it must read what was written.
+TEST(GemmGpu, WgmmaEarlyWeightsWaitForWhatThePreviousKernelWrites) {
+  KILN_REQUIRE_GPU();
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
+  if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
+  const bool was = templates::programmatic_launch_enabled();
+  templates::set_programmatic_launch(true);
+  using templates::Value;
+  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
+  const GemmProblem p{16, 2048, 1024, DType::kBF16, R, C, spec("", DType::kBF16), 1};
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  auto compiled = compile_all({{t, wgmma_config(p, {{"bm", Value::integer(64)}, {"bn", Value::integer(16)},
+                                                    {"consumers", Value::integer(1)}, {"stages", Value::integer(10)},
+                                                    {"group_m", Value::integer(1)}, {"swap_ab", Value::boolean(true)},
+                                                    {"blocks_per_sm", Value::integer(2)}, {"early", Value::integer(10)}})}},
+                              {Target{"sm_90a"}});
+  KILN_ASSERT_OK(compiled[0]);
+  KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g, t->geometry(compiled[0]->rendered.params, {p.m, p.n, p.k}));
+  ASSERT_TRUE(g.programmatic);
+  KernelSource late{.name = "late_copy", .entry = "late_copy", .source = kLateCopySource};
+  KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile(late, Target{"sm_90a"}));
+  KILN_ASSERT_OK_AND_ASSIGN(Kernel copy, load_kernel(bin));
+  const GemmData d = make_gemm_data(p, 1200);
+  KILN_ASSERT_OK_AND_ASSIGN(GemmDevice m, upload_gemm(p, d));
+  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* api, driver());
+  CUstream stream = nullptr;
+  ASSERT_EQ(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  std::vector<uint8_t> z_bytes(static_cast<size_t>(p.m * p.n) * 2);
+  for (bool late_b : {false, true}) {
+    const DeviceBuffer& src = late_b ? m.b : m.a;
+    const long long n = late_b ? p.k * p.n : p.m * p.k;
+    KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer target, DeviceBuffer::allocate(static_cast<size_t>(n) * 2));
+    GemmArgs args = gemm_args(p, m);
+    (late_b ? args.b : args.a) = target.as<void>();
+    args.flags = late_b ? 0 : KILN_GEMM_B_CONSTANT;
+    for (int round = 0; round < 10; ++round) {
+      ASSERT_EQ(api->cuMemsetD8Async(target.ptr(), 0xFF, static_cast<size_t>(n) * 2, stream), CUDA_SUCCESS);
+      ASSERT_EQ(api->cuMemsetD8Async(m.d.ptr(), 0xFF, z_bytes.size(), stream), CUDA_SUCCESS);
+      LaunchConfig lc;
+      lc.grid = {8, 1, 1};
+      lc.block = {256, 1, 1};
+      lc.stream = stream;
+      KILN_ASSERT_OK(copy(lc, src.ptr(), target.ptr(), n, 2'000'000LL));
+      KILN_ASSERT_OK(templates::launch_gemm(*compiled[0]->kernel, compiled[0]->rendered.params, g, args, stream));
+      ASSERT_EQ(api->cuStreamSynchronize(stream), CUDA_SUCCESS);
+      KILN_ASSERT_OK(m.d.copy_to_host(z_bytes.data(), z_bytes.size()));
+      const std::vector<double> z = to_doubles(DType::kBF16, z_bytes, static_cast<size_t>(p.m * p.n));
+      EXPECT_EQ(count_nan(z, p.n, p.m, p.n), 0) << (late_b ? "B" : "A") << " round " << round;
+      EXPECT_LE(rel_norm_error(z, p.n, d.out, p.m, p.n), gemm_tolerance(DType::kBF16))
+          << (late_b ? "B" : "A") << " round " << round;
+    }
+  }
+  api->cuStreamDestroy(stream);
+  templates::set_programmatic_launch(was);
+}
+
 TEST(GemmGpu, WgmmaProgrammaticLaunchWaitsForThePreviousKernel) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
@@ -586,15 +696,7 @@ TEST(GemmGpu, WgmmaProgrammaticLaunchWaitsForThePreviousKernel) {
   KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g, t->geometry(compiled[0]->rendered.params, {p.m, p.n, p.k}));
   EXPECT_TRUE(g.programmatic) << "gemm_wgmma_sm90 launches programmatically by default";
 
-  KernelSource late{.name = "late_copy", .entry = "late_copy", .source = R"(
-extern "C" __global__ void late_copy(const unsigned short* src, unsigned short* dst, long long n, long long spin) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const long long t0 = clock64();
-  while (clock64() - t0 < spin) {
-  }
-  for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
-}
-)"};
+  KernelSource late{.name = "late_copy", .entry = "late_copy", .source = kLateCopySource};
   KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile(late, Target{"sm_90a"}));
   KILN_ASSERT_OK_AND_ASSIGN(Kernel copy, load_kernel(bin));
 

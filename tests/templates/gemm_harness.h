@@ -172,11 +172,13 @@ inline int k_per_split(int64_t k, int slices) {
 
 /// Runs `c` on problem `p` (data uploaded in `g`), poisoning the output first, and returns the relative norm
 /// error against the reference (NaN when an element was left unwritten). With p.splits > 1 the kernel writes
-/// partials, which are summed on the host and compared with A.B. `lowered_flags`: launch_gemm()'s (stream-K).
+/// partials, which are summed on the host and compared with A.B. `lowered_flags`: launch_gemm()'s (stream-K);
+/// `flags`: KilnGemmArgs::flags (KILN_GEMM_B_CONSTANT).
 inline Result<double> run_and_check(const CompiledGemm& c, const GemmProblem& p, const GemmData& data,
-                                    const GemmDevice& g, CUdeviceptr lowered_flags = 0) {
+                                    const GemmDevice& g, CUdeviceptr lowered_flags = 0, int flags = 0) {
   const Shape s{p.m, p.n, p.k, 1, 1};
   GemmArgs args = gemm_args(p, g);
+  args.flags = flags;
   Shape gs = s;
   if (p.splits > 1) {
     args.split_k = static_cast<int>((p.k + k_per_split(p.k, p.splits) - 1) / k_per_split(p.k, p.splits));

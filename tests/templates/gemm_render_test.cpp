@@ -329,6 +329,39 @@ TEST(GemmTemplates, WgmmaStreamKParameter) {
   EXPECT_NE(st.to_string().find("sk_even"), std::string::npos) << st.to_string();
 }
 
+// early: a tunable added later (default 0): swap-AB stages whose weights load before the dependency wait.
+TEST(GemmTemplates, WgmmaEarlyWeightsParameter) {
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  const ParamSpec* early = sm90->param("early");
+  ASSERT_NE(early, nullptr);
+  ASSERT_TRUE(early->default_value.has_value());
+  EXPECT_EQ(*early->default_value, Value::integer(0));
+  Params old = sm90_params(64, 8, 1, 12, false);
+  old.insert_or_assign("swap_ab", Value::boolean(true));
+  old.insert_or_assign("blocks_per_sm", Value::integer(2));
+  old.insert_or_assign("group_m", Value::integer(1));
+  Params off = old, on = old;
+  off.insert_or_assign("early", Value::integer(0));
+  on.insert_or_assign("early", Value::integer(6));
+  auto a = sm90->render(old), b = sm90->render(off), c = sm90->render(on);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->source.source, b->source.source);
+  EXPECT_EQ(a->config_name, b->config_name);
+  EXPECT_EQ(c->config_name, "gemm_wgmma_swab_64x8x64_c1_s12_g1_b2_e6_bf16_rc_bias_gelu_bf16");
+  EXPECT_NE(c->source.source.find("constexpr int EARLY = 6;"), std::string::npos);
+  KILN_EXPECT_OK(sm90->check(on, limits("sm_90a")));
+  Params deep = on;
+  deep.insert_or_assign("early", Value::integer(13));
+  Status st = sm90->check(deep, limits("sm_90a"));
+  EXPECT_EQ(st.code(), ErrorCode::kOutOfRange) << st.to_string();
+  EXPECT_NE(st.to_string().find("early"), std::string::npos) << st.to_string();
+  Params plain = sm90_params(128, 128, 2, 6, true);
+  plain.insert_or_assign("early", Value::integer(2));
+  st = sm90->check(plain, limits("sm_90a"));
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.to_string().find("swap_ab"), std::string::npos) << st.to_string();
+}
+
 // pingpong: a tunable added later (default false); two consumers each take whole bm x bn tiles, so bm need only be a
 // multiple of 64 and the accumulators (and the staged epilogue's buffer) are a whole tile per consumer.
 TEST(GemmTemplates, WgmmaPingPongParameter) {
@@ -520,6 +553,16 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
                    p.insert_or_assign("stream_k", Value::boolean(true)); p.insert_or_assign("sk_even", Value::boolean(true));
                    return p; }(),
        "sm_90a", {"wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16", "ld.acquire.gpu"}},
+      // early weights: two swap-AB blocks per SM letting the next kernel launch at their start; bf16 with a cluster
+      // split, fp16 with row-major B (MN-major boxes of the weights) and a bias.
+      {sm90, [&] { Params p = sm90_params(64, 8, 1, 12, false); p.insert_or_assign("swap_ab", Value::boolean(true));
+                   p.insert_or_assign("blocks_per_sm", Value::integer(2)); p.insert_or_assign("cluster_k", Value::integer(2));
+                   p.insert_or_assign("early", Value::integer(12)); return p; }(),
+       "sm_90a", {"griddepcontrol.launch_dependents", "griddepcontrol.wait", "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16"}},
+      {sm90, [&] { Params p = sm90_params(64, 16, 1, 10, false, DType::kF16, R, R, false, "bias", DType::kF16);
+                   p.insert_or_assign("swap_ab", Value::boolean(true)); p.insert_or_assign("blocks_per_sm", Value::integer(2));
+                   p.insert_or_assign("group_m", Value::integer(1)); p.insert_or_assign("early", Value::integer(5)); return p; }(),
+       "sm_90a", {"griddepcontrol.launch_dependents", "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16"}},
       // pingpong: named-barrier turns between the consumers; 64x256 staged, 128x128 direct with fp16 row-major B.
       {sm90, [&] { Params p = es(sm90_params(64, 256, 2, 5, true)); p.insert_or_assign("pingpong", Value::boolean(true)); return p; }(),
        "sm_90a", {"bar.arrive", "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "st.global.v4"}},
@@ -633,10 +676,18 @@ TEST(GemmTemplates, WgmmaLaunchesProgrammaticallyUnlessTurnedOff) {
   auto r = sm90->render(p);
   ASSERT_TRUE(r.ok());
   const std::string& src = r->source.source;
-  const size_t wait = src.find("kiln_wait_prior_grid();\n"), first_load = src.find("tma_load(sa");
-  ASSERT_NE(wait, std::string::npos);
-  ASSERT_NE(first_load, std::string::npos);
-  EXPECT_LT(wait, first_load) << "the kernel waits for the previous grid before its first load";
+  // B (the weights when swapped, activations otherwise) is only ever loaded after the wait; the kernel's A before
+  // it only in the early block, under the caller's promise that B is constant (which with swap_ab A is).
+  const size_t wait = src.find("kiln_wait_prior_grid();\n"), b_load = src.find("tma_load(sb");
+  const size_t early = src.find("if constexpr (EARLY > 0) {"), promise = src.find("(args.flags & KILN_GEMM_B_CONSTANT)");
+  const size_t early_load = src.find("load_a(base"), loop_load = src.find("load_a(sa, k");
+  for (size_t at : {wait, b_load, early, promise, early_load, loop_load}) ASSERT_NE(at, std::string::npos);
+  EXPECT_LT(wait, b_load) << "the kernel waits for the previous grid before it loads B";
+  EXPECT_LT(wait, loop_load) << "the mainloop's loads come after the wait";
+  EXPECT_LT(early, promise);
+  EXPECT_LT(promise, early_load) << "loads before the wait only under the promise";
+  EXPECT_LT(early_load, wait);
+  EXPECT_NE(src.find("static_assert(EARLY == 0 || (SWAP_AB"), std::string::npos) << "early loads only the weights";
 }
 }  // namespace
 }  // namespace kiln::templates

@@ -39,10 +39,15 @@ struct KilnGemmArgs {
   int m, n, k;
   int split_k;       // slices (grid z); 1 without split-K
   int k_per_split;   // K range per slice; any positive value (kiln uses multiples of 128)
-  int pad0;
+  int flags;         // KILN_GEMM_* bits below; 0 promises nothing
   long long lda, ldb, ldd;
   KilnEpilogueArgs ep;
 };
+
+/// The caller's promise that no kernel earlier in the stream writes B (a weight): a template configuration may
+/// then load B before waiting for the previous kernel (programmatic dependent launch), so that its first loads
+/// overlap that kernel's tail. Configurations without such early loads ignore it.
+#define KILN_GEMM_B_CONSTANT 1
 
 /// RMSNorm and LayerNorm over each row of x[rows, cols]:
 ///   h = x (+ residual when the template has residual=true; then h is also written to residual_out)
