@@ -29,6 +29,7 @@ struct Wgmma {
   bool sk_even = false;   // stream_k's free-running form: every block an equal share of all K iterations
   bool pingpong = false;  // persistent, two consumers taking whole bm x bn tiles in turn
   int64_t early = 0;      // swap_ab: stages of weights requested before the dependency wait (B constant)
+  const char* trigger = "exit";  // where a block lets the next kernel launch: exit, start, tail
 };
 Wgmma pingpong(Wgmma w) {
   w.pingpong = true;
@@ -112,14 +113,19 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
     out.push_back({64, bn, 1, fit_stages(l, 64, bn, 6, 2), 1, false, 1, 2, true});
     if (s.m <= 32) {
       // Two blocks per SM on the deepest ring that fits, also with the weights of the first half or all of the ring
-      // requested before the dependency wait: the next GEMM's blocks sit beside this one's and stream their first
-      // weights during its tail (the suite never writes B, so it promises KILN_GEMM_B_CONSTANT).
+      // requested before the dependency wait, the next kernel let launch at the start or after the last load: the
+      // next GEMM's blocks sit beside this one's and stream their first weights during its tail (the suite never
+      // writes B, so it promises KILN_GEMM_B_CONSTANT).
       const int64_t st = fit_stages(l, 64, bn, 16, 2);
       for (int64_t ck : {cluster_for(tiles(64, bn, true), s.k, sms), int64_t{1}}) {
-        for (int64_t e : {int64_t{0}, st / 2, st}) {
-          Wgmma w{64, bn, 1, st, 1, false, ck, 2, true};
-          w.early = e;
-          out.push_back(w);
+        out.push_back({64, bn, 1, st, 1, false, ck, 2, true});
+        for (const char* trigger : {"start", "tail"}) {
+          for (int64_t e : {st / 2, st}) {
+            Wgmma w{64, bn, 1, st, 1, false, ck, 2, true};
+            w.early = e;
+            w.trigger = trigger;
+            out.push_back(w);
+          }
         }
       }
     }
@@ -221,6 +227,7 @@ Params wgmma_params(const Params& base, const Wgmma& w) {
   p.insert_or_assign("sk_even", Value::boolean(w.sk_even));
   p.insert_or_assign("pingpong", Value::boolean(w.pingpong));
   p.insert_or_assign("early", Value::integer(w.early));
+  p.insert_or_assign("trigger", Value::enumeration(w.trigger));
   return p;
 }
 

@@ -76,9 +76,13 @@ constexpr bool STREAM_K = ${stream_k};
 constexpr bool SK_EVEN = ${sk_even};
 // With early = ${early} > 0 (swap_ab: the kernel's A is the GEMM's B, a weight) and the caller's promise that no
 // earlier kernel writes it (KILN_GEMM_B_CONSTANT), the producer requests the weights of its first `early` stages
-// before waiting for the previous kernel, and every block lets the next kernel launch at its start: a next kernel's
-// blocks that fit beside this one's (blocks_per_sm 2) then stream their first weights during this kernel's tail.
+// before waiting for the previous kernel. With a trigger (below) that lets the next kernel launch before this one
+// ends, a next kernel's blocks that fit beside this one's (blocks_per_sm 2) stream their first weights during its tail.
 constexpr int EARLY = ${early};
+// Where a block lets the next kernel launch (kiln_allow_next_grid): `exit` (never called: as the blocks exit),
+// `start`, or `tail` (the producer, after its last load: the next kernel's blocks arrive while this one drains).
+enum class Trigger { exit, start, tail };
+constexpr Trigger TRIGGER = Trigger::${trigger};
 constexpr int SK_FLAG_BYTES = 4096;  // the workspace's flags (at most 1024 blocks), before the slots
 enum class Epi { direct, smem };
 constexpr bool EPI_SMEM = Epi::${epi} == Epi::smem;
@@ -485,10 +489,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     __syncthreads();
   }
   // Everything above overlaps the previous kernel's tail under programmatic launch; nothing before touches global
-  // memory (the tensor maps are kernel parameters). No early kiln_allow_next_grid(): the next kernel launches as
-  // this one's blocks exit. Measured on the suite (H200, 111 shapes, same run): triggering at the start gains no
-  // more (median 0.985 of the time without the attribute on kernels under 40 us, 0.984 without a trigger) and
-  // triggering after the last load made single configurations up to 17% slower (waiting blocks parked on SMs).
+  // memory (the tensor maps are kernel parameters). By default (trigger exit) the next kernel launches as this
+  // one's blocks exit. Measured on the suite (H200, 111 shapes, same run): for one block per SM triggering at the
+  // start gains no more (median 0.985 of the time without the attribute on kernels under 40 us, 0.984 without a
+  // trigger) and triggering after the last load made single configurations up to 17% slower (waiting blocks
+  // parked on SMs).
   const int tiles_m = (args.m + BM - 1) / BM, tiles_n = (args.n + BN - 1) / BN;
   const int slices = PARTIALS ? args.split_k : 1;
   const int total = (MCAST == 2 ? 2 * tiles_m * ((tiles_n + 1) / 2) : tiles_m * tiles_n) * slices * CLUSTER_K;
@@ -502,8 +507,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     }
   };
   int early = 0;  // K blocks of the producer's first unit whose A was requested before the wait
+  if constexpr (TRIGGER == Trigger::start) kiln_allow_next_grid();
   if constexpr (EARLY > 0) {
-    kiln_allow_next_grid();
     if (threadIdx.x == 0 && (args.flags & KILN_GEMM_B_CONSTANT)) {
       Units units(args, tiles_m, tiles_n, total);
       Work wk;
@@ -565,6 +570,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
           }
         }
       }
+      if constexpr (TRIGGER == Trigger::tail) kiln_allow_next_grid();  // (one thread stands for its block)
     }
     if constexpr (CLUSTER_K > 1) {  // the consumers' two cluster barriers need every thread of the cluster
       cluster_sync();

@@ -47,6 +47,7 @@ struct Sm90Config {
   int64_t mcast;
   bool stream_k, pingpong, sk_even;
   int64_t early;
+  std::string trigger;
   // Rows of a consumer's accumulators: a share of the tile, or (ping-pong) whole tiles in turn.
   int64_t wg_m() const { return pingpong ? bm : bm / consumers; }
   int64_t threads() const { return 128 * (consumers + 1); }
@@ -65,7 +66,7 @@ Sm90Config config_of(const Params& p) {
   return {get_int(p, "bm"), get_int(p, "bn"), get_int(p, "consumers"), get_int(p, "stages"), get_int(p, "cluster_k"),
           get_int(p, "blocks_per_sm"), get_bool(p, "swap_ab"), get_enum(p, "epi") == "smem",
           get_int(p, "mcast"), get_bool(p, "stream_k"), get_bool(p, "pingpong"),
-          get_bool(p, "sk_even"), get_int(p, "early")};
+          get_bool(p, "sk_even"), get_int(p, "early"), get_enum(p, "trigger")};
 }
 
 // Stream-K's workspace (wgmma_sm90.cu): a flag per block in the first 4096 bytes, then a bm x bn fp32 slot per block.
@@ -247,13 +248,13 @@ Result<Launch> geometry(const Params& p, const Shape& s) {
 
 std::string config_name(const Params& p) {
   const Sm90Config c = config_of(p);
-  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn,
+  return fmt::format("gemm_wgmma_{}{}x{}x64_c{}_s{}_g{}{}{}{}{}{}{}{}{}_{}", c.swap_ab ? "swab_" : "", c.bm, c.bn,
                      c.consumers, c.stages, get_int(p, "group_m"), get_bool(p, "persistent") ? "_p" : "",
                      c.sk_even ? "_ske" : c.stream_k ? "_sk" : c.pingpong ? "_pp" : "",
                      c.cluster_k > 1 ? fmt::format("_ck{}", c.cluster_k) : "",
                      c.blocks_per_sm > 1 ? fmt::format("_b{}", c.blocks_per_sm) : "", c.epi_smem ? "_es" : "",
                      c.mcast > 1 ? fmt::format("_mc{}", c.mcast) : "", c.early > 0 ? fmt::format("_e{}", c.early) : "",
-                     gemm_problem_suffix(p));
+                     c.trigger == "exit" ? "" : c.trigger == "start" ? "_ts" : "_tt", gemm_problem_suffix(p));
 }
 
 // The SM count of each device, read once (persistent grids are sized by it).
@@ -427,10 +428,15 @@ TemplateDef gemm_wgmma_sm90_def() {
   d.params.push_back(std::move(pingpong));
   ParamSpec early = int_param("early", ParamRole::kTunable, {0}, "e",
                               "swap_ab: stages whose weights (the kernel's A) are requested before waiting for the "
-                              "previous kernel, when the call promises B constant (KILN_GEMM_B_CONSTANT); the block "
-                              "lets the next kernel launch at its start");
+                              "previous kernel, when the call promises B constant (KILN_GEMM_B_CONSTANT); with a "
+                              "trigger before the exit, the next kernel's do so during this one's tail");
   early.default_value = Value::integer(0);
   d.params.push_back(std::move(early));
+  ParamSpec trigger = enum_param("trigger", ParamRole::kTunable, {"exit", "start", "tail"}, "t",
+                                 "where a block lets the next kernel launch (programmatic launch): as it exits, at its "
+                                 "start, or after its producer's last load");
+  trigger.default_value = Value::enumeration("exit");
+  d.params.push_back(std::move(trigger));
   d.params.push_back(derived_param("wgmma", ParamKind::kCode, "the m64n<bn>k16 wgmma wrapper for the layouts"));
   d.specialization_note =
       "M, N, K, leading dimensions and split-K slices are run-time arguments; TMA tensor maps are encoded per "

@@ -360,6 +360,25 @@ TEST(GemmTemplates, WgmmaEarlyWeightsParameter) {
   st = sm90->check(plain, limits("sm_90a"));
   EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
   EXPECT_NE(st.to_string().find("swap_ab"), std::string::npos) << st.to_string();
+
+  // trigger (default exit: the kernel never calls it): at the start, or after the producer's last load.
+  const ParamSpec* trigger = sm90->param("trigger");
+  ASSERT_NE(trigger, nullptr);
+  ASSERT_TRUE(trigger->default_value.has_value());
+  EXPECT_EQ(*trigger->default_value, Value::enumeration("exit"));
+  EXPECT_NE(a->source.source.find("constexpr Trigger TRIGGER = Trigger::exit;"), std::string::npos);
+  for (const char* where : {"start", "tail"}) {
+    Params t = on;
+    t.insert_or_assign("trigger", Value::enumeration(where));
+    auto r = sm90->render(t);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->config_name, std::string("gemm_wgmma_swab_64x8x64_c1_s12_g1_b2_e6_") + (where[0] == 's' ? "ts" : "tt") +
+                                  "_bf16_rc_bias_gelu_bf16");
+    EXPECT_NE(r->source.source.find(std::string("constexpr Trigger TRIGGER = Trigger::") + where + ";"), std::string::npos);
+  }
+  Params nowhere = on;
+  nowhere.insert_or_assign("trigger", Value::enumeration("middle"));
+  EXPECT_FALSE(sm90->check(nowhere, limits("sm_90a")).ok());
 }
 
 // pingpong: a tunable added later (default false); two consumers each take whole bm x bn tiles, so bm need only be a
@@ -553,15 +572,17 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
                    p.insert_or_assign("stream_k", Value::boolean(true)); p.insert_or_assign("sk_even", Value::boolean(true));
                    return p; }(),
        "sm_90a", {"wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16", "ld.acquire.gpu"}},
-      // early weights: two swap-AB blocks per SM letting the next kernel launch at their start; bf16 with a cluster
+      // early weights: two swap-AB blocks per SM letting the next kernel launch at their start or tail; bf16 with a cluster
       // split, fp16 with row-major B (MN-major boxes of the weights) and a bias.
       {sm90, [&] { Params p = sm90_params(64, 8, 1, 12, false); p.insert_or_assign("swap_ab", Value::boolean(true));
                    p.insert_or_assign("blocks_per_sm", Value::integer(2)); p.insert_or_assign("cluster_k", Value::integer(2));
-                   p.insert_or_assign("early", Value::integer(12)); return p; }(),
+                   p.insert_or_assign("early", Value::integer(12)); p.insert_or_assign("trigger", Value::enumeration("start"));
+                   return p; }(),
        "sm_90a", {"griddepcontrol.launch_dependents", "griddepcontrol.wait", "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16"}},
       {sm90, [&] { Params p = sm90_params(64, 16, 1, 10, false, DType::kF16, R, R, false, "bias", DType::kF16);
                    p.insert_or_assign("swap_ab", Value::boolean(true)); p.insert_or_assign("blocks_per_sm", Value::integer(2));
-                   p.insert_or_assign("group_m", Value::integer(1)); p.insert_or_assign("early", Value::integer(5)); return p; }(),
+                   p.insert_or_assign("group_m", Value::integer(1)); p.insert_or_assign("early", Value::integer(5));
+                   p.insert_or_assign("trigger", Value::enumeration("tail")); return p; }(),
        "sm_90a", {"griddepcontrol.launch_dependents", "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16"}},
       // pingpong: named-barrier turns between the consumers; 64x256 staged, 128x128 direct with fp16 row-major B.
       {sm90, [&] { Params p = es(sm90_params(64, 256, 2, 5, true)); p.insert_or_assign("pingpong", Value::boolean(true)); return p; }(),
