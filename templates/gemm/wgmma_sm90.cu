@@ -79,10 +79,12 @@ constexpr bool SK_EVEN = ${sk_even};
 // before waiting for the previous kernel. With a trigger (below) that lets the next kernel launch before this one
 // ends, a next kernel's blocks that fit beside this one's (blocks_per_sm 2) stream their first weights during its tail.
 constexpr int EARLY = ${early};
-// Where a block lets the next kernel launch (kiln_allow_next_grid): `exit` (never called: as the blocks exit),
-// `start`, or `tail` (the producer, after its last load: the next kernel's blocks arrive while this one drains).
-enum class Trigger { exit, start, tail };
-constexpr Trigger TRIGGER = Trigger::${trigger};
+// Where a block lets the next kernel launch (kiln_allow_next_grid), trigger = ${trigger}: 0 never (the next kernel
+// launches as the blocks exit), 1 at the start, 2 after the producer's last load (the next kernel's blocks arrive
+// while this one drains: with blocks_per_sm 2 they fit beside it and run their prologue, or load early weights).
+enum class Trigger { exit = 0, start = 1, tail = 2 };
+constexpr Trigger TRIGGER = static_cast<Trigger>(${trigger});
+static_assert(${trigger} >= 0 && ${trigger} <= 2, "trigger: 0, 1 or 2");
 constexpr int SK_FLAG_BYTES = 4096;  // the workspace's flags (at most 1024 blocks), before the slots
 enum class Epi { direct, smem };
 constexpr bool EPI_SMEM = Epi::${epi} == Epi::smem;

@@ -585,14 +585,15 @@ TEST(GemmGpu, WgmmaEarlyWeights) {
     Layout lb;
     const char* ep;
     int bn, stages, early, cluster_k, blocks;
-    const char* trigger;
+    int trigger;  // 0 exit, 1 start, 2 tail
   };
   const std::vector<Case> cases = {
-      {1, 4096, 7168, DType::kBF16, C, "", 8, 12, 12, 2, 2, "start"},
-      {3, 1000, 1000, DType::kBF16, C, "bias+gelu", 8, 12, 6, 1, 2, "tail"},  // K tail, N off the tile
-      {16, 4104, 200, DType::kF16, R, "bias", 16, 10, 10, 1, 2, "start"},     // 4 K blocks: fewer than early
-      {32, 2000, 3000, DType::kBF16, R, "residual", 32, 8, 4, 2, 2, "tail"},
-      {8, 3000, 2048, DType::kBF16, C, "scale", 8, 16, 16, 2, 1, "exit"},    // one block per SM
+      {1, 4096, 7168, DType::kBF16, C, "", 8, 12, 12, 2, 2, 1},
+      {3, 1000, 1000, DType::kBF16, C, "bias+gelu", 8, 12, 6, 1, 2, 2},  // K tail, N off the tile
+      {16, 4104, 200, DType::kF16, R, "bias", 16, 10, 10, 1, 2, 1},     // 4 K blocks: fewer than early
+      {32, 2000, 3000, DType::kBF16, R, "residual", 32, 8, 4, 2, 2, 2},
+      {8, 3000, 2048, DType::kBF16, C, "scale", 8, 16, 16, 2, 1, 0},    // one block per SM
+      {77, 4096, 4096, DType::kBF16, C, "bias", 80, 6, 0, 1, 2, 2},     // the trigger alone
   };
   std::vector<WgmmaCheck> checks;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -605,7 +606,7 @@ TEST(GemmGpu, WgmmaEarlyWeights) {
                                          {"group_m", Value::integer(1)}, {"swap_ab", Value::boolean(true)},
                                          {"cluster_k", Value::integer(c.cluster_k)},
                                          {"blocks_per_sm", Value::integer(c.blocks)}, {"early", Value::integer(c.early)},
-                                         {"trigger", Value::enumeration(c.trigger)}}),
+                                         {"trigger", Value::integer(c.trigger)}}),
                         static_cast<uint64_t>(1100 + i), flags});
     }
   }
@@ -640,7 +641,7 @@ TEST(GemmGpu, WgmmaEarlyWeightsWaitForWhatThePreviousKernelWrites) {
                                                     {"consumers", Value::integer(1)}, {"stages", Value::integer(10)},
                                                     {"group_m", Value::integer(1)}, {"swap_ab", Value::boolean(true)},
                                                     {"blocks_per_sm", Value::integer(2)}, {"early", Value::integer(10)},
-                                                    {"trigger", Value::enumeration("start")}})}},
+                                                    {"trigger", Value::integer(1)}})}},
                               {Target{"sm_90a"}});
   KILN_ASSERT_OK(compiled[0]);
   KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g, t->geometry(compiled[0]->rendered.params, {p.m, p.n, p.k}));

@@ -1,6 +1,7 @@
 // GEMM templates without a GPU: registration, parameters, constraints, problem checks, geometry, names,
 // deterministic rendering, and a handful of configurations per family compiled with NVRTC (sm_80 / sm_90a)
 // whose PTX holds the instructions the family is about (mma.sync + cp.async; wgmma + TMA).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -361,24 +362,29 @@ TEST(GemmTemplates, WgmmaEarlyWeightsParameter) {
   EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
   EXPECT_NE(st.to_string().find("swap_ab"), std::string::npos) << st.to_string();
 
-  // trigger (default exit: the kernel never calls it): at the start, or after the producer's last load.
+  // trigger (default 0: the kernel never calls it): 1 at the start, 2 after the producer's last load.
   const ParamSpec* trigger = sm90->param("trigger");
   ASSERT_NE(trigger, nullptr);
   ASSERT_TRUE(trigger->default_value.has_value());
-  EXPECT_EQ(*trigger->default_value, Value::enumeration("exit"));
-  EXPECT_NE(a->source.source.find("constexpr Trigger TRIGGER = Trigger::exit;"), std::string::npos);
-  for (const char* where : {"start", "tail"}) {
+  EXPECT_EQ(*trigger->default_value, Value::integer(0));
+  EXPECT_NE(a->source.source.find("static_cast<Trigger>(0)"), std::string::npos);
+  for (int where : {1, 2}) {
     Params t = on;
-    t.insert_or_assign("trigger", Value::enumeration(where));
+    t.insert_or_assign("trigger", Value::integer(where));
+    KILN_EXPECT_OK(sm90->check(t, limits("sm_90a")));
     auto r = sm90->render(t);
     ASSERT_TRUE(r.ok());
-    EXPECT_EQ(r->config_name, std::string("gemm_wgmma_swab_64x8x64_c1_s12_g1_b2_e6_") + (where[0] == 's' ? "ts" : "tt") +
+    EXPECT_EQ(r->config_name, std::string("gemm_wgmma_swab_64x8x64_c1_s12_g1_b2_e6_") + (where == 1 ? "ts" : "tt") +
                                   "_bf16_rc_bias_gelu_bf16");
-    EXPECT_NE(r->source.source.find(std::string("constexpr Trigger TRIGGER = Trigger::") + where + ";"), std::string::npos);
+    EXPECT_NE(r->source.source.find(fmt::format("static_cast<Trigger>({})", where)), std::string::npos);
   }
-  Params nowhere = on;
-  nowhere.insert_or_assign("trigger", Value::enumeration("middle"));
-  EXPECT_FALSE(sm90->check(nowhere, limits("sm_90a")).ok());
+  for (int nowhere : {-1, 3}) {
+    Params t = on;
+    t.insert_or_assign("trigger", Value::integer(nowhere));
+    const Status bad = sm90->check(t, limits("sm_90a"));
+    EXPECT_EQ(bad.code(), ErrorCode::kOutOfRange) << bad.to_string();
+    EXPECT_NE(bad.to_string().find("trigger"), std::string::npos) << bad.to_string();
+  }
 }
 
 // pingpong: a tunable added later (default false); two consumers each take whole bm x bn tiles, so bm need only be a
@@ -576,13 +582,13 @@ TEST(GemmTemplates, SampleCompilesWithNvrtc) {
       // split, fp16 with row-major B (MN-major boxes of the weights) and a bias.
       {sm90, [&] { Params p = sm90_params(64, 8, 1, 12, false); p.insert_or_assign("swap_ab", Value::boolean(true));
                    p.insert_or_assign("blocks_per_sm", Value::integer(2)); p.insert_or_assign("cluster_k", Value::integer(2));
-                   p.insert_or_assign("early", Value::integer(12)); p.insert_or_assign("trigger", Value::enumeration("start"));
+                   p.insert_or_assign("early", Value::integer(12)); p.insert_or_assign("trigger", Value::integer(1));
                    return p; }(),
        "sm_90a", {"griddepcontrol.launch_dependents", "griddepcontrol.wait", "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16"}},
       {sm90, [&] { Params p = sm90_params(64, 16, 1, 10, false, DType::kF16, R, R, false, "bias", DType::kF16);
                    p.insert_or_assign("swap_ab", Value::boolean(true)); p.insert_or_assign("blocks_per_sm", Value::integer(2));
                    p.insert_or_assign("group_m", Value::integer(1)); p.insert_or_assign("early", Value::integer(5));
-                   p.insert_or_assign("trigger", Value::enumeration("tail")); return p; }(),
+                   p.insert_or_assign("trigger", Value::integer(2)); return p; }(),
        "sm_90a", {"griddepcontrol.launch_dependents", "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16"}},
       // pingpong: named-barrier turns between the consumers; 64x256 staged, 128x128 direct with fp16 row-major B.
       {sm90, [&] { Params p = es(sm90_params(64, 256, 2, 5, true)); p.insert_or_assign("pingpong", Value::boolean(true)); return p; }(),

@@ -84,6 +84,21 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       // cluster of two; it won 11 of the suite's 69 shapes with M <= 128 on an H200 (28 Nov, against the same tile
       // with 8 stages: 77x4608x3584 11.8 vs 12.7 us, 64x4096x4096 12.1 vs 13.2).
       for (int64_t ck : {1, 2}) out.push_back(w(64, bn, 1, deepest(bn), 1, false, ck, 1, true));
+      if (shape.m <= 32) {
+        // Two blocks per SM on the deepest ring that fits both, alone and letting the next kernel launch after the
+        // last load (trigger 2), whole or split over a cluster of two: with them the suite's M <= 32 shapes at >= 1.05x
+        // of cuBLAS went from 30-31 to 34-35 of 50 on an H200 (30 Nov, the sweep's best of each candidate set,
+        // bench/results/gemm-early-weights-nvidia-h200-2026-11-30.md). (Early weights need the caller's promise that
+        // B is constant, which a tune does not have.)
+        const int64_t two = std::min<int64_t>(16, (232448 / 2 - 2048) / ((64 + bn) * 128 + 16));
+        for (int64_t ck : {1, 2}) {
+          for (int64_t trigger : {0, 2}) {
+            Params b2 = w(64, bn, 1, two, 1, false, ck, 2, true);
+            b2.emplace("trigger", Value::integer(trigger));
+            out.push_back(b2);
+          }
+        }
+      }
       // Stream-K over every SM, both forms, for tile counts that leave the last wave partial: with the flags kept
       // lowered (no memset per launch) the suite's best at N >= 28672 and on some narrower shapes on an H200 (28 Nov,
       // bench/results/gemm-suite-nvidia-h200-2026-11-28-a0971ff.md: 32x28672x4096, 1x37888x3584, 3x28672x4096 sk_even).
