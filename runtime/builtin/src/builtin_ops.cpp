@@ -85,18 +85,17 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
       // with 8 stages: 77x4608x3584 11.8 vs 12.7 us, 64x4096x4096 12.1 vs 13.2).
       for (int64_t ck : {1, 2}) out.push_back(w(64, bn, 1, deepest(bn), 1, false, ck, 1, true));
       if (shape.m <= 32) {
-        // Two blocks per SM on the deepest ring that fits both, alone and letting the next kernel launch after the
-        // last load (trigger 2), whole or split over a cluster of two: with them the suite's M <= 32 shapes at >= 1.05x
-        // of cuBLAS went from 30-31 to 34-35 of 50 on an H200 (30 Nov, the sweep's best of each candidate set,
-        // bench/results/gemm-early-weights-nvidia-h200-2026-11-30.md). (Early weights need the caller's promise that
-        // B is constant, which a tune does not have.)
+        // Two blocks per SM on the deepest ring that fits both, letting the next kernel launch after the last load
+        // (trigger 2: its blocks run their prologue beside this one's tail), whole or split over a cluster of two. The
+        // suite's M <= 32 shapes at >= 1.05x of cuBLAS on an H200, best of each candidate set in the same sweep (30 Nov,
+        // bench/results/gemm-early-weights-nvidia-h200-2026-11-30.md): 30-31 before, 33 with these, 34-35 with the
+        // same tiles without the trigger as well (left out here: four more compiles per M for one or two shapes).
+        // Early weights need the caller's promise that B is constant, which a tune does not have.
         const int64_t two = std::min<int64_t>(16, (232448 / 2 - 2048) / ((64 + bn) * 128 + 16));
         for (int64_t ck : {1, 2}) {
-          for (int64_t trigger : {0, 2}) {
-            Params b2 = w(64, bn, 1, two, 1, false, ck, 2, true);
-            b2.emplace("trigger", Value::integer(trigger));
-            out.push_back(b2);
-          }
+          Params b2 = w(64, bn, 1, two, 1, false, ck, 2, true);
+          b2.emplace("trigger", Value::integer(2));
+          out.push_back(b2);
         }
       }
       // Stream-K over every SM, both forms, for tile counts that leave the last wave partial: with the flags kept
