@@ -95,7 +95,9 @@ std::string markdown(const std::vector<json>& records, const json& env) {
          "configuration of its template families; speed-up = best of cuBLAS and cuBLASLt / kiln.\n\n";
   out += "```\n" + summary_text(summarize(records)) + "```\n\n";
   out += "kiln launches its Hopper kernels with programmatic dependent launch (each waits for the previous kernel before "
-         "touching memory; only its launch and prologue overlap the previous kernel's tail); 'kiln no PDL' is the same "
+         "touching memory, so its launch and prologue overlap the previous kernel's tail; configurations named `_ts`/`_tt` "
+         "let the next kernel launch at their start or after their last load, and `_e<n>` ones load the weights of their "
+         "first n stages before the wait, which the suite allows since it never writes B); 'kiln no PDL' is the same "
          "kernel launched without it, in the same interleaved round.\n\n";
   out += "| # | model | layer | M | N | K | dtype | B | cuBLAS us | cuBLASLt us | kiln us | kiln no PDL us | kiln config | "
          "speed-up |\n";
