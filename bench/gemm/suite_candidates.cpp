@@ -111,6 +111,8 @@ std::vector<Wgmma> wgmma_order_plain(const SuiteShape& s, const DeviceLimits& l)
       out.push_back({bm, bn, consumers, fit_stages(l, bm, bn, 16), 1, false, 1, 1, true});
     }
     out.push_back({64, bn, 1, fit_stages(l, 64, bn, 6, 2), 1, false, 1, 2, true});
+    out.push_back({128, bn, bn > 128 ? 2 : 1, fit_stages(l, 128, bn, 5), 1, false,
+                   cluster_for(tiles(128, bn, true), s.k, sms), 1, true});
     if (s.m <= 32) {
       // Two blocks per SM on the deepest ring that fits, alone, letting the next kernel launch after the last load
       // (trigger 2: its blocks fit beside this one's and run their prologue during its tail), and with the weights of
