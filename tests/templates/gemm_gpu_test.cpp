@@ -625,113 +625,82 @@ extern "C" __global__ void late_copy(const unsigned short* src, unsigned short* 
 }
 )";
 
+// Compiles `fields` for bf16 problem `p` (B column-major), then ten times: poisons a copy of A (or, with late_b, of
+// B) and D, has late_copy fill that copy ~1 ms after letting the GEMM launch, runs the GEMM on it programmatically
+// with `flags` and expects the right D: the GEMM waited for what the previous kernel writes.
+void expect_waits_for_late_copy(const GemmProblem& p, std::initializer_list<TileField> fields, bool late_b, int flags,
+                                uint64_t seed) {
+  const bool was = templates::programmatic_launch_enabled();
+  templates::set_programmatic_launch(true);
+  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
+  auto compiled = compile_all({{t, wgmma_config(p, fields)}}, {Target{"sm_90a"}});
+  KILN_ASSERT_OK(compiled[0]);
+  KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g, t->geometry(compiled[0]->rendered.params, {p.m, p.n, p.k}));
+  EXPECT_TRUE(g.programmatic) << "gemm_wgmma_sm90 launches programmatically by default";
+  KernelSource late{.name = "late_copy", .entry = "late_copy", .source = kLateCopySource};
+  KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile(late, Target{"sm_90a"}));
+  KILN_ASSERT_OK_AND_ASSIGN(Kernel copy, load_kernel(bin));
+  const GemmData d = make_gemm_data(p, seed);
+  KILN_ASSERT_OK_AND_ASSIGN(GemmDevice m, upload_gemm(p, d));
+  const DeviceBuffer& src = late_b ? m.b : m.a;
+  const long long n = late_b ? p.k * p.n : p.m * p.k;
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer target, DeviceBuffer::allocate(static_cast<size_t>(n) * 2));
+  GemmArgs args = gemm_args(p, m);
+  (late_b ? args.b : args.a) = target.as<void>();
+  args.flags = flags;
+  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* api, driver());
+  CUstream stream = nullptr;
+  ASSERT_EQ(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  std::vector<uint8_t> z_bytes(static_cast<size_t>(p.m * p.n) * 2);
+  const long long spin = 2'000'000;  // clock cycles: ~1 ms, far longer than the GEMM takes to start
+  const char* what = late_b ? "B" : "A";
+  for (int round = 0; round < 10; ++round) {
+    ASSERT_EQ(api->cuMemsetD8Async(target.ptr(), 0xFF, static_cast<size_t>(n) * 2, stream), CUDA_SUCCESS);
+    ASSERT_EQ(api->cuMemsetD8Async(m.d.ptr(), 0xFF, z_bytes.size(), stream), CUDA_SUCCESS);
+    LaunchConfig lc;
+    lc.grid = {8, 1, 1};
+    lc.block = {256, 1, 1};
+    lc.stream = stream;
+    KILN_ASSERT_OK(copy(lc, src.ptr(), target.ptr(), n, spin));
+    KILN_ASSERT_OK(templates::launch_gemm(*compiled[0]->kernel, compiled[0]->rendered.params, g, args, stream));
+    ASSERT_EQ(api->cuStreamSynchronize(stream), CUDA_SUCCESS);
+    KILN_ASSERT_OK(m.d.copy_to_host(z_bytes.data(), z_bytes.size()));
+    const std::vector<double> z = to_doubles(DType::kBF16, z_bytes, static_cast<size_t>(p.m * p.n));
+    EXPECT_EQ(count_nan(z, p.n, p.m, p.n), 0) << "round " << round << ": the GEMM read " << what << " before it was written";
+    EXPECT_LE(rel_norm_error(z, p.n, d.out, p.m, p.n), gemm_tolerance(DType::kBF16)) << what << " round " << round;
+  }
+  api->cuStreamDestroy(stream);
+  templates::set_programmatic_launch(was);
+}
+
 // An early-weights configuration launched programmatically after a kernel still writing one of its operands: the
 // activations (A) with the promise, the weights (B) without it. Either way it must read what was written.
 TEST(GemmGpu, WgmmaEarlyWeightsWaitForWhatThePreviousKernelWrites) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
   if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
-  const bool was = templates::programmatic_launch_enabled();
-  templates::set_programmatic_launch(true);
   using templates::Value;
-  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
-  const GemmProblem p{16, 2048, 1024, DType::kBF16, R, C, spec("", DType::kBF16), 1};
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
-  auto compiled = compile_all({{t, wgmma_config(p, {{"bm", Value::integer(64)}, {"bn", Value::integer(16)},
-                                                    {"consumers", Value::integer(1)}, {"stages", Value::integer(10)},
-                                                    {"group_m", Value::integer(1)}, {"swap_ab", Value::boolean(true)},
-                                                    {"blocks_per_sm", Value::integer(2)}, {"early", Value::integer(10)},
-                                                    {"trigger", Value::integer(1)}})}},
-                              {Target{"sm_90a"}});
-  KILN_ASSERT_OK(compiled[0]);
-  KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g, t->geometry(compiled[0]->rendered.params, {p.m, p.n, p.k}));
-  ASSERT_TRUE(g.programmatic);
-  KernelSource late{.name = "late_copy", .entry = "late_copy", .source = kLateCopySource};
-  KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile(late, Target{"sm_90a"}));
-  KILN_ASSERT_OK_AND_ASSIGN(Kernel copy, load_kernel(bin));
-  const GemmData d = make_gemm_data(p, 1200);
-  KILN_ASSERT_OK_AND_ASSIGN(GemmDevice m, upload_gemm(p, d));
-  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* api, driver());
-  CUstream stream = nullptr;
-  ASSERT_EQ(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  std::vector<uint8_t> z_bytes(static_cast<size_t>(p.m * p.n) * 2);
+  const GemmProblem p{16, 2048, 1024, DType::kBF16, Layout::kRowMajor, Layout::kColMajor, spec("", DType::kBF16), 1};
   for (bool late_b : {false, true}) {
-    const DeviceBuffer& src = late_b ? m.b : m.a;
-    const long long n = late_b ? p.k * p.n : p.m * p.k;
-    KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer target, DeviceBuffer::allocate(static_cast<size_t>(n) * 2));
-    GemmArgs args = gemm_args(p, m);
-    (late_b ? args.b : args.a) = target.as<void>();
-    args.flags = late_b ? 0 : KILN_GEMM_B_CONSTANT;
-    for (int round = 0; round < 10; ++round) {
-      ASSERT_EQ(api->cuMemsetD8Async(target.ptr(), 0xFF, static_cast<size_t>(n) * 2, stream), CUDA_SUCCESS);
-      ASSERT_EQ(api->cuMemsetD8Async(m.d.ptr(), 0xFF, z_bytes.size(), stream), CUDA_SUCCESS);
-      LaunchConfig lc;
-      lc.grid = {8, 1, 1};
-      lc.block = {256, 1, 1};
-      lc.stream = stream;
-      KILN_ASSERT_OK(copy(lc, src.ptr(), target.ptr(), n, 2'000'000LL));
-      KILN_ASSERT_OK(templates::launch_gemm(*compiled[0]->kernel, compiled[0]->rendered.params, g, args, stream));
-      ASSERT_EQ(api->cuStreamSynchronize(stream), CUDA_SUCCESS);
-      KILN_ASSERT_OK(m.d.copy_to_host(z_bytes.data(), z_bytes.size()));
-      const std::vector<double> z = to_doubles(DType::kBF16, z_bytes, static_cast<size_t>(p.m * p.n));
-      EXPECT_EQ(count_nan(z, p.n, p.m, p.n), 0) << (late_b ? "B" : "A") << " round " << round;
-      EXPECT_LE(rel_norm_error(z, p.n, d.out, p.m, p.n), gemm_tolerance(DType::kBF16))
-          << (late_b ? "B" : "A") << " round " << round;
-    }
+    expect_waits_for_late_copy(p,
+                               {{"bm", Value::integer(64)}, {"bn", Value::integer(16)}, {"consumers", Value::integer(1)},
+                                {"stages", Value::integer(10)}, {"group_m", Value::integer(1)},
+                                {"swap_ab", Value::boolean(true)}, {"blocks_per_sm", Value::integer(2)},
+                                {"early", Value::integer(10)}, {"trigger", Value::integer(1)}},
+                               late_b, late_b ? 0 : KILN_GEMM_B_CONSTANT, 1200);
   }
-  api->cuStreamDestroy(stream);
-  templates::set_programmatic_launch(was);
 }
 
 TEST(GemmGpu, WgmmaProgrammaticLaunchWaitsForThePreviousKernel) {
   KILN_REQUIRE_GPU();
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo info, device_info(0));
   if (info.cc_major != 9) GTEST_SKIP() << "wgmma needs a Hopper GPU (sm_90a)";
-  const bool was = templates::programmatic_launch_enabled();
-  templates::set_programmatic_launch(true);
   using templates::Value;
-  const Layout R = Layout::kRowMajor, C = Layout::kColMajor;
-  const GemmProblem p{256, 512, 1024, DType::kBF16, R, C, spec("", DType::kBF16), 1};
-  KILN_ASSERT_OK_AND_ASSIGN(TemplatePtr t, templates::find_template("gemm_wgmma_sm90"));
-  auto compiled = compile_all({{t, wgmma_config(p, {{"bm", Value::integer(128)}, {"bn", Value::integer(64)},
-                                                    {"consumers", Value::integer(2)}, {"stages", Value::integer(4)}})}},
-                              {Target{"sm_90a"}});
-  KILN_ASSERT_OK(compiled[0]);
-  KILN_ASSERT_OK_AND_ASSIGN(templates::Launch g, t->geometry(compiled[0]->rendered.params, {p.m, p.n, p.k}));
-  EXPECT_TRUE(g.programmatic) << "gemm_wgmma_sm90 launches programmatically by default";
-
-  KernelSource late{.name = "late_copy", .entry = "late_copy", .source = kLateCopySource};
-  KILN_ASSERT_OK_AND_ASSIGN(Binary bin, compile(late, Target{"sm_90a"}));
-  KILN_ASSERT_OK_AND_ASSIGN(Kernel copy, load_kernel(bin));
-
-  const GemmData d = make_gemm_data(p, 900);
-  KILN_ASSERT_OK_AND_ASSIGN(GemmDevice m, upload_gemm(p, d));
-  const long long n = p.m * p.k;
-  KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer a_late, DeviceBuffer::allocate(static_cast<size_t>(n) * 2));
-  GemmArgs args = gemm_args(p, m);
-  args.a = a_late.as<void>();
-  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* api, driver());
-  CUstream stream = nullptr;
-  ASSERT_EQ(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  std::vector<uint8_t> z_bytes(static_cast<size_t>(p.m * p.n) * 2);
-  const long long spin = 2'000'000;  // clock cycles: ~1 ms, far longer than the GEMM takes to start
-  for (int round = 0; round < 10; ++round) {
-    ASSERT_EQ(api->cuMemsetD8Async(a_late.ptr(), 0xFF, static_cast<size_t>(n) * 2, stream), CUDA_SUCCESS);
-    ASSERT_EQ(api->cuMemsetD8Async(m.d.ptr(), 0xFF, z_bytes.size(), stream), CUDA_SUCCESS);
-    LaunchConfig lc;
-    lc.grid = {8, 1, 1};
-    lc.block = {256, 1, 1};
-    lc.stream = stream;
-    KILN_ASSERT_OK(copy(lc, m.a.ptr(), a_late.ptr(), n, spin));
-    KILN_ASSERT_OK(templates::launch_gemm(*compiled[0]->kernel, compiled[0]->rendered.params, g, args, stream));
-    ASSERT_EQ(api->cuStreamSynchronize(stream), CUDA_SUCCESS);
-    KILN_ASSERT_OK(m.d.copy_to_host(z_bytes.data(), z_bytes.size()));
-    const std::vector<double> z = to_doubles(DType::kBF16, z_bytes, static_cast<size_t>(p.m * p.n));
-    EXPECT_EQ(count_nan(z, p.n, p.m, p.n), 0) << "round " << round << ": the GEMM read A before it was written";
-    EXPECT_LE(rel_norm_error(z, p.n, d.out, p.m, p.n), gemm_tolerance(DType::kBF16)) << "round " << round;
-  }
-  api->cuStreamDestroy(stream);
-  templates::set_programmatic_launch(was);
+  const GemmProblem p{256, 512, 1024, DType::kBF16, Layout::kRowMajor, Layout::kColMajor, spec("", DType::kBF16), 1};
+  expect_waits_for_late_copy(p,
+                             {{"bm", Value::integer(128)}, {"bn", Value::integer(64)}, {"consumers", Value::integer(2)},
+                              {"stages", Value::integer(4)}},
+                             false, 0, 900);
 }
 }  // namespace
 }  // namespace kiln::testing
