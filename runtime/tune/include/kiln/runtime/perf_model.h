@@ -39,6 +39,9 @@ struct DevicePeaks {
   int regs_per_sm = 65536;
   int max_threads_per_sm = 2048;
   double memory_latency_us = 0.8;  // a DRAM round trip under load (Little's law)
+  /// A GEMM pipeline stage's round trip: the TMA load of a stage issued to its barrier's completion, while every
+  /// SM streams (Little's law over the ring's bytes). Longer than one load's: the ring refills behind the MMAs.
+  double stage_latency_us = 1.6;
   double launch_us = 2.0;          // one more kernel in a subgraph
   bool measured = false;           // from a device's attributes, not the table
   /// The fraction of tensor_tflops the best kiln GEMM template reached on any recorded suite shape of this device
