@@ -136,6 +136,29 @@ TEST(Choices, SupersededFamiliesArePrunedUnlessAskedFor) {
   EXPECT_TRUE(swapped) << "a 16-row GEMM is offered swap-AB configurations";
 }
 
+// Decode (M <= 32): the two-blocks-per-SM swap-AB ring with the trigger after the last load is seeded whole and
+// split over a cluster of two; a four-way split only when the tiles are so few that two would leave most SMs idle.
+TEST(Choices, DecodeSeedsTheTwoPerSmRingAndAFourWaySplitOnlyForFewTiles) {
+  auto b2_splits = [](int64_t n, int64_t k) {
+    GemmProblem g;
+    g.m = 1, g.n = n, g.k = k;
+    std::set<std::string> seen;
+    auto choices = default_ops().choices(Problem::gemm(g), hopper());
+    EXPECT_TRUE(choices.ok()) << choices.status().to_string();
+    if (!choices.ok()) return seen;
+    for (const auto& c : *choices) {
+      const std::string& name = c->name();
+      if (name.find("_b2_tt_") == std::string::npos || name.rfind("gemm_wgmma_swab_64x8x64_", 0) != 0) continue;
+      const size_t ck = name.find("_ck");
+      seen.insert(ck == std::string::npos ? "ck1" : name.substr(ck + 1, 3));
+    }
+    return seen;
+  };
+  EXPECT_EQ(b2_splits(1536, 7168), (std::set<std::string>{"ck1", "ck2", "ck4"}));  // 24 tiles
+  EXPECT_EQ(b2_splits(4096, 4096), (std::set<std::string>{"ck1", "ck2"}));         // 64 tiles
+  EXPECT_EQ(b2_splits(1536, 512), (std::set<std::string>{"ck1", "ck2"}));          // 8 K steps: too short for four
+}
+
 TEST(Choices, AmpereGetsNoHopperTemplates) {
   KILN_ASSERT_OK_AND_ASSIGN(ChoiceContext ctx, choice_context_for_arch(Target{"sm_80"}));
   KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(decode_gemm(), ctx));

@@ -91,8 +91,14 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
         // bench/results/gemm-early-weights-nvidia-h200-2026-11-30.md): 30-31 before, 33 with these, 34-35 with the
         // same tiles without the trigger as well (left out here: four more compiles per M for one or two shapes).
         // Early weights need the caller's promise that B is constant, which a tune does not have.
+        // Four when the tiles are so few that a split of two leaves most SMs idle and K has 16 steps for each block,
+        // as the suite's cluster_for() picks: 1x1536x7168 and 1x1280x8192 on an H200 (30 Nov, 0855a78) went to
+        // cuBLASLt at 1.04-1.06x of the exhaustive effort's four-way two-per-SM split, which the sample lacked.
         const int64_t two = std::min<int64_t>(16, (232448 / 2 - 2048) / ((64 + bn) * 128 + 16));
-        for (int64_t ck : {1, 2}) {
+        const int64_t tiles = (shape.n + 63) / 64;
+        const bool few = tiles * 2 < sms * 3 / 4 && (shape.k + 63) / 64 >= 16;
+        for (int64_t ck : {int64_t{1}, int64_t{2}, few ? int64_t{4} : int64_t{0}}) {
+          if (ck == 0) continue;
           Params b2 = w(64, bn, 1, two, 1, false, ck, 2, true);
           b2.emplace("trigger", Value::integer(2));
           out.push_back(b2);
