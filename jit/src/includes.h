@@ -19,6 +19,9 @@ struct IncludeDirective {
 
 /// Every #include directive of `text`, taken or not (see key.cpp).
 std::vector<IncludeDirective> scan_includes(std::string_view text);
+/// A header on disk larger than this is hashed in pieces and its own #include lines are not followed: the key
+/// never holds a whole file in memory (a 40 GB file named by an include would otherwise be read at once).
+inline constexpr size_t kHeaderScanBytes = size_t{64} << 20;
 /// `text` with line splices joined and comments replaced by a space (newlines kept): what scan_includes reads.
 std::string directive_view(std::string_view text);
 

@@ -13,11 +13,13 @@
 #include <charconv>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <shared_mutex>
 #include <sstream>
 #include <unordered_map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -194,15 +196,27 @@ class HeaderFacts {
     }
     std::ifstream in(path, std::ios::binary);
     if (!in) return nullptr;
-    // Read at its size in one go (a stringstream copy of the CUDA headers doubled the first key's reads).
-    std::string text(static_cast<size_t>(st.st_size), '\0');
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<size_t>(in.gcount()));
     auto facts = std::make_shared<FileFacts>();
     facts->size = st.st_size;
     facts->mtime_ns = mtime;
-    facts->hash = XXH3_128bits(text.data(), text.size());
-    facts->includes = scan_includes(text);
+    if (static_cast<uint64_t>(st.st_size) > detail::kHeaderScanBytes) {
+      // No real header is this large (NVRTC would be reading it too): its content still makes the key, read in
+      // pieces, but the lines it includes are not looked for.
+      std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+      XXH3_128bits_reset(state.get());
+      std::vector<char> piece(size_t{1} << 20);
+      while (in.read(piece.data(), static_cast<std::streamsize>(piece.size())) || in.gcount() > 0) {
+        XXH3_128bits_update(state.get(), piece.data(), static_cast<size_t>(in.gcount()));
+      }
+      facts->hash = XXH3_128bits_digest(state.get());
+    } else {
+      // Read at its size in one go (a stringstream copy of the CUDA headers doubled the first key's reads).
+      std::string text(static_cast<size_t>(st.st_size), '\0');
+      in.read(text.data(), static_cast<std::streamsize>(text.size()));
+      text.resize(static_cast<size_t>(in.gcount()));
+      facts->hash = XXH3_128bits(text.data(), text.size());
+      facts->includes = scan_includes(text);
+    }
     std::unique_lock lock(mu_);
     files_[path] = facts;
     return facts;

@@ -58,11 +58,6 @@ bool has_env(const std::vector<std::string>& env, std::string_view name) {
   return false;
 }
 
-void set_nonblocking(int fd, bool on) {
-  int flags = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
-}
-
 }  // namespace
 
 Result<std::string> find_worker_executable(const std::string& explicit_path) {

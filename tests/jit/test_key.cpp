@@ -118,6 +118,43 @@ TEST(KernelKey, CoversTheContentOfAnAbsoluteInclude) {
   fs::remove_all(dir);
 }
 
+// A header past kHeaderScanBytes is hashed in pieces, never held whole: its content still makes the key, the lines
+// it includes are not followed. One at the limit is read and followed as any other.
+TEST(KernelKey, AHugeHeaderIsHashedInPiecesAndNotFollowed) {
+  fs::path dir = fs::temp_directory_path() / ("kiln_key_huge_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto make = [&](const std::string& name, uint64_t size) {
+    std::ofstream(dir / name) << "#include \"nested.cuh\"\n";
+    fs::resize_file(dir / name, size);  // sparse: no disk, zeros after the first line
+  };
+  std::ofstream(dir / "nested.cuh") << "constexpr int kNested = 1;\n";
+  make("huge.cuh", detail::kHeaderScanBytes + 4096);
+  make("limit.cuh", detail::kHeaderScanBytes);
+  auto source = [&](const std::string& header) {
+    KernelSource src;
+    src.name = "huge";
+    src.entry = "k";
+    src.source = "#include \"" + header + "\"\nextern \"C\" __global__ void k() {}\n";
+    src.options = {"-I" + dir.string()};
+    return src;
+  };
+  const KernelKey huge = make_key(source("huge.cuh"), kSm90), limit = make_key(source("limit.cuh"), kSm90);
+  // The huge file's last byte changes its key.
+  {
+    std::fstream f(dir / "huge.cuh", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(detail::kHeaderScanBytes + 4095));
+    f.put('x');
+  }
+  fs::last_write_time(dir / "huge.cuh", fs::last_write_time(dir / "huge.cuh") + std::chrono::seconds(2));
+  const KernelKey huge_edited = make_key(source("huge.cuh"), kSm90);
+  EXPECT_NE(huge_edited, huge);
+  // What it includes is not followed; what the file at the limit includes is.
+  rewrite(dir / "nested.cuh", "constexpr int kNested = 2;\n");
+  EXPECT_EQ(make_key(source("huge.cuh"), kSm90), huge_edited);
+  EXPECT_NE(make_key(source("limit.cuh"), kSm90), limit);
+  fs::remove_all(dir);
+}
+
 TEST(KernelKey, DirectivesHiddenBySplicesCommentsOrDigraphsStillCount) {
   fs::path dir = fs::temp_directory_path() / ("kiln_key_hidden_" + std::to_string(::getpid()));
   fs::create_directories(dir);
