@@ -17,7 +17,7 @@ from . import _C
 
 _lib = torch.library.Library("kiln", "DEF")
 _lib.define("gemm(Tensor a, Tensor b, Tensor? bias=None, str epilogue='', Tensor? residual=None, "
-            "float alpha=1.0, float beta=1.0) -> Tensor")
+            "float alpha=1.0, float beta=1.0, bool b_constant=False) -> Tensor")
 _lib.define("rmsnorm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor")
 _lib.define("fused_add_rmsnorm(Tensor x, Tensor(a!) residual, Tensor weight, float eps=1e-06) -> Tensor")
 _lib.define("softmax(Tensor x, float scale=1.0) -> Tensor")
@@ -71,7 +71,7 @@ _lib.impl("softmax", _C._op_softmax, "CUDA")
 
 
 @torch.library.register_fake("kiln::gemm")
-def _gemm_fake(a, b, bias=None, epilogue="", residual=None, alpha=1.0, beta=1.0):
+def _gemm_fake(a, b, bias=None, epilogue="", residual=None, alpha=1.0, beta=1.0, b_constant=False):
     torch._check(a.dim() == 2 and b.dim() == 2, lambda: "kiln::gemm takes 2-D a and b")
     torch._check(a.shape[1] == b.shape[0], lambda: f"kiln::gemm: inner sizes {a.shape[1]} and {b.shape[0]} differ")
     return a.new_empty((a.shape[0], b.shape[1]))

@@ -133,7 +133,7 @@ Layout layout_of(const TensorView& v, const char* what) {
 }
 
 nb::object gemm(nb::handle a, nb::handle b, nb::handle bias, const std::string& epilogue_text, nb::handle out,
-                nb::handle residual, float alpha, float beta, nb::handle stream_arg) {
+                nb::handle residual, float alpha, float beta, nb::handle stream_arg, bool b_constant) {
   TensorView va = tensor_view(a, "a");
   const int device = va.device_index < 0 ? 0 : va.device_index;
   require_cuda(va, "a", device);
@@ -183,13 +183,14 @@ nb::object gemm(nb::handle a, nb::handle b, nb::handle bias, const std::string& 
   key.size = m, key.n = n, key.k = k, key.device = device;
   key.dtype = uint8_t(va.kiln_dtype()), key.dtype_b = uint8_t(vb.kiln_dtype()), key.dtype_out = uint8_t(vd.kiln_dtype());
   key.layout_a = uint8_t(la), key.layout_b = uint8_t(lb), key.epilogue = ep.id;
+  key.flags = b_constant ? 1 : 0;  // tuned and cached apart (tuner.cpp's key_of says the same)
 
   const uintptr_t stream = resolve_stream(stream_arg, va);
   ensure_thread_context(device);
   const runtime::Selection* sel = current_tuner()->find(key);
   if (!sel) {
     runtime::GemmProblem g{.m = m, .n = n, .k = k, .a = va.kiln_dtype(), .b = vb.kiln_dtype(), .a_layout = la,
-                           .b_layout = lb, .epilogue = ep.spec};
+                           .b_layout = lb, .epilogue = ep.spec, .b_constant = b_constant};
     sel = selection(key, runtime::Problem::gemm(g), stream);
   }
   KilnGemmArgs args{};
@@ -206,6 +207,7 @@ nb::object gemm(nb::handle a, nb::handle b, nb::handle bias, const std::string& 
   args.ep.ld_residual = residual.is_none() ? n : vres.strides[0];
   args.ep.alpha = alpha;
   args.ep.beta = beta;
+  if (b_constant) args.flags |= KILN_GEMM_B_CONSTANT;
   launch(sel, args, stream);
   return result;
 }
@@ -346,9 +348,9 @@ const nb::object& fallback_for(nb::python_error& e, nb::object TorchFallbacks::*
 }
 
 nb::object op_gemm(nb::handle a, nb::handle b, nb::handle bias, const std::string& epilogue, nb::handle residual,
-                   double alpha, double beta) {
+                   double alpha, double beta, bool b_constant) {
   try {
-    return gemm(a, b, bias, epilogue, nb::none(), residual, float(alpha), float(beta), nb::none());
+    return gemm(a, b, bias, epilogue, nb::none(), residual, float(alpha), float(beta), nb::none(), b_constant);
   } catch (nb::python_error& e) {
     return fallback_for(e, &TorchFallbacks::gemm)(a, b, bias, epilogue, residual, alpha, beta);
   }
@@ -386,21 +388,26 @@ void bind_ops(nb::module_& m) {
     *torch_fallbacks = {std::move(gemm), std::move(rmsnorm), std::move(fused_add_rmsnorm), std::move(softmax)};
   });
   m.def("_op_gemm", &op_gemm, nb::arg("a"), nb::arg("b"), nb::arg("bias").none() = nb::none(), nb::arg("epilogue") = "",
-        nb::arg("residual").none() = nb::none(), nb::arg("alpha") = 1.0, nb::arg("beta") = 1.0);
+        nb::arg("residual").none() = nb::none(), nb::arg("alpha") = 1.0, nb::arg("beta") = 1.0,
+        nb::arg("b_constant") = false);
   m.def("_op_rmsnorm", &op_rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("eps") = 1e-6);
   m.def("_op_fused_add_rmsnorm", &op_fused_add_rmsnorm, nb::arg("x"), nb::arg("residual"), nb::arg("weight"),
         nb::arg("eps") = 1e-6);
   m.def("_op_softmax", &op_softmax, nb::arg("x"), nb::arg("scale") = 1.0);
   m.def("gemm", &gemm, nb::arg("a"), nb::arg("b"), nb::arg("bias").none() = nb::none(), nb::arg("epilogue") = "",
         nb::arg("out").none() = nb::none(), nb::arg("residual").none() = nb::none(), nb::arg("alpha") = 1.0f,
-        nb::arg("beta") = 1.0f, nb::arg("stream").none() = nb::none(),
-        "gemm(a, b, bias=None, epilogue='', out=None, residual=None, alpha=1.0, beta=1.0, stream=None)\n\n"
+        nb::arg("beta") = 1.0f, nb::arg("stream").none() = nb::none(), nb::arg("b_constant") = false,
+        "gemm(a, b, bias=None, epilogue='', out=None, residual=None, alpha=1.0, beta=1.0, stream=None,\n"
+        "     b_constant=False)\n\n"
         "out[M,N] = epilogue(a[M,K] @ b[K,N]) with kiln's tuned kernel for the problem.\n\n"
         "a and b are dense row- or column-major (b = weight.t() of a [N,K] weight is column-major: no copy).\n"
         "epilogue: ops joined by '+', from scale (x alpha), bias, residual (+ beta * residual), relu, gelu, silu;\n"
         "a bias or residual tensor adds its op when the text does not name it. out: allocated like a (torch\n"
         "inputs) when None. stream: an int handle or a stream object; default: torch's current stream for torch\n"
-        "inputs, else the legacy default stream. The first call of a problem tunes it (see kiln.Tuner).");
+        "inputs, else the legacy default stream. The first call of a problem tunes it (see kiln.Tuner).\n"
+        "b_constant: a promise that b (a weight) is not written by the kernel before this one on the stream; for\n"
+        "decode shapes the tune then also tries kernels that load b before waiting for that kernel (tuned and\n"
+        "cached apart from the same problem without it).");
   m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("eps") = 1e-6f,
         nb::arg("residual").none() = nb::none(), nb::arg("out").none() = nb::none(),
         nb::arg("stream").none() = nb::none(),

@@ -150,6 +150,7 @@ Result<OpKey> key_of(const runtime::Problem& problem, int device) {
     key.dtype = uint8_t(g->a), key.dtype_b = uint8_t(g->b), key.dtype_out = uint8_t(g->epilogue.out);
     key.layout_a = uint8_t(g->a_layout), key.layout_b = uint8_t(g->b_layout);
     key.epilogue = intern_epilogue(g->epilogue.tag());
+    key.flags = g->b_constant ? 1 : 0;
     return key;
   }
   if (const auto* n = std::get_if<runtime::NormProblem>(&problem.desc); n && !n->layernorm && !n->bias) {

@@ -1,5 +1,7 @@
 """kiln.torch: the custom ops trace through fake tensors (CPU, in CI) and run in eager mode, under
 torch.compile(fullgraph=True) and inside CUDA-graph capture (GPU)."""
+import json
+
 import pytest
 
 from conftest import needs_torch, needs_torch_gpu
@@ -63,6 +65,9 @@ def test_fake_impl_checks_shapes():
         with pytest.raises(Exception, match="inner sizes"):
             torch.ops.kiln.gemm(a, b)
         assert torch.ops.kiln.gemm(a, torch.empty(5, 7)).shape == (3, 7)
+        # The weights promise is part of the schema and traces like the rest.
+        assert torch.ops.kiln.gemm(a, torch.empty(5, 7), b_constant=True).shape == (3, 7)
+    assert "bool b_constant=False" in str(torch.ops.kiln.gemm.default._schema)
 
 
 def test_torch_fallbacks_match_the_math():
@@ -104,6 +109,24 @@ def test_eager_ops_match_torch(m, cache_dir):
         out = torch.ops.kiln.fused_add_rmsnorm(y, res, nw)
         assert torch.allclose(res.float(), (res0 + y).float(), atol=2e-2)
         assert torch.allclose(out.float(), kiln.torch._rmsnorm_torch(res0 + y, nw, 1e-6).float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_torch_gpu
+@pytest.mark.parametrize("m", [1, 16])
+def test_b_constant_gemm_matches_torch_and_is_tuned_apart(m, cache_dir):
+    # Decode shapes with the weights promise also try the early-weights kernels; each call passes the promise on.
+    with kiln.Tuner(cache_dir=cache_dir, mode="tune", configs=4) as t:
+        x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16) / 16
+        want = _ref_gemm(x, w.t())
+        y = torch.ops.kiln.gemm(x, w.t(), b_constant=True)
+        assert torch.allclose(y.float(), want, rtol=2e-2, atol=2e-2)
+        z = kiln.gemm(x, w.t(), b_constant=True)
+        assert torch.allclose(z.float(), want, rtol=2e-2, atol=2e-2)
+        assert torch.allclose(kiln.gemm(x, w.t()).float(), want, rtol=2e-2, atol=2e-2)
+        problems = [json.loads(r)["problem"] for r in t.reports()]
+        assert sum("B constant" in p for p in problems) == 1, problems
+        assert len(problems) == 2, problems
 
 
 @needs_torch_gpu

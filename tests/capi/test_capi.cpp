@@ -491,6 +491,22 @@ TEST_F(CApi, BuiltInOpsCheckTheirArgumentsFirst) {
   EXPECT_EQ(kiln_gemm(ctx, &g, nullptr), KILN_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(kiln_last_error()).find("args.a_dtype 3 is not a kiln_dtype"), std::string::npos)
       << kiln_last_error();
+  g.a_dtype = KILN_BF16;
+  g.b_constant = 7;
+  EXPECT_EQ(kiln_gemm(ctx, &g, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("b_constant must be 0 or 1"), std::string::npos) << kiln_last_error();
+  // A caller built before b_constant existed passes the smaller struct: read as 0, not refused for its size.
+  kiln_gemm_args old;
+  kiln_gemm_args_init(&old);
+  EXPECT_EQ(old.b_constant, 0);
+  old.size = offsetof(kiln_gemm_args, b_constant);
+  old.m = 0, old.n = old.k = 64;
+  old.a = old.b = old.d = 0x1000;
+  EXPECT_EQ(kiln_gemm(ctx, &old, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("m is 0"), std::string::npos) << kiln_last_error();
+  old.size = offsetof(kiln_gemm_args, b_constant) - 1;
+  EXPECT_EQ(kiln_gemm(ctx, &old, nullptr), KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kiln_last_error()).find("args.size is"), std::string::npos) << kiln_last_error();
   kiln_rmsnorm_args r;
   kiln_rmsnorm_args_init(&r);
   r.rows = 4;

@@ -1,6 +1,7 @@
 // Choice generation, precompiling without a GPU, the op registry and the size dispatcher (no GPU needed).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <set>
 
@@ -142,6 +143,7 @@ TEST(Choices, DecodeSeedsTheTwoPerSmRingAndAFourWaySplitOnlyForFewTiles) {
   auto b2_splits = [](int64_t n, int64_t k) {
     GemmProblem g;
     g.m = 1, g.n = n, g.k = k;
+    g.b_constant = false;
     std::set<std::string> seen;
     auto choices = default_ops().choices(Problem::gemm(g), hopper());
     EXPECT_TRUE(choices.ok()) << choices.status().to_string();
@@ -157,6 +159,37 @@ TEST(Choices, DecodeSeedsTheTwoPerSmRingAndAFourWaySplitOnlyForFewTiles) {
   EXPECT_EQ(b2_splits(1536, 7168), (std::set<std::string>{"ck1", "ck2", "ck4"}));  // 24 tiles
   EXPECT_EQ(b2_splits(4096, 4096), (std::set<std::string>{"ck1", "ck2"}));         // 64 tiles
   EXPECT_EQ(b2_splits(1536, 512), (std::set<std::string>{"ck1", "ck2"}));          // 8 K steps: too short for four
+}
+
+// Early weights only under the caller's promise that B is constant: half the ring with the late trigger for each
+// split, all of it with the trigger at the start whole; without the promise no configuration has them.
+TEST(Choices, EarlyWeightsAreTriedOnlyWhenTheCallerPromisesBConstant) {
+  auto early_names = [](bool b_constant, int64_t m) {
+    GemmProblem g;
+    g.m = m, g.n = 4096, g.k = 4096;
+    g.b_constant = b_constant;
+    std::set<std::string> names;
+    auto choices = default_ops().choices(Problem::gemm(g), hopper());
+    EXPECT_TRUE(choices.ok()) << choices.status().to_string();
+    if (!choices.ok()) return names;
+    for (const auto& c : *choices) {
+      const std::string& name = c->name();
+      const size_t e = name.find("_e");
+      if (e != std::string::npos && std::isdigit(static_cast<unsigned char>(name[e + 2]))) names.insert(name);
+    }
+    return names;
+  };
+  EXPECT_TRUE(early_names(false, 1).empty());
+  EXPECT_TRUE(early_names(true, 64).empty()) << "decode shapes only (M <= 32)";
+  const auto with = early_names(true, 1);
+  std::set<std::string> expected;
+  for (const char* n : {"gemm_wgmma_swab_64x8x64_c1_s12_g1_b2_e6_tt", "gemm_wgmma_swab_64x8x64_c1_s12_g1_ck2_b2_e6_tt",
+                        "gemm_wgmma_swab_64x8x64_c1_s12_g1_b2_e12_ts"}) {
+    bool found = false;
+    for (const auto& w : with) found |= w.rfind(n, 0) == 0;
+    EXPECT_TRUE(found) << n;
+  }
+  EXPECT_EQ(with.size(), 3u);
 }
 
 TEST(Choices, AmpereGetsNoHopperTemplates) {

@@ -63,6 +63,12 @@ TEST(Problem, KeyNamesEverythingThatChangesTheChoice) {
   add(Problem::gemm(g), "epilogue");
   g.epilogue.bias_dtype = DType::kF32;
   add(Problem::gemm(g), "bias dtype");
+  g = base;
+  g.b_constant = true;
+  add(Problem::gemm(g), "B constant");
+  EXPECT_NE(Problem::gemm(g).describe().find("B constant"), std::string::npos);
+  // Without the promise the key is what it was before the field existed: no attribute at all.
+  for (const auto& [name, value] : Problem::gemm(base).key(kH200, kVersions).attributes) EXPECT_NE(name, "b_constant");
   add(Problem::norm({.rows = 16, .cols = 4096}), "rmsnorm");
   add(Problem::norm({.layernorm = true, .rows = 16, .cols = 4096}), "layernorm");
   add(Problem::norm({.rows = 16, .cols = 4096, .residual = true}), "residual");
@@ -195,7 +201,11 @@ TEST(Workload, ProblemJsonRoundTrips) {
   g.b_layout = Layout::kColMajor;
   g.epilogue = *templates::parse_epilogue("scale+bias+relu", DType::kF32);
   g.epilogue.bias_dtype = DType::kBF16;
-  for (const Problem& p : {Problem::gemm(g), Problem::norm({.layernorm = true, .rows = 3, .cols = 5, .bias = true, .eps = 1e-3f}),
+  GemmProblem weights = gemm(1, 4096, 4096);
+  weights.b_constant = true;
+  EXPECT_NE(problem_to_json(Problem::gemm(weights)).find("\"b_constant\":true"), std::string::npos);
+  EXPECT_EQ(problem_to_json(Problem::gemm(g)).find("b_constant"), std::string::npos) << "written only when promised";
+  for (const Problem& p : {Problem::gemm(g), Problem::gemm(weights), Problem::norm({.layernorm = true, .rows = 3, .cols = 5, .bias = true, .eps = 1e-3f}),
                            Problem::softmax({.rows = 2, .cols = 9, .dtype = DType::kF32, .scale = 0.25f})}) {
     auto back = problem_from_json(problem_to_json(p));
     KILN_ASSERT_OK(back);

@@ -123,6 +123,58 @@ TEST_F(TuneGpu, GemmPicksACheckedChoiceAndRecordsEverything) {
   EXPECT_EQ(again.get(), sel.get());
 }
 
+// Under the caller's promise that B is constant, the decode problem's early-weights choices (their first stages'
+// weights loaded before the wait for the previous kernel) compute what the reference does, on the op's own buffers
+// (which carry KILN_GEMM_B_CONSTANT), right after a kernel that keeps the GPU busy.
+TEST_F(TuneGpu, EarlyWeightsChoicesOfABConstantProblemMatchTheReference) {
+  GemmProblem g;
+  g.m = 1, g.n = 4096, g.k = 4096;
+  g.b_constant = true;
+  const Problem p = Problem::gemm(g);
+  auto def = default_ops().find(p.op);
+  ASSERT_TRUE(def.ok());
+  KILN_ASSERT_OK_AND_ASSIGN(auto ctx, choice_context(0));
+  KILN_ASSERT_OK_AND_ASSIGN(auto choices, default_ops().choices(p, ctx));
+  KILN_ASSERT_OK_AND_ASSIGN(auto gate, PrecompileGate::create({.executor = make_inline_executor()}));
+  KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
+  auto run_into = [&](const ChoicePtr& c, OpBuffers& bufs) -> std::vector<uint8_t> {
+    auto binaries = c->precompile(*gate, Priority::kNormal);
+    KILN_EXPECT_OK(binaries.get());
+    if (!binaries.get().ok()) return {};
+    KILN_EXPECT_OK(c->prepare(*binaries.get()));
+    auto ws = DeviceBuffer::allocate(std::max<size_t>(c->workspace_bytes(), 16));
+    KILN_EXPECT_OK(ws.status());
+    KILN_EXPECT_OK(c->run(bufs.args, ws->ptr(), nullptr));
+    EXPECT_EQ(d->cuCtxSynchronize(), CUDA_SUCCESS) << c->name();
+    return download(bufs.outputs[0]);
+  };
+  ChoicePtr reference;
+  std::vector<ChoicePtr> early;
+  for (const auto& c : choices) {
+    if (c->name() == (*def)->reference(p)) reference = c;
+    const std::string& n = c->name();
+    if (n.find("_e6_tt") != std::string::npos || n.find("_e12_ts") != std::string::npos) early.push_back(c);
+  }
+  ASSERT_NE(reference, nullptr);
+  ASSERT_EQ(early.size(), 3u);
+  KILN_ASSERT_OK_AND_ASSIGN(OpBuffers ref_bufs, (*def)->buffers(p, 77));
+  ASSERT_NE(std::get<KilnGemmArgs>(ref_bufs.args).flags & KILN_GEMM_B_CONSTANT, 0) << "the op's buffers carry the promise";
+  const std::vector<uint8_t> want = run_into(reference, ref_bufs);
+  for (const auto& c : early) {
+    KILN_ASSERT_OK_AND_ASSIGN(OpBuffers bufs, (*def)->buffers(p, 77));
+    const std::vector<uint8_t> got = run_into(c, bufs);
+    ASSERT_EQ(got.size(), want.size()) << c->name();
+    double diff = 0, norm = 0;
+    for (size_t j = 0; j < got.size() / 2; ++j) {
+      const double x = reference_check::element(got, j, DType::kBF16), y = reference_check::element(want, j, DType::kBF16);
+      ASSERT_TRUE(std::isfinite(x)) << c->name() << ": d[" << j << "] not written";
+      diff += (x - y) * (x - y);
+      norm += y * y;
+    }
+    EXPECT_LE(std::sqrt(diff / norm), 1e-2) << c->name();
+  }
+}
+
 // A choice whose run() spends 3 ms on the host before it launches a few-microsecond kernel: the timed interval is
 // the kernel's, not the host's, because a batch of timed runs starts on the GPU only once all of it is queued.
 class SlowHostChoice final : public Choice {

@@ -38,7 +38,8 @@ KILN_API void kiln_gemm_args_init(kiln_gemm_args* a) {
 KILN_API kiln_status kiln_gemm(kiln_context* ctx, const kiln_gemm_args* given, void* stream) {
   return capi::entry("kiln_gemm", [&](const capi::Args& arg) -> Status {
     KILN_RETURN_IF_ERROR(arg.given(ctx, "ctx"));
-    KILN_ASSIGN_OR_RETURN(kiln_gemm_args g, capi::read_struct(given, kiln_gemm_args_init, "args"));
+    KILN_ASSIGN_OR_RETURN(kiln_gemm_args g,
+                          capi::read_struct(given, kiln_gemm_args_init, "args", offsetof(kiln_gemm_args, b_constant)));
     KILN_RETURN_IF_ERROR(arg.positive({{"m", g.m}, {"n", g.n}, {"k", g.k}}));
     if (g.a == 0 || g.b == 0 || g.d == 0) return arg.bad("a, b and d must be device pointers");
     KILN_ASSIGN_OR_RETURN(kiln_layout a_layout, capi::checked_enum(g.a_layout, KILN_ROW_MAJOR, KILN_COL_MAJOR, "kiln_layout", "args.a_layout"));
@@ -53,6 +54,8 @@ KILN_API kiln_status kiln_gemm(kiln_context* ctx, const kiln_gemm_args* given, v
     p.a_layout = a_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
     p.b_layout = b_layout == KILN_ROW_MAJOR ? templates::Layout::kRowMajor : templates::Layout::kColMajor;
     KILN_ASSIGN_OR_RETURN(p.epilogue, templates::parse_epilogue(capi::str(g.epilogue), out));
+    if (g.b_constant != 0 && g.b_constant != 1) return arg.bad("b_constant must be 0 or 1");
+    p.b_constant = g.b_constant == 1;
     if (p.epilogue.has(templates::EpilogueOp::kBias) && g.bias == 0) {
       return arg.bad("the epilogue adds a bias, and bias is 0");
     }
@@ -78,6 +81,7 @@ KILN_API kiln_status kiln_gemm(kiln_context* ctx, const kiln_gemm_args* given, v
     a.ep.ld_residual = g.ld_residual == 0 ? g.n : g.ld_residual;
     a.ep.alpha = g.alpha;
     a.ep.beta = g.beta;
+    if (p.b_constant) a.flags |= KILN_GEMM_B_CONSTANT;
     return run_tuned(ctx, problem, a, stream);
   });
 }

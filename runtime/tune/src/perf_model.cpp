@@ -331,8 +331,11 @@ std::string structure_class(ChoiceKind kind, const Params& p) {
                               : !flag(p, "stream_k")  ? "none"
                               : flag(p, "sk_even")    ? "ske"
                                                       : "sk";
+    // Early weights are a variant of their own: the model prices them as their twins without, so otherwise the
+    // default plan would keep one of the two at random.
     return "wgmma/" + std::string(flag(p, "swap_ab") ? "swab" : "tile") + "/" + split + "/" +
-           (flag(p, "persistent") ? "p" : "np") + "/b" + std::to_string(num(p, "blocks_per_sm", 1));
+           (flag(p, "persistent") ? "p" : "np") + "/b" + std::to_string(num(p, "blocks_per_sm", 1)) +
+           (num(p, "early", 0) > 0 ? "/e" : "");
   }
   if (t == "gemm_mma_sm80") return "mma_sm80";
   if (p.count("threads")) return t + "/i" + std::to_string(num(p, "items", 1));

@@ -24,9 +24,9 @@ std::string Problem::describe() const {
       [&](const auto& d) -> std::string {
         using T = std::decay_t<decltype(d)>;
         if constexpr (std::is_same_v<T, GemmProblem>) {
-          return fmt::format("gemm {}x{}x{} {}·{}→{} {}·{}{}", d.m, d.n, d.k, dt(d.a), dt(d.b), dt(d.epilogue.out),
+          return fmt::format("gemm {}x{}x{} {}·{}→{} {}·{}{}{}", d.m, d.n, d.k, dt(d.a), dt(d.b), dt(d.epilogue.out),
                              templates::layout_name(d.a_layout), templates::layout_name(d.b_layout),
-                             d.epilogue.ops.empty() ? "" : " +" + d.epilogue.tag());
+                             d.epilogue.ops.empty() ? "" : " +" + d.epilogue.tag(), d.b_constant ? " B constant" : "");
         } else if constexpr (std::is_same_v<T, NormProblem>) {
           return fmt::format("{} {}x{} {}{}{}", op, d.rows, d.cols, dt(d.dtype), d.residual ? " +residual" : "",
                              d.bias ? " +bias" : "");
@@ -142,6 +142,8 @@ cache::ProblemKey Problem::key(const cache::DeviceFingerprint& device, const cac
           if (d.epilogue.has(templates::EpilogueOp::kResidual)) {
             k.attributes.push_back({"residual", dt(d.epilogue.residual_dtype)});
           }
+          // Only when promised: every decision stored before the promise existed keeps its key.
+          if (d.b_constant) k.attributes.push_back({"b_constant", "1"});
         } else if constexpr (std::is_same_v<T, NormProblem>) {
           k.operands = {{dt(d.dtype), "row", {d.rows, d.cols}}, {dt(d.dtype), "row", {d.rows, d.cols}}};
           k.attributes = {{"residual", d.residual ? "1" : "0"}, {"bias", d.bias ? "1" : "0"}};

@@ -161,6 +161,7 @@ Status expand(const json& e, const std::string& where, uint64_t limit, Workload&
     g.epilogue = *spec;
     KILN_ASSIGN_OR_RETURN(g.epilogue.bias_dtype, dtype_field(e, "bias_dtype", out_dtype, where));
     KILN_ASSIGN_OR_RETURN(g.epilogue.residual_dtype, dtype_field(e, "residual_dtype", out_dtype, where));
+    KILN_ASSIGN_OR_RETURN(g.b_constant, scalar<bool>(e, "b_constant", false, where));
     for (int64_t m : ms)
       for (int64_t n : ns)
         for (int64_t k : ks) {
@@ -243,6 +244,7 @@ std::string problem_to_json(const Problem& problem) {
           e["out"] = templates::dtype_name(d.epilogue.out);
           e["bias_dtype"] = templates::dtype_name(d.epilogue.bias_dtype);
           e["residual_dtype"] = templates::dtype_name(d.epilogue.residual_dtype);
+          if (d.b_constant) e["b_constant"] = true;
         } else if constexpr (std::is_same_v<T, NormProblem>) {
           e["rows"] = d.rows, e["cols"] = d.cols;
           e["dtype"] = templates::dtype_name(d.dtype);

@@ -31,6 +31,11 @@ struct GemmProblem {
   Layout a_layout = Layout::kRowMajor;
   Layout b_layout = Layout::kRowMajor;
   EpilogueSpec epilogue;  // epilogue.out is D's dtype
+  /// The caller's promise that B (typically a weight) is not written by the kernel before this one on the stream:
+  /// the tune then also tries decode configurations that request B's first stages before waiting for that kernel
+  /// (`early`), and runs every choice with KILN_GEMM_B_CONSTANT in KilnGemmArgs::flags. A call for such a problem
+  /// must set that flag itself when it builds its own arguments (the C API and Python ops do).
+  bool b_constant = false;
 
   bool operator==(const GemmProblem&) const = default;
 };
