@@ -91,8 +91,8 @@ std::vector<Params> seed_configurations(const std::string& tmpl, const templates
         // suite's M <= 32 shapes at >= 1.05x of cuBLAS on an H200, best of each candidate set in the same sweep (30 Nov,
         // bench/results/gemm-early-weights-nvidia-h200-2026-11-30.md): 30-31 before, 33 with these, 34-35 with the
         // same tiles without the trigger as well (left out here: four more compiles per M for one or two shapes).
-        // Early weights need the caller's promise that B is constant, which a tune does not have.
-        // Four when the tiles are so few that a split of two leaves most SMs idle and K has 16 steps for each block,
+        // Early weights only under the caller's promise that B is constant (GemmProblem::b_constant, below).
+        // Split four ways too when the tiles are so few that a split of two leaves most SMs idle and K has 16 steps for each block,
         // as the suite's cluster_for() picks: 1x1536x7168 and 1x1280x8192 on an H200 (30 Nov, 0855a78) went to
         // cuBLASLt at 1.04-1.06x of the exhaustive effort's four-way two-per-SM split, which the sample lacked.
         const int64_t two = std::min<int64_t>(16, (232448 / 2 - 2048) / ((64 + bn) * 128 + 16));

@@ -399,7 +399,7 @@ typedef struct kiln_gemm_args {
   uint64_t residual;       /* [m, ld_residual], bf16, with a "residual" epilogue */
   int64_t ld_residual;     /* 0: n */
   float alpha, beta;       /* "scale" multiplies by alpha; "residual" adds beta * residual (default 1, 1) */
-  /* Added in 0.1 after the first version (a caller built with an older kiln.h passes a smaller size: 0 here).
+  /* Added after the first version; a struct that ends before it (size up to offsetof b_constant) reads as 0.
    * 1: the caller promises that b (a weight) is not written by the kernel before this one on `stream`; the tune
    * then also tries decode kernels that load b's first stages before waiting for that kernel. A problem with the
    * promise is tuned and cached apart from the same problem without it. */
