@@ -137,19 +137,25 @@ TEST(Choices, SupersededFamiliesArePrunedUnlessAskedFor) {
   EXPECT_TRUE(swapped) << "a 16-row GEMM is offered swap-AB configurations";
 }
 
+// The names of the choices kiln offers for an M x N x K bf16 GEMM on a Hopper context.
+std::vector<std::string> choice_names(int64_t m, int64_t n, int64_t k, bool b_constant = false) {
+  GemmProblem g;
+  g.m = m, g.n = n, g.k = k;
+  g.b_constant = b_constant;
+  std::vector<std::string> names;
+  auto choices = default_ops().choices(Problem::gemm(g), hopper());
+  EXPECT_TRUE(choices.ok()) << choices.status().to_string();
+  if (!choices.ok()) return names;
+  for (const auto& c : *choices) names.push_back(c->name());
+  return names;
+}
+
 // Decode (M <= 32): the two-blocks-per-SM swap-AB ring with the trigger after the last load is seeded whole and
 // split over a cluster of two; a four-way split only when the tiles are so few that two would leave most SMs idle.
 TEST(Choices, DecodeSeedsTheTwoPerSmRingAndAFourWaySplitOnlyForFewTiles) {
   auto b2_splits = [](int64_t n, int64_t k) {
-    GemmProblem g;
-    g.m = 1, g.n = n, g.k = k;
-    g.b_constant = false;
     std::set<std::string> seen;
-    auto choices = default_ops().choices(Problem::gemm(g), hopper());
-    EXPECT_TRUE(choices.ok()) << choices.status().to_string();
-    if (!choices.ok()) return seen;
-    for (const auto& c : *choices) {
-      const std::string& name = c->name();
+    for (const std::string& name : choice_names(1, n, k)) {
       if (name.find("_b2_tt_") == std::string::npos || name.rfind("gemm_wgmma_swab_64x8x64_", 0) != 0) continue;
       const size_t ck = name.find("_ck");
       seen.insert(ck == std::string::npos ? "ck1" : name.substr(ck + 1, 3));
@@ -165,15 +171,8 @@ TEST(Choices, DecodeSeedsTheTwoPerSmRingAndAFourWaySplitOnlyForFewTiles) {
 // split, all of it with the trigger at the start whole; without the promise no configuration has them.
 TEST(Choices, EarlyWeightsAreTriedOnlyWhenTheCallerPromisesBConstant) {
   auto early_names = [](bool b_constant, int64_t m) {
-    GemmProblem g;
-    g.m = m, g.n = 4096, g.k = 4096;
-    g.b_constant = b_constant;
     std::set<std::string> names;
-    auto choices = default_ops().choices(Problem::gemm(g), hopper());
-    EXPECT_TRUE(choices.ok()) << choices.status().to_string();
-    if (!choices.ok()) return names;
-    for (const auto& c : *choices) {
-      const std::string& name = c->name();
+    for (const std::string& name : choice_names(m, 4096, 4096, b_constant)) {
       const size_t e = name.find("_e");
       if (e != std::string::npos && std::isdigit(static_cast<unsigned char>(name[e + 2]))) names.insert(name);
     }
@@ -182,7 +181,6 @@ TEST(Choices, EarlyWeightsAreTriedOnlyWhenTheCallerPromisesBConstant) {
   EXPECT_TRUE(early_names(false, 1).empty());
   EXPECT_TRUE(early_names(true, 64).empty()) << "decode shapes only (M <= 32)";
   const auto with = early_names(true, 1);
-  std::set<std::string> expected;
   for (const char* n : {"gemm_wgmma_swab_64x8x64_c1_s12_g1_b2_e6_tt", "gemm_wgmma_swab_64x8x64_c1_s12_g1_ck2_b2_e6_tt",
                         "gemm_wgmma_swab_64x8x64_c1_s12_g1_b2_e12_ts"}) {
     bool found = false;
