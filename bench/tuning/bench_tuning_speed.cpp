@@ -26,6 +26,7 @@
 #include <map>
 #include <set>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include <CLI/CLI.hpp>
@@ -357,6 +358,102 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
   return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
 }
 
+// How a choice's timing depends on what the GPU did just before (a diagnostic for the tuner's method, not a
+// figure of merit). For each `ID:NAME,NAME...` pair: the named choices of the suite problem ID (each checked
+// by the suite's tunes), compiled, then timed as the tuner times them (L2 flushed before each run): series of
+// single runs after the GPU sat idle for 300 ms and right after that, medians after a warm-up of W ms of the
+// same choice, and BenchRunner::measure after idle.
+int phase_probe(const std::vector<std::string>& pairs, const std::string& workload, const std::string& json_path) {
+  bench::check(ensure_context(0).status(), "no GPU");
+  // The exhaustive sample (256 per template), where the exhaustive tunes found their picks.
+  auto tuner = tuner_for(fresh_cache("/tmp/kiln-probe-cache"), nullptr, Effort::kExhaustive, 256);
+  const std::vector<Named> all = suite_problems("", workload, Part{});
+  auto d = bench::must(driver());
+  auto idle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };
+  json out = json::array();
+  for (const std::string& pair : pairs) {
+    const size_t colon = pair.find(':');
+    bench::check(colon == std::string::npos ? make_error(ErrorCode::kInvalidArgument, "--pair ID:NAME,NAME") : Status());
+    const std::string id = pair.substr(0, colon);
+    std::vector<std::string> names;
+    for (size_t at = colon + 1; at <= pair.size();) {
+      const size_t comma = std::min(pair.find(',', at), pair.size());
+      names.push_back(pair.substr(at, comma - at));
+      at = comma + 1;
+    }
+    auto named = std::find_if(all.begin(), all.end(), [&](const Named& n) { return n.id == id; });
+    bench::check(named == all.end() ? make_error(ErrorCode::kNotFound, "no suite problem " + id) : Status());
+    const Problem& problem = named->problem;
+    auto def = bench::must(tuner->ops().find(problem.op));
+    auto choices = bench::must(def->choices(problem, tuner->context()), "choices");
+    OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
+    bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+    std::vector<ChoicePtr> picked;
+    size_t ws_bytes = 256;
+    for (const auto& n : names) {
+      auto it = std::find_if(choices.begin(), choices.end(), [&](const ChoicePtr& c) { return c->name() == n; });
+      bench::check(it == choices.end() ? make_error(ErrorCode::kNotFound, id + " has no choice " + n) : Status());
+      Binaries b = bench::must((*it)->precompile(tuner->gate(), Priority::kOnDemand).get(), "compile " + n);
+      bench::check((*it)->prepare(b));
+      picked.push_back(*it);
+      ws_bytes = std::max(ws_bytes, (*it)->workspace_bytes());
+    }
+    DeviceBuffer ws = bench::must(DeviceBuffer::allocate(ws_bytes));
+    BenchmarkOptions o = g_measuring;
+    o.adaptive = false;
+    o.max_reps = 128;
+    auto runner = bench::must(BenchRunner::create(o, tuner->context().device), "bench runner");
+    auto tuner_runner = bench::must(BenchRunner::create(g_measuring, tuner->context().device), "bench runner");
+    json row{{"problem", id}};
+    for (const ChoicePtr& c : picked) {
+      for (int i = 0; i < 2; ++i) bench::check(c->run(buffers.args, ws.ptr(), runner->stream()));
+      const double est = summarize(bench::must(runner->time_runs(*c, buffers.args, ws.ptr(), 5, false)).us).median;
+      const bool graph = est < o.graph_below_us;
+      auto series = [&](int n) { return bench::must(runner->time_runs(*c, buffers.args, ws.ptr(), n, graph)).us; };
+      auto group_medians = [](const std::vector<double>& us, size_t per) {
+        std::vector<double> m;
+        for (size_t i = 0; i + per <= us.size(); i += per) {
+          m.push_back(summarize(std::vector<double>(us.begin() + i, us.begin() + i + per)).median);
+        }
+        return m;
+      };
+      json cj{{"estimate_us", est}, {"graph", graph}};
+      idle();
+      const auto cold = series(128);
+      const auto hot = series(128);
+      cj["after_idle_us"] = cold;
+      cj["right_after_us"] = hot;
+      json warm = json::object();
+      for (int w_ms : {0, 1, 2, 5, 10, 20, 50}) {
+        idle();
+        const auto t0 = Clock::now();
+        while (seconds_since(t0) * 1e3 < w_ms) (void)series(std::max(1, std::min(64, static_cast<int>(1e3 / est))));
+        warm[std::to_string(w_ms)] = summarize(series(16)).median;
+      }
+      cj["warmed_ms_median_us"] = warm;
+      std::vector<double> measured;
+      for (int i = 0; i < 3; ++i) {
+        idle();
+        measured.push_back(summarize(bench::must(tuner_runner->measure(*c, buffers.args, ws.ptr(), 0)).us).median);
+      }
+      cj["measure_after_idle_us"] = measured;
+      row[c->name()] = cj;
+      std::string line;
+      for (double v : group_medians(cold, 8)) line += fmt::format(" {:.1f}", v);
+      std::string line_hot;
+      for (double v : group_medians(hot, 8)) line_hot += fmt::format(" {:.1f}", v);
+      std::string wl;
+      for (const auto& [k, v] : warm.items()) wl += fmt::format(" {}ms:{:.1f}", k, v.get<double>());
+      fmt::print("{} {}{}\n  after idle, medians of 8:{}\n  right after:{}\n  warmed:{}\n  measure() after idle: "
+                 "{:.1f} {:.1f} {:.1f}\n", id, c->name(), graph ? " (graph)" : "", line, line_hot, wl, measured[0],
+                 measured[1], measured[2]);
+    }
+    out.push_back(row);
+  }
+  return json_path.empty() || bench::write_json(json_path, json{{"environment", bench::environment()}, {"probe", out}})
+             ? 0 : 1;
+}
+
 int phase_merge(const std::vector<std::string>& parts, const std::string& out_dir) {
   json merged = json::array();
   json env, method;
@@ -639,6 +736,11 @@ int main(int argc, char** argv) {
   auto* merge = app.add_subcommand("merge", "join suite parts into bench/results/tuning-speed-...json");
   auto* g4096 = app.add_subcommand("gemm4096", "one cold 4096^3 tune");
   auto* work = app.add_subcommand("workload", "a workload as kiln tune runs it (cold or warm)");
+  auto* probe = app.add_subcommand("probe", "diagnostic: how choices time after idle and after warm-ups");
+  std::vector<std::string> pairs;
+  probe->add_option("--pair", pairs, "ID:NAME,NAME... (a suite problem and its choices)")->required();
+  probe->add_option("--workload", workload, "the workload whose norms and softmax join the suite");
+  probe->add_option("--json", json_path, "write JSON here");
   auto* plan = app.add_subcommand("plan", "no GPU: kernels per effort and their estimated compile time");
   for (auto* s : {suite, plan}) {
     s->add_option("--part", part, "i/N: every N-th problem from the i-th");
@@ -691,6 +793,7 @@ int main(int argc, char** argv) {
       bench::fail(make_error(ErrorCode::kInvalidArgument, fmt::format("merge: a part's fields: {}", e.what())));
     }
   }
+  if (probe->parsed()) return phase_probe(pairs, workload, json_path);
   if (g4096->parsed()) return phase_gemm4096(cache_dir, effort, json_path);
   if (work->parsed()) return phase_workload(workload, cache_dir, effort, eager_loads, json_path);
   return phase_plan(part, filter, workload, sample, exhaustive_configs, ms_per_choice);
