@@ -14,6 +14,9 @@
 //   workload --workload examples/llama3-8b.json --cache-dir D --json FILE
 //            every problem of the workload at --effort as `kiln tune` does it: cold with an empty D, warm with
 //            the D a previous run filled.
+//   probe    --pair ID:NAME,NAME... [--allocations K] [--no-series]
+//            a diagnostic of the timing method: the named choices of a suite problem timed after idle, after
+//            warm-ups, and on K more sets of buffers placed elsewhere in device memory.
 //   plan     [--part i/N] [--sample N] [--ms-per-choice MS]   no GPU: how many distinct kernels each effort
 //            compiles for the suite part, an estimate of their NVRTC time from compiling a sample of them here,
 //            and of the part's whole call on the device (compiles on 16 workers + measurements + generation).
@@ -23,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <map>
 #include <set>
 #include <string_view>
@@ -362,8 +366,10 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
 // figure of merit). For each `ID:NAME,NAME...` pair: the named choices of the suite problem ID (each checked
 // by the suite's tunes), compiled, then timed as the tuner times them (L2 flushed before each run): series of
 // single runs after the GPU sat idle for 300 ms and right after that, medians after a warm-up of W ms of the
-// same choice, and BenchRunner::measure after idle.
-int phase_probe(const std::vector<std::string>& pairs, const std::string& workload, const std::string& json_path) {
+// same choice, and BenchRunner::measure after idle; with --allocations, medians on more sets of buffers, each
+// placed elsewhere in device memory.
+int phase_probe(const std::vector<std::string>& pairs, const std::string& workload, int allocations, bool series_too,
+                const std::string& json_path) {
   bench::check(ensure_context(0).status(), "no GPU");
   // The exhaustive sample (256 per template), where the exhaustive tunes found their picks.
   auto tuner = tuner_for(fresh_cache("/tmp/kiln-probe-cache"), nullptr, Effort::kExhaustive, 256);
@@ -389,6 +395,7 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
     OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
     bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
     std::vector<ChoicePtr> picked;
+    std::list<OpBuffers> held;
     size_t ws_bytes = 256;
     for (const auto& n : names) {
       auto it = std::find_if(choices.begin(), choices.end(), [&](const ChoicePtr& c) { return c->name() == n; });
@@ -405,7 +412,28 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
     auto runner = bench::must(BenchRunner::create(o, tuner->context().device), "bench runner");
     auto tuner_runner = bench::must(BenchRunner::create(g_measuring, tuner->context().device), "bench runner");
     json row{{"problem", id}};
+    // Placement: the same choices on `allocations` more sets of the problem's buffers (seed 1 each, all held,
+    // so that each lands elsewhere in device memory; the last with seed 2), 64 runs each, interleaved.
+    for (int a = 0; a < allocations; ++a) {
+      OpBuffers& more = held.emplace_back(bench::must(def->buffers(problem, a + 1 == allocations ? 2 : 1), "buffers"));
+      bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+      std::string line = fmt::format("{} allocation {}{}:", id, a, a + 1 == allocations ? " (seed 2)" : "");
+      json medians = json::object();
+      for (int round = 0; round < 2; ++round) {
+        for (const ChoicePtr& c : picked) {
+          for (int i = 0; i < 2; ++i) bench::check(c->run(more.args, ws.ptr(), runner->stream()));
+          const double est = summarize(bench::must(runner->time_runs(*c, more.args, ws.ptr(), 3, false)).us).median;
+          const double m =
+              summarize(bench::must(runner->time_runs(*c, more.args, ws.ptr(), 64, est < o.graph_below_us)).us).median;
+          medians[c->name()].push_back(m);
+          line += fmt::format(" {:.1f}", m);
+        }
+      }
+      row["allocations"].push_back(medians);
+      fmt::print("{}\n", line);
+    }
     for (const ChoicePtr& c : picked) {
+      if (!series_too) break;
       for (int i = 0; i < 2; ++i) bench::check(c->run(buffers.args, ws.ptr(), runner->stream()));
       const double est = summarize(bench::must(runner->time_runs(*c, buffers.args, ws.ptr(), 5, false)).us).median;
       const bool graph = est < o.graph_below_us;
@@ -741,6 +769,12 @@ int main(int argc, char** argv) {
   probe->add_option("--pair", pairs, "ID:NAME,NAME... (a suite problem and its choices)")->required();
   probe->add_option("--workload", workload, "the workload whose norms and softmax join the suite");
   probe->add_option("--json", json_path, "write JSON here");
+  int probe_allocations = 0;
+  bool probe_no_series = false;
+  probe->add_option("--allocations", probe_allocations, "time the choices on this many more sets of buffers, each "
+                                                        "placed elsewhere (the last with other values)")
+      ->check(CLI::Range(0, 64));
+  probe->add_flag("--no-series", probe_no_series, "skip the idle / warm-up series");
   auto* plan = app.add_subcommand("plan", "no GPU: kernels per effort and their estimated compile time");
   for (auto* s : {suite, plan}) {
     s->add_option("--part", part, "i/N: every N-th problem from the i-th");
@@ -793,7 +827,7 @@ int main(int argc, char** argv) {
       bench::fail(make_error(ErrorCode::kInvalidArgument, fmt::format("merge: a part's fields: {}", e.what())));
     }
   }
-  if (probe->parsed()) return phase_probe(pairs, workload, json_path);
+  if (probe->parsed()) return phase_probe(pairs, workload, probe_allocations, !probe_no_series, json_path);
   if (g4096->parsed()) return phase_gemm4096(cache_dir, effort, json_path);
   if (work->parsed()) return phase_workload(workload, cache_dir, effort, eager_loads, json_path);
   return phase_plan(part, filter, workload, sample, exhaustive_configs, ms_per_choice);

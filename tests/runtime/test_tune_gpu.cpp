@@ -113,19 +113,10 @@ TEST_F(TuneGpu, GemmPicksACheckedChoiceAndRecordsEverything) {
   EXPECT_GT(r.setup_seconds, 0.0);
   EXPECT_LE(r.generate_seconds + r.plan_seconds + r.setup_seconds + r.compile_wait_seconds + r.benchmark_seconds,
             r.total_seconds + 1e-6);
-  // The best extern's first reading was the best of several: it was timed again (as many runs more, at least
-  // five), and the cache holds the reading that stands, with every run counted.
-  ASSERT_FALSE(r.best_extern.empty()) << r.table(50);
-  EXPECT_GE(r.externs_confirmed, 1);
-  EXPECT_LE(r.externs_confirmed, 3);
-  const auto best_extern = std::find_if(r.choices.begin(), r.choices.end(),
-                                        [&](const ChoiceResult& c) { return c.name == r.best_extern; });
-  ASSERT_NE(best_extern, r.choices.end());
-  EXPECT_GE(best_extern->reps, 10) << r.best_extern;
   // Every timing and the decision are in the cache.
   const auto timings = t->cache().timings(r.key);
   EXPECT_EQ(timings.size(), static_cast<size_t>(measured));
-  for (const auto& timing : timings) {  // as the report has them, after any second timing
+  for (const auto& timing : timings) {  // as the report has them, after a near-tie's re-measure too
     const auto c = std::find_if(r.choices.begin(), r.choices.end(),
                                 [&](const ChoiceResult& c) { return c.name == timing.choice; });
     ASSERT_NE(c, r.choices.end()) << timing.choice;

@@ -16,7 +16,7 @@ std::string TuneReport::table(int top) const {
                        setup_seconds);
   }
   if (benchmark_seconds > 0) {
-    out += fmt::format("  benchmark: prepare {:.3f} s, check {:.3f} s, measure {:.3f} s, re-measure (near-ties, best extern) {:.3f} s\n",
+    out += fmt::format("  benchmark: prepare {:.3f} s, check {:.3f} s, measure {:.3f} s, near-tie re-measure {:.3f} s\n",
                        prepare_seconds, check_seconds, measure_seconds, remeasure_seconds);
   }
   if (!note.empty()) out += "  note: " + note + "\n";
@@ -95,7 +95,6 @@ std::string TuneReport::json() const {
   j["pruned_extern_first"] = pruned_extern_first;
   j["best_extern"] = best_extern;
   j["best_extern_us"] = best_extern_us;
-  j["externs_confirmed"] = externs_confirmed;
   j["extern_margin"] = extern_margin;
   j["extern_margin_compute"] = extern_margin_compute;
   j["cached_candidates"] = cached_candidates;

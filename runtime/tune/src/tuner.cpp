@@ -625,50 +625,6 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   return Status();
   };
   KILN_RETURN_IF_ERROR(measure_batch(to_measure, futures));
-  // The best of several noisy readings reads low (the winner's curse), and the externs' are the noisiest: a
-  // cuBLAS kernel's single runs spread over 41.6-50.7 us where a template's spread over 43.6-46.7 (H200,
-  // 256x7168x8192, bench_tuning_speed probe), and on the H200 suite (30 Nov, 20af1ce) the chosen extern read a
-  // median 2.2% slower when measured again after the tune (a template 1.3%). That low reading would decide what
-  // extern-first cuts and which extern wins, so the best extern is timed once more and the second, independent
-  // reading stands for it; again while another extern's first reading is then the best (at most three).
-  if (!stopped) {
-    const auto t_confirm = Clock::now();
-    std::set<std::string> confirmed;
-    for (int round = 0; round < 3; ++round) {
-      ChoiceResult* best = nullptr;
-      for (auto& r : results) {
-        if (!r.status.ok() || r.partial || r.from_cache || plan.model.count(r.name)) continue;
-        if (best == nullptr || r.median_us < best->median_us) best = &r;
-      }
-      if (best == nullptr || !confirmed.insert(best->name).second) break;
-      auto c = std::find_if(measured_choices.begin(), measured_choices.end(),
-                            [&](const ChoicePtr& m) { return m->name() == best->name; });
-      if (c == measured_choices.end()) break;
-      const int n = std::max(best->reps, std::max(3, options.bench.min_reps));
-      Result<Samples> again = make_error(ErrorCode::kInternal, "not measured");
-      if (isolated && isolated->covers(**c)) {
-        KILN_ASSIGN_OR_RETURN(again, isolated->time_runs(**c, n, best->graph));
-      } else {
-        again = bench->time_runs(**c, buffers.args, workspace.ptr(), n, best->graph);
-      }
-      if (!again.ok()) break;  // (it ran before: a failure now is the context's, which the next choice reports)
-      const Summary sum = summarize(again->us);
-      best->median_us = sum.median;
-      best->min_us = std::min(best->min_us, sum.min);
-      best->p10_us = sum.p10;
-      best->p90_us = sum.p90;
-      best->reps += static_cast<int>(again->us.size());
-      ++report.externs_confirmed;
-      store_timing(*best);
-    }
-    if (!confirmed.empty()) {  // what later choices are dropped against
-      best_us = 0;
-      for (const auto& r : results) {
-        if (r.status.ok() && !r.partial && (best_us == 0 || r.median_us < best_us)) best_us = r.median_us;
-      }
-    }
-    report.remeasure_seconds += seconds_since(t_confirm);
-  }
   // The best measured (or cached) choice the model cannot judge: what a template must be predicted to beat.
   for (const auto& r : results) {
     if (!r.status.ok() || r.partial || plan.model.count(r.name)) continue;
@@ -834,7 +790,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
         r->reps += static_cast<int>(again[r->name].size());
         store_timing(*r);  // the reading that decides is the one kept
       }
-      report.remeasure_seconds += seconds_since(t_remeasure);
+      report.remeasure_seconds = seconds_since(t_remeasure);
     }
   }
   report.benchmark_seconds = seconds_since(bench_start) - (compile_wait - setup_compile_wait);

@@ -188,9 +188,6 @@ struct TuneReport {
   /// waited for nor measured. pruned_reasons has "extern first: predicted >= X us, <best_extern> measured Y us".
   int pruned_extern_first = 0;
   std::string best_extern;            // the fastest measured choice the model cannot judge ("" if none)
-  /// Externs timed a second time because their first reading was the best of them (the second reading
-  /// stands: the best of several noisy readings reads low). Their time counts in remeasure_seconds.
-  int externs_confirmed = 0;
   double best_extern_us = 0;
   double extern_margin = -1;          // the effort's margin (negative: off)
   double extern_margin_compute = -1;  // its margin for templates the model calls compute-bound (<= -1: none)
@@ -217,7 +214,7 @@ struct TuneReport {
   double prepare_seconds = 0;
   double check_seconds = 0;
   double measure_seconds = 0;
-  double remeasure_seconds = 0;  // near-ties and the best extern timed again
+  double remeasure_seconds = 0;
   /// A cached decision: preparing the chosen choice (apart from fetching its binaries, compile_wait_seconds:
   /// a binary-cache hit): keeping the binaries when loads are deferred (TuneOptions::defer_loads), else the
   /// module loads.
