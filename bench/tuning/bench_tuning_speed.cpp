@@ -149,10 +149,16 @@ struct Tuned {
 // is captured without a workspace of its own, so forcing graphs on long externs compares something else). The
 // same choice in both is one kernel: timed once, and both figures are that one.
 // time_both: time a and b as two even when they are one kernel (the re-time's own noise floor: A against A).
+// Both over kRetimePlacements sets of operands, each allocated apart, as the tuner times over its own
+// (BenchmarkOptions::placements): an extern's time depends on where its operands lie.
+constexpr int kRetimePlacements = 4;
+
 std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& problem, const Selection& a,
-                                       const Selection& b, int rounds, int runs = 10, bool time_both = false) {
+                                       const Selection& b, int rounds, int runs = 3 * kRetimePlacements,
+                                       bool time_both = false) {
   auto def = bench::must(tuner.ops().find(problem.op));
-  OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
+  OperandSets operands = bench::must(make_operand_sets(*def, problem, 1, kRetimePlacements, size_t{4} << 30), "buffers");
+  const std::vector<const OpArgs*> sets = operands.args();
   auto d = bench::must(driver());
   bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
   DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>({a.choice()->workspace_bytes(),
@@ -162,8 +168,8 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
   auto runner = bench::must(BenchRunner::create(o, tuner.context().device), "bench runner");
   const bool same = !time_both && a.choice()->name() == b.choice()->name();
   auto graphed = [&](const Selection& sel) {
-    for (int i = 0; i < 2; ++i) (void)sel.choice()->run(buffers.args, ws.ptr(), runner->stream());
-    auto est = runner->time_runs(*sel.choice(), buffers.args, ws.ptr(), 3, false);
+    for (const OpArgs* args : sets) (void)sel.choice()->run(*args, ws.ptr(), runner->stream());
+    auto est = runner->time_runs(*sel.choice(), sets, ws.ptr(), 4, false);
     return est.ok() && summarize(est->us).median < o.graph_below_us;
   };
   const bool graph_a = graphed(a), graph_b = same ? graph_a : graphed(b);
@@ -173,7 +179,7 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
     for (int k = 0; k < 2; ++k) {
       const bool is_a = (k == 0) == a_first;
       if (same && !is_a) continue;
-      auto s = runner->time_runs(*(is_a ? a : b).choice(), buffers.args, ws.ptr(), runs, is_a ? graph_a : graph_b);
+      auto s = runner->time_runs(*(is_a ? a : b).choice(), sets, ws.ptr(), runs, is_a ? graph_a : graph_b);
       if (s.ok()) (is_a ? ta : tb).insert((is_a ? ta : tb).end(), s->us.begin(), s->us.end());
     }
   }
@@ -186,12 +192,13 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
 // apart from noise.
 double measured_again(const Tuner& tuner, const Problem& problem, const Selection& s) {
   auto def = bench::must(tuner.ops().find(problem.op));
-  OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
+  OperandSets operands = bench::must(make_operand_sets(*def, problem, 1, g_measuring.placements,
+                                                       g_measuring.placement_bytes), "buffers");
   auto d = bench::must(driver());
   bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
   DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>(s.choice()->workspace_bytes(), 256)));
   auto runner = bench::must(BenchRunner::create(g_measuring, tuner.context().device), "bench runner");
-  auto m = runner->measure(*s.choice(), buffers.args, ws.ptr(), 0);
+  auto m = runner->measure(*s.choice(), operands.args(), ws.ptr(), 0);
   return m.ok() ? summarize(m->us).median : 0;
 }
 
@@ -203,11 +210,14 @@ std::string suite_method(int exhaustive_configs, int retime_rounds) {
       "dtype/layout, since sizes are run-time arguments); default_s and exhaustive_s are each problem's tune time "
       "in that workload. The exhaustive reference measures every generated choice (no model pruning) with the "
       "sample bounded to {} configurations per template (every parameter value covered, the seeds included). "
-      "default_us / exhaustive_us re-time both chosen kernels side by side, {} rounds of 10 runs interleaved in ABBA "
-      "order, each as the tuner times it (graph replays below graph_below_us, L2 flushed before each run by {}); where "
-      "both efforts chose the same kernel it is timed once.",
+      "default_us / exhaustive_us re-time both chosen kernels side by side, {} rounds of {} runs interleaved in ABBA "
+      "order, each as the tuner times it (graph replays below graph_below_us, L2 flushed before each run by {}), "
+      "rotating over {} sets of operands allocated apart (the tuner times over {}); where both efforts chose the "
+      "same kernel it is timed once.",
       exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"), retime_rounds,
-      g_measuring.flush_l2_by_writing ? "writing (a memset of twice its size)" : "reading a buffer of twice its size");
+      3 * kRetimePlacements,
+      g_measuring.flush_l2_by_writing ? "writing (a memset of twice its size)" : "reading a buffer of twice its size",
+      kRetimePlacements, g_measuring.placements);
 }
 
 // How the suite runs. Experiments on the default effort: `default_only` skips the exhaustive reference (and the
@@ -789,11 +799,14 @@ int main(int argc, char** argv) {
   SuiteOptions options;
   suite->add_flag("--default-only", options.default_only, "tune the default effort only (no exhaustive reference, "
                                                              "no re-times): an experiment on its tune time");
-  suite->add_option("--retime-rounds", options.retime_rounds, "rounds of 10 runs in the side-by-side re-time of "
+  suite->add_option("--retime-rounds", options.retime_rounds, "rounds of 12 runs in the side-by-side re-time of "
                                                                  "both efforts' picks (default 12)")
       ->check(CLI::Range(1, 1000));
   suite->add_flag("--l2-flush-by-writing", g_measuring.flush_l2_by_writing,
                   "flush L2 between timed runs with a memset, as kiln did before 29 Nov 2026 (leaves dirty lines)");
+  suite->add_option("--placements", g_measuring.placements, "operand sets the tuners time over (BenchmarkOptions::"
+                                                             "placements; 1: one, as before 30 Nov 2026)")
+      ->check(CLI::Range(1, 16));
   bool no_plan_ahead = false;
   suite->add_flag("--no-plan-ahead", no_plan_ahead, "do not compile every problem's planned choices in the "
                                                     "background from the start (each tune compiles what it needs)");

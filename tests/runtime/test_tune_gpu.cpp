@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <functional>
 #include <vector>
 
@@ -211,6 +212,82 @@ TEST_F(TuneGpu, HostWorkBeforeALaunchIsNotTimed) {
   KILN_ASSERT_OK_AND_ASSIGN(Samples s, runner->time_runs(choice, CustomArgs{}, 0, 20, false));
   ASSERT_EQ(s.us.size(), 20u);
   for (double us : s.us) EXPECT_LT(us, 500.0) << "a 3 ms host delay landed inside a timed run";
+}
+
+// A choice that notes which operand set each run() gets, then launches a small kernel.
+class SetRecordingChoice final : public Choice {
+ public:
+  explicit SetRecordingChoice(CUdeviceptr buffer) : buffer_(buffer) {}
+  const std::string& name() const override { return name_; }
+  ChoiceKind kind() const override { return ChoiceKind::kUser; }
+  Status prepare(const Binaries&) override { return Status(); }
+  Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
+    seen.push_back(&args);
+    return fill_uniform(buffer_, 256, DType::kF32, 1, 0.f, 1.f, stream);
+  }
+  mutable std::vector<const OpArgs*> seen;
+
+ private:
+  std::string name_ = "set_recording";
+  CUdeviceptr buffer_;
+};
+
+// Timed runs rotate over operand sets allocated apart (BenchmarkOptions::placements), each with the same values;
+// sets past the first are made only within the byte budget.
+TEST_F(TuneGpu, TimedRunsRotateOverOperandSetsAllocatedApart) {
+  auto t = tuner(cache::TuneMode::kTune);
+  KILN_ASSERT_OK_AND_ASSIGN(auto def, t->ops().find("gemm"));
+  const Problem p = gemm(64, 1024, 512);
+  KILN_ASSERT_OK_AND_ASSIGN(OperandSets sets, make_operand_sets(*def, p, 1, 3, size_t{1} << 30));
+  ASSERT_EQ(sets.sets.size(), 3u);
+  std::set<const void*> a_pointers;
+  for (const auto& s : sets.sets) a_pointers.insert(std::get<KilnGemmArgs>(s.args).a);
+  EXPECT_EQ(a_pointers.size(), 3u) << "the sets share their operands";
+  {  // the same values in each
+    KILN_ASSERT_OK_AND_ASSIGN(const DriverApi* d, driver());
+    ASSERT_EQ(d->cuCtxSynchronize(), CUDA_SUCCESS);
+    std::vector<uint16_t> first(64 * 512), third(64 * 512);
+    ASSERT_EQ(d->cuMemcpyDtoH(first.data(), reinterpret_cast<CUdeviceptr>(std::get<KilnGemmArgs>(sets.sets[0].args).a),
+                              first.size() * 2), CUDA_SUCCESS);
+    ASSERT_EQ(d->cuMemcpyDtoH(third.data(), reinterpret_cast<CUdeviceptr>(std::get<KilnGemmArgs>(sets.sets[2].args).a),
+                              third.size() * 2), CUDA_SUCCESS);
+    EXPECT_TRUE(first == third);
+  }
+  // A budget under one set's bytes gives the first alone; one of two sets' bytes, three in all.
+  size_t set_bytes = 0;
+  for (const auto& b : sets.sets[0].storage) set_bytes += b.size();
+  ASSERT_GT(set_bytes, 0u);
+  KILN_ASSERT_OK_AND_ASSIGN(OperandSets one, make_operand_sets(*def, p, 1, 3, set_bytes - 1));
+  EXPECT_EQ(one.sets.size(), 1u);
+  KILN_ASSERT_OK_AND_ASSIGN(OperandSets budget_of_two, make_operand_sets(*def, p, 1, 5, 2 * set_bytes));
+  EXPECT_EQ(budget_of_two.sets.size(), 3u);
+
+  KILN_ASSERT_OK_AND_ASSIGN(int ordinal, current_device());
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo device, device_info(ordinal));
+  KILN_ASSERT_OK_AND_ASSIGN(auto runner, BenchRunner::create(BenchmarkOptions{}, device));
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, DeviceBuffer::allocate(256 * sizeof(float)));
+  SetRecordingChoice choice(buffer.ptr());
+  const std::vector<const OpArgs*> args = sets.args();
+  KILN_ASSERT_OK_AND_ASSIGN(Samples eager, runner->time_runs(choice, args, 0, 7, false));
+  EXPECT_EQ(eager.us.size(), 7u);
+  ASSERT_EQ(choice.seen.size(), 7u);
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(choice.seen[i], args[i % 3]) << "run " << i;
+  // As graph replays: one capture per set, each replayed in turn.
+  choice.seen.clear();
+  ReplayGraphs graphs;
+  KILN_ASSERT_OK_AND_ASSIGN(Samples replayed, runner->time_runs(choice, args, 0, 6, true, &graphs));
+  EXPECT_TRUE(replayed.graph);
+  EXPECT_EQ(replayed.us.size(), 6u);
+  EXPECT_EQ(choice.seen, args);
+  KILN_ASSERT_OK_AND_ASSIGN(Samples again, runner->time_runs(choice, args, 0, 6, true, &graphs));
+  EXPECT_EQ(choice.seen.size(), 3u) << "the kept graphs were captured again";
+  // measure() warms every set up before it times.
+  choice.seen.clear();
+  KILN_ASSERT_OK_AND_ASSIGN(Samples measured, runner->measure(choice, args, 0, 0));
+  ASSERT_GE(choice.seen.size(), 3u);
+  EXPECT_EQ(std::set<const OpArgs*>(choice.seen.begin(), choice.seen.begin() + 3), std::set<const OpArgs*>(args.begin(), args.end()));
+  EXPECT_EQ(runner->time_runs(choice, std::vector<const OpArgs*>{}, 0, 3, false).status().code(),
+            ErrorCode::kInvalidArgument);
 }
 
 // The L2 flush between timed runs reads its whole buffer and writes nothing back into it (a write would leave L2

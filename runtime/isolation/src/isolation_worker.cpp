@@ -51,7 +51,8 @@ struct Session {
   std::shared_ptr<const OpDef> def;
   std::map<std::string, ChoicePtr> choices;  // the ones the host asked for that this process can rebuild
   std::set<std::string> prepared;
-  OpBuffers buffers;
+  OperandSets operands;  // choices are checked on the first set and timed over all
+  const OpBuffers& buffers() const { return operands.sets.front(); }
   DeviceBuffer workspace;
   double tolerance = 0;
 };
@@ -152,7 +153,11 @@ class BenchWorker {
       KILN_ASSIGN_OR_RETURN(runner_, BenchRunner::create(req.session.bench, ctx.device));
       bench_ = req.session.bench;
     }
-    KILN_ASSIGN_OR_RETURN(s->buffers, def->buffers(req.session.problem, req.session.seed));
+    // Checked on the first set, timed over all of them, as the tuner does (BenchmarkOptions::placements).
+    KILN_ASSIGN_OR_RETURN(OperandSets operands,
+                          make_operand_sets(*def, req.session.problem, req.session.seed, req.session.bench.placements,
+                                            req.session.bench.placement_bytes));
+    s->operands = std::move(operands);
     // The op fills its buffers on the legacy default stream, which the runner's stream does not wait for:
     // without this the reference could read inputs still being written (the freed buffers of the previous
     // problem, poisoned with NaN, showed through on the H200).
@@ -164,15 +169,15 @@ class BenchWorker {
     for (const auto& [name, c] : s->choices) workspace_bytes = std::max(workspace_bytes, c->workspace_bytes());
     KILN_ASSIGN_OR_RETURN(s->workspace, DeviceBuffer::allocate(workspace_bytes));
     Status ready = reference->prepare(req.session.reference_binaries);
-    if (ready.ok()) ready = reference->run(s->buffers.args, s->workspace.ptr(), runner_->stream());
-    if (ready.ok()) ready = runner_->capture_reference(s->buffers.outputs);
+    if (ready.ok()) ready = reference->run(s->buffers().args, s->workspace.ptr(), runner_->stream());
+    if (ready.ok()) ready = runner_->capture_reference(s->buffers().outputs);
     if (!ready.ok()) {
       return ready.with_context(fmt::format("running the reference {} of {} in the bench worker", reference->name(),
                                             req.session.problem.describe()));
     }
     s->prepared.insert(reference->name());
     const auto* gemm = std::get_if<GemmProblem>(&req.session.problem.desc);
-    s->tolerance = def->tolerance(gemm ? gemm->epilogue.out : s->buffers.outputs.front().dtype);
+    s->tolerance = def->tolerance(gemm ? gemm->epilogue.out : s->buffers().outputs.front().dtype);
     session_ = std::move(s);
     return Status();
   }
@@ -190,11 +195,12 @@ class BenchWorker {
       KILN_RETURN_IF_ERROR(c.prepare(*req.binaries));
       session_->prepared.insert(req.name);
     }
-    const OpArgs& args = session_->buffers.args;
+    const OpBuffers& checked = session_->buffers();
+    const std::vector<const OpArgs*> sets = session_->operands.args();
     const CUdeviceptr ws = session_->workspace.ptr();
-    if (req.mode == bw::RunMode::kTimeRuns) return runner_->time_runs(c, args, ws, req.n, req.graph);
-    KILN_ASSIGN_OR_RETURN(error, runner_->check(c, args, ws, session_->buffers.outputs, session_->tolerance));
-    return runner_->measure(c, args, ws, req.best_us);
+    if (req.mode == bw::RunMode::kTimeRuns) return runner_->time_runs(c, sets, ws, req.n, req.graph);
+    KILN_ASSIGN_OR_RETURN(error, runner_->check(c, checked.args, ws, checked.outputs, session_->tolerance));
+    return runner_->measure(c, sets, ws, req.best_us);
   }
 
   static bool same(const BenchmarkOptions& a, const BenchmarkOptions& b) {
@@ -202,7 +208,8 @@ class BenchWorker {
            a.fixed_reps == b.fixed_reps && a.drop_factor == b.drop_factor && a.tie_fraction == b.tie_fraction &&
            a.tie_rounds == b.tie_rounds && a.flush_l2 == b.flush_l2 &&
            a.flush_l2_by_writing == b.flush_l2_by_writing && a.graph_below_us == b.graph_below_us &&
-           a.adaptive == b.adaptive && a.precision == b.precision && a.abandon_factor == b.abandon_factor;
+           a.adaptive == b.adaptive && a.precision == b.precision && a.abandon_factor == b.abandon_factor &&
+           a.placements == b.placements && a.placement_bytes == b.placement_bytes;
   }
 
   int device_;

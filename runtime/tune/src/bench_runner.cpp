@@ -264,33 +264,44 @@ Result<double> BenchRunner::check(const Choice& choice, const OpArgs& args, CUde
 
 Result<Samples> BenchRunner::time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr ws, int n, bool graph,
                                        ReplayGraphs* keep) {
+  return time_runs(choice, std::vector<const OpArgs*>{&args}, ws, n, graph, keep);
+}
+
+Result<Samples> BenchRunner::time_runs(const Choice& choice, const std::vector<const OpArgs*>& sets, CUdeviceptr ws,
+                                       int n, bool graph, ReplayGraphs* keep) {
+  if (sets.empty()) return make_error(ErrorCode::kInvalidArgument, "time_runs: no operand set");
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-  std::unique_ptr<Graph> own;
-  const Graph* g = nullptr;
-  if (graph) {
+  // One graph per operand set (its pointers are baked in); all or none: a choice that cannot be captured on
+  // one set is timed eagerly on all.
+  std::vector<std::unique_ptr<Graph>> own(sets.size());
+  std::vector<const Graph*> g(sets.size(), nullptr);
+  bool graphed = graph;
+  for (size_t s = 0; graphed && s < sets.size(); ++s) {
     const std::unique_ptr<Graph>* kept = nullptr;
     if (keep) {
-      if (auto it = keep->graphs_.find(&choice); it != keep->graphs_.end()) kept = &it->second;
+      if (auto it = keep->graphs_.find({&choice, s}); it != keep->graphs_.end()) kept = &it->second;
     }
     if (kept) {
-      g = kept->get();
+      g[s] = kept->get();
     } else {
-      auto captured = capture(choice, args, ws, stream_.get());
-      if (captured.ok()) own = std::move(captured).value();  // a choice that cannot be captured is timed eagerly
-      g = own.get();
-      if (keep) keep->graphs_[&choice] = std::move(own);
+      auto captured = capture(choice, *sets[s], ws, stream_.get());
+      if (captured.ok()) own[s] = std::move(captured).value();
+      g[s] = own[s].get();
+      if (keep) keep->graphs_[{&choice, s}] = std::move(own[s]);
     }
+    graphed = g[s] != nullptr;
   }
   Samples out;
-  out.graph = g != nullptr;
+  out.graph = graphed;
   n = std::clamp(n, 1, static_cast<int>(events_.size() / 2));
   for (int first = 0; first < n; first += kRunsPerHold) {
     KILN_ASSIGN_OR_RETURN(StreamHold hold, StreamHold::hold(stream_.get()));
     for (int i = first; i < std::min(n, first + kRunsPerHold); ++i) {
+      const size_t s = static_cast<size_t>(i) % sets.size();
       KILN_RETURN_IF_ERROR(flush());
       KILN_RETURN_IF_ERROR(events_[2 * i].record(stream_.get()));
-      if (g) KILN_CHECK(d->cuGraphLaunch(g->exec, stream_.get()));
-      else KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
+      if (graphed) KILN_CHECK(d->cuGraphLaunch(g[s]->exec, stream_.get()));
+      else KILN_RETURN_IF_ERROR(choice.run(*sets[s], ws, stream_.get()));
       KILN_RETURN_IF_ERROR(events_[2 * i + 1].record(stream_.get()));
     }
     hold.release();
@@ -333,9 +344,43 @@ Verdict judge(const std::vector<double>& us, double best_us, int max_reps, const
   return Verdict::kMore;
 }
 
+std::vector<const OpArgs*> OperandSets::args() const {
+  std::vector<const OpArgs*> out;
+  for (const auto& s : sets) out.push_back(&s.args);
+  return out;
+}
+
+Result<OperandSets> make_operand_sets(const OpDef& def, const Problem& problem, uint32_t seed, int count,
+                                      size_t max_bytes) {
+  OperandSets out;
+  KILN_ASSIGN_OR_RETURN(OpBuffers first, def.buffers(problem, seed));
+  out.sets.push_back(std::move(first));
+  size_t bytes = 0;  // a set's device memory, as far as kiln owns it (an op's own allocations are not counted)
+  for (const auto& b : out.sets.front().storage) bytes += b.size();
+  if (count <= 1 || bytes == 0) return out;  // (unknown size: one set)
+  KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+  size_t free_bytes = 0, total_bytes = 0;
+  if (d->cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS) return out;
+  const size_t room = std::min(max_bytes, free_bytes / 4);
+  for (int i = 1; i < count && bytes * static_cast<size_t>(i) <= room; ++i) {
+    auto more = def.buffers(problem, seed);
+    if (!more.ok()) break;  // (out of memory after all: time on the sets there are)
+    out.sets.push_back(std::move(more).value());
+  }
+  return out;
+}
+
 Result<Samples> BenchRunner::measure(const Choice& choice, const OpArgs& args, CUdeviceptr ws, double best_us) {
-  // Warm-up: caches, clocks and lazily loaded code settle before anything counts.
-  for (int i = 0; i < 2; ++i) KILN_RETURN_IF_ERROR(choice.run(args, ws, stream_.get()));
+  return measure(choice, std::vector<const OpArgs*>{&args}, ws, best_us);
+}
+
+Result<Samples> BenchRunner::measure(const Choice& choice, const std::vector<const OpArgs*>& args, CUdeviceptr ws,
+                                     double best_us) {
+  if (args.empty()) return make_error(ErrorCode::kInvalidArgument, "measure: no operand set");
+  // Warm-up: caches, clocks and lazily loaded code settle before anything counts (each set once).
+  for (size_t i = 0; i < std::max<size_t>(2, args.size()); ++i) {
+    KILN_RETURN_IF_ERROR(choice.run(*args[i % args.size()], ws, stream_.get()));
+  }
   KILN_ASSIGN_OR_RETURN(Samples estimate, time_runs(choice, args, ws, 3, false));
   const Summary est_summary = summarize(estimate.us);
   const double est = est_summary.median;

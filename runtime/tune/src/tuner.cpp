@@ -479,7 +479,11 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     KILN_ASSIGN_OR_RETURN(sandbox, services.sandbox(options.isolation_options, options.device));
   }
   double compile_wait = 0;
-  KILN_ASSIGN_OR_RETURN(OpBuffers buffers, def->buffers(problem, options.seed));
+  // Choices are checked on the first set and timed over all of them (BenchmarkOptions::placements).
+  KILN_ASSIGN_OR_RETURN(OperandSets operands, make_operand_sets(*def, problem, options.seed, options.bench.placements,
+                                                                options.bench.placement_bytes));
+  const OpBuffers& buffers = operands.sets.front();
+  const std::vector<const OpArgs*> operand_args = operands.args();
   {
     // An op fills its buffers on any stream (the built-ins use the legacy one); the benchmark stream is
     // non-blocking, so the inputs must be complete before anything runs on it.
@@ -583,7 +587,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       report.prepare_seconds += std::chrono::duration<double>(t_prepared - t_prepare).count();
       if (status.ok() && check_first) run_check();
       const auto t_measure = Clock::now();
-      samples = status.ok() ? bench->measure(*c, buffers.args, workspace.ptr(), best_us) : Result<Samples>(status);
+      samples = status.ok() ? bench->measure(*c, operand_args, workspace.ptr(), best_us) : Result<Samples>(status);
       report.measure_seconds += seconds_since(t_measure);
       if (samples.ok() && !samples->partial && !check_first) {
         run_check();
@@ -775,7 +779,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
           if (isolated && isolated->covers(*c)) {  // Isolation: re-measured where it was measured
             KILN_ASSIGN_OR_RETURN(samples, isolated->time_runs(*c, per_round, r->graph));
           } else {
-            samples = bench->time_runs(*c, buffers.args, workspace.ptr(), per_round, r->graph, &graphs);
+            samples = bench->time_runs(*c, operand_args, workspace.ptr(), per_round, r->graph, &graphs);
           }
           if (samples.ok()) again[r->name].insert(again[r->name].end(), samples->us.begin(), samples->us.end());
         }

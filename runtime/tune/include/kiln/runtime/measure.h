@@ -56,6 +56,15 @@ struct BenchmarkOptions {
   /// Early abandonment: a choice whose fastest short-estimate run is over abandon_factor x the best median
   /// so far stops there (partial), besides the drop_factor rule on the estimate's median. Default 1.15.
   double abandon_factor = 1.15;
+  /// Operand placements: the tuner times every choice over this many sets of the problem's buffers, each
+  /// allocated apart (elsewhere in device memory; the same values), run i on set i mod n. cuBLAS's kernels
+  /// time differently by where their operands lie: on an H200, 256x7168x8192 bf16 read 43.0-50.0 us over eight
+  /// allocations (steady within each), kiln's 128x112 tile 46.1-46.3 (`bench_tuning_speed probe
+  /// --allocations`), so a tune on one set took a draw for the externs, and picked them on lucky ones. The
+  /// sets past the first are made only while they stay within placement_bytes in all (and a quarter of the
+  /// device's free memory). Default 3 and 1 GiB; 1: one set, as before.
+  int placements = 3;
+  size_t placement_bytes = size_t{1} << 30;
 };
 
 /// The nonparametric 95% confidence interval of the median of `us` (order statistics n/2 -+ 0.98 sqrt(n)).
@@ -87,10 +96,22 @@ namespace detail {
 struct Graph;
 }
 
+/// Several sets of one problem's operands, each allocated apart (BenchmarkOptions::placements); the first is
+/// the one choices are checked on.
+struct OperandSets {
+  std::vector<OpBuffers> sets;
+  /// Each set's arguments, in order: what measure() and time_runs() rotate over.
+  std::vector<const OpArgs*> args() const;
+};
+/// `def`'s buffers for `problem` with `seed`, `count` times while the sets past the first stay within `max_bytes`
+/// in all and within a quarter of the device's free memory (the first always). Errors: the op's buffers().
+Result<OperandSets> make_operand_sets(const OpDef& def, const Problem& problem, uint32_t seed, int count,
+                                      size_t max_bytes);
+
 /// CUDA graphs captured by BenchRunner::time_runs, kept for later calls with the same choices, arguments and
-/// workspace (the near-tie rounds re-time the same few choices): capture and instantiation once per choice
-/// instead of once per round. Valid while those arguments' buffers are; a choice that could not be captured is
-/// remembered too, and timed eagerly.
+/// workspace (the near-tie rounds re-time the same few choices): capture and instantiation once per choice and
+/// operand set instead of once per round. Valid while those arguments' buffers are; a choice that could not be
+/// captured is remembered too, and timed eagerly.
 class ReplayGraphs {
  public:
   ReplayGraphs();
@@ -100,7 +121,8 @@ class ReplayGraphs {
 
  private:
   friend class BenchRunner;
-  std::map<const Choice*, std::unique_ptr<detail::Graph>> graphs_;  // null: the choice cannot be captured
+  // (choice, operand set) -> graph; null: the choice cannot be captured
+  std::map<std::pair<const Choice*, size_t>, std::unique_ptr<detail::Graph>> graphs_;
 };
 
 class BenchRunner {
@@ -124,12 +146,19 @@ class BenchRunner {
   /// Times `choice`: a short estimate first; if it is over drop_factor x `best_us` (> 0) the estimate is
   /// returned as partial; otherwise repetitions from the budget (or fixed_reps), as graph replays when short.
   Result<Samples> measure(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, double best_us);
+  /// The same over several operand sets (OperandSets::args()): timed run i runs on sets[i mod n]. Every set
+  /// must hold the same problem's buffers.
+  Result<Samples> measure(const Choice& choice, const std::vector<const OpArgs*>& sets, CUdeviceptr workspace,
+                          double best_us);
   /// True once a run hit a sticky error or a timeout: nothing may run in this context any more.
   bool context_lost() const { return context_lost_; }
   /// `n` timed runs of `choice` as measure() does them, with no estimate (near-tie re-measurement). With
   /// `graph` and `keep`, the choice's graph is taken from `keep` or captured into it.
   Result<Samples> time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, int n, bool graph,
                             ReplayGraphs* keep = nullptr);
+  /// The same over several operand sets, as measure() rotates over them.
+  Result<Samples> time_runs(const Choice& choice, const std::vector<const OpArgs*>& sets, CUdeviceptr workspace,
+                            int n, bool graph, ReplayGraphs* keep = nullptr);
 
  private:
   BenchRunner() = default;
