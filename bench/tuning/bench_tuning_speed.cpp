@@ -462,7 +462,7 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
       cj["after_idle_us"] = cold;
       cj["right_after_us"] = hot;
       json warm = json::object();
-      for (int w_ms : {0, 1, 2, 5, 10, 20, 50}) {
+      for (int w_ms : {0, 1, 2, 5, 10, 20, 50, 100, 200}) {
         idle();
         const auto t0 = Clock::now();
         while (seconds_since(t0) * 1e3 < w_ms) (void)series(std::max(1, std::min(64, static_cast<int>(1e3 / est))));
