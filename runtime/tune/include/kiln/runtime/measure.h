@@ -34,7 +34,7 @@ struct BenchmarkOptions {
   double tie_fraction = 0.02;
   int tie_rounds = 3;
   /// After the re-measure, what stays within this fraction of the best (or the best median's confidence
-  /// interval, if wider) goes to the lower tie_rank() (externs first), and among equal ranks to the fastest.
+  /// interval, if wider) goes to the lower tie_rank() (templates first), and among equal ranks to the fastest.
   /// Default 0.5%: at 2% (the tie fraction, before 27 Nov) six of the H200 suite's ten misses were a template
   /// measured 0.1-1.8% faster than an extern and not chosen, which the side-by-side re-time put 1.2-3.4% ahead.
   double rank_tie_fraction = 0.005;
