@@ -1,6 +1,7 @@
-# cmake -P script: install kiln into a scratch prefix, check what went in, and build and run two consumers
+# cmake -P script: install kiln into a scratch prefix, check what went in, and build and run the consumers
 # from it: tests/consumer/project (C++, find_package(kiln CONFIG), kiln::kiln) and, with KILN_SHARED,
-# tests/consumer/c_project (C, pkg-config kiln), plus what libkiln.so exports.
+# tests/consumer/c_project (C, pkg-config kiln) and examples/dsl built on its own (C, find_package(kiln)), plus
+# what libkiln.so exports.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 # Consumers keep their cache here, and choose their executor themselves (the default: the process pool).
@@ -86,6 +87,24 @@ if(last_error MATCHES "instead of the process pool")
   message(FATAL_ERROR "the installed kiln did not find its compile worker:\n${last_error}")
 endif()
 message(STATUS "C consumer output: ${last_output}")
+
+# examples/dsl on its own, as a DSL's project: find_package(kiln) from the prefix, C only.
+set(dsl_flags "")
+if(SANITIZE)
+  set(dsl_flags "-DCMAKE_C_FLAGS=-fsanitize=${SANITIZE}" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE}")
+endif()
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/dsl -B ${WORK_DIR}/dsl -DCMAKE_PREFIX_PATH=${prefix}
+    -DCMAKE_C_COMPILER=${C_COMPILER} -DCUDAToolkit_ROOT=${CUDA_ROOT} ${dsl_flags})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/dsl)
+run(${WORK_DIR}/dsl/ewdsl-demo --source "a * x + y")
+if(NOT last_output MATCHES "float4")
+  message(FATAL_ERROR "the standalone DSL example printed no vectorised source:\n${last_output}\n${last_error}")
+endif()
+run(${WORK_DIR}/dsl/ewdsl-demo --precompile sm_90 "sum(x * x)")
+if(NOT last_output MATCHES "compiled 6 variants")
+  message(FATAL_ERROR "the standalone DSL example did not precompile its variants:\n${last_output}\n${last_error}")
+endif()
+message(STATUS "standalone DSL example: ${last_output}")
 
 # Without the worker executable the consumer still compiles, and says once on stderr which fallback it takes.
 set(worker ${prefix}/${BINDIR}/kiln-compile-worker)
