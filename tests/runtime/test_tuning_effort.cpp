@@ -572,7 +572,8 @@ TEST(EffortPlan, APrecompiledCacheLeavesTheDefaultTuneNothingToCompileOnEveryPar
       // The tune on the GPU: the cache holds the precompiled binaries (cached first among equal scores, and
       // measured whatever their rank), then every widening round around any variant it measured.
       const auto order = rank(p, *all, peaks, {}, precompiled);
-      detail::TunePlan plan = detail::plan_choices(*all, order, (*def)->reference(p), policy.keep, {}, 0, policy.diverse);
+      detail::TunePlan plan = detail::plan_choices(*all, order, (*def)->reference(p), keep_for(policy, p), {}, 0,
+                                                   policy.diverse);
       std::set<std::string> variants;
       for (const auto& c : plan.first) {
         if (c->kernels().empty()) continue;  // externs: nothing to compile
@@ -595,6 +596,44 @@ TEST(EffortPlan, APrecompiledCacheLeavesTheDefaultTuneNothingToCompileOnEveryPar
   }
   EXPECT_GT(checked, 100);
   std::printf("%d choices measured first, %d widened beyond the cached extras, all precompiled\n", checked, widened);
+}
+
+// Norms and softmax keep more of the model's order than GEMMs at default effort (EffortPolicy::keep_rows): their
+// choices are cheap to compile and to run, and the model tells a small problem's configurations apart poorly.
+TEST(EffortPlan, RowOpsKeepMoreOfTheModelsOrderThanGemms) {
+  const EffortPolicy policy = effort_policy(Effort::kDefault);
+  const Problem norm = Problem::norm({.rows = 16, .cols = 4096});
+  GemmProblem g;
+  g.m = 16, g.n = 4096, g.k = 4096;
+  EXPECT_EQ(keep_for(policy, norm), 32);
+  EXPECT_EQ(keep_for(policy, Problem::softmax({.rows = 16, .cols = 128256})), 32);
+  EXPECT_EQ(keep_for(policy, Problem::gemm(g)), policy.keep);
+  EffortPolicy plain = policy;
+  plain.keep_rows = 0;
+  EXPECT_EQ(keep_for(plain, norm), policy.keep);
+  EXPECT_EQ(keep_for(effort_policy(Effort::kQuick), norm), effort_policy(Effort::kQuick).keep);
+
+  auto ctx = choice_context_for_arch(Target{"sm_90a"});
+  ASSERT_TRUE(ctx.ok());
+  ctx->max_template_configs = policy.sample_per_template;
+  for (const Problem& p : {norm, Problem::gemm(g)}) {
+    auto all = default_ops().choices(p, *ctx);
+    ASSERT_TRUE(all.ok()) << p.describe();
+    auto def = default_ops().find(p.op);
+    ASSERT_TRUE(def.ok());
+    const auto order = rank(p, *all, kH100);
+    detail::TunePlan plan = detail::plan_choices(*all, order, (*def)->reference(p), keep_for(policy, p), {}, 0,
+                                                 policy.diverse);
+    int modelled = 0;
+    for (const auto& r : order) modelled += r.estimate.known ? 1 : 0;
+    ASSERT_GT(modelled, 32) << p.describe();
+    // The kept ranks (the reference counts among them when the model ranks it).
+    EXPECT_GE(plan.kept_ranked, keep_for(policy, p)) << p.describe();
+    EXPECT_LE(plan.kept_ranked, keep_for(policy, p) + 1) << p.describe();
+    auto pre = precompile_plan(default_ops(), p, *all, Effort::kDefault, {kH100});
+    ASSERT_TRUE(pre.ok());
+    EXPECT_GE(pre->size(), static_cast<size_t>(keep_for(policy, p))) << p.describe();
+  }
 }
 
 TEST(EffortPlan, AWideningTakesTheNextRanksOfTheVariantCachedOrNot) {

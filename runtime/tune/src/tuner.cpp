@@ -107,10 +107,10 @@ struct Tuner::Impl {
       if (plan.model.count(c->name())) planned.insert(c->name());
     }
   }
-  detail::TunePlan plan(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& order,
-                        const std::string& reference) {
-    detail::TunePlan p = detail::plan_choices(choices, order, reference, policy.keep, planned_names(), policy.share_margin,
-                                              policy.diverse);
+  detail::TunePlan plan(const Problem& problem, const std::vector<ChoicePtr>& choices,
+                        const std::vector<RankedChoice>& order, const std::string& reference) {
+    detail::TunePlan p = detail::plan_choices(choices, order, reference, keep_for(policy, problem), planned_names(),
+                                              policy.share_margin, policy.diverse);
     note_planned(p);
     return p;
   }
@@ -245,8 +245,8 @@ std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std:
   // the ranks a tune at this effort may reach (the kept ones, every widening, and what `kiln precompile`
   // compiles beyond them: the same horizon), and the ties at its end; choices further down are not asked for
   // their kernels at all.
-  const size_t horizon = static_cast<size_t>(policy.keep + policy.widen * std::max(1, policy.widen_variants) *
-                                                                (policy.max_widenings + 1));
+  const size_t horizon = static_cast<size_t>(keep_for(policy, problem) + policy.widen * std::max(1, policy.widen_variants) *
+                                                                                  (policy.max_widenings + 1));
   std::set<std::string> cached;
   double last_score = -1;
   size_t seen = 0;
@@ -278,7 +278,7 @@ Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) co
     if (!pick) return std::vector<ChoicePtr>{};
     return std::vector<ChoicePtr>{pick};
   }
-  return impl_->plan(choices, order, def->reference(problem)).first;
+  return impl_->plan(problem, choices, order, def->reference(problem)).first;
 }
 
 std::vector<TuneReport> Tuner::reports() const {
@@ -428,7 +428,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   // for a widening, and are reported as pruned if none comes.
   const Clock::time_point plan_start = Clock::now();
   const std::vector<RankedChoice> order = ranked(problem, choices, policy.keep > 0, &report.neighbour_timings);
-  detail::TunePlan plan = this->plan(choices, order, report.reference);
+  detail::TunePlan plan = this->plan(problem, choices, order, report.reference);
   report.shared_swaps = plan.shared_swaps;
   report.variant_picks = plan.variant_picks;
   std::set<const Choice*> first;
@@ -927,7 +927,8 @@ Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Prob
                                                std::vector<ChoicePtr> choices, Effort effort,
                                                const std::vector<DevicePeaks>& parts) {
   const EffortPolicy policy = effort_policy(effort);
-  if (policy.measure && policy.keep <= 0) return choices;
+  const int keep = keep_for(policy, problem);
+  if (policy.measure && keep <= 0) return choices;
   KILN_ASSIGN_OR_RETURN(auto def, ops.find(problem.op));
   const std::string reference = def->reference(problem);
   // Every part of the arch the tune may run on ranks with its own figures (an H200's bandwidth and family fit
@@ -943,8 +944,8 @@ Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Prob
   }
   if (!policy.diverse) {
     for (const DevicePeaks& peaks : parts) {
-      detail::TunePlan plan = detail::plan_choices(choices, rank(problem, choices, peaks), reference, policy.keep, {},
-                                                   0, false);
+      detail::TunePlan plan = detail::plan_choices(choices, rank(problem, choices, peaks), reference, keep, {}, 0,
+                                                   false);
       for (const auto& c : plan.first) take(c);
       // What a tune may reach by widening: the next ranks of every widening.
       const size_t extra = std::min<size_t>(
@@ -966,7 +967,7 @@ Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Prob
         if (!c->kernels().empty()) cached.insert(c->name());
       }
       const auto order = rank(problem, choices, peaks, {}, cached);
-      detail::TunePlan plan = detail::plan_choices(choices, order, reference, policy.keep, {}, 0, true);
+      detail::TunePlan plan = detail::plan_choices(choices, order, reference, keep, {}, 0, true);
       for (const auto& c : plan.first) take(c);
       std::set<std::string> variants;
       for (const auto& c : plan.first) {

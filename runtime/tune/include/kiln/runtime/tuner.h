@@ -71,6 +71,10 @@ Result<Effort> effort_from_env(Effort fallback = Effort::kDefault);
 struct EffortPolicy {
   bool measure = true;        // false: the model's pick, unmeasured
   int keep = 0;               // template/subgraph choices kept in model order (0: all of them)
+  /// The same for a row-wise op (norm, softmax) where above 0: their choices compile in a fraction of a GEMM's
+  /// time and run in microseconds, and the model tells a small problem's configurations apart poorly (on the
+  /// H200 suite a configuration within 1% of the best of rmsnorm 1-64 x 4096 sat at model ranks 13-47).
+  int keep_rows = 0;
   int widen = 0;              // how many more ranks each widening adds
   int max_widenings = 0;
   int sample_per_template = 0;  // configurations generated per template before the model ranks them
@@ -110,6 +114,8 @@ struct EffortPolicy {
   double widen_near_extern = 0;
 };
 EffortPolicy effort_policy(Effort effort);
+/// The policy's keep for `problem`: keep_rows for a norm or softmax problem where it is set, else keep.
+int keep_for(const EffortPolicy& policy, const Problem& problem);
 
 /// How tune() reports progress on long tunes.
 struct TuneProgress {
