@@ -245,8 +245,8 @@ std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std:
   // the ranks a tune at this effort may reach (the kept ones, every widening, and what `kiln precompile`
   // compiles beyond them: the same horizon), and the ties at its end; choices further down are not asked for
   // their kernels at all.
-  const size_t horizon = static_cast<size_t>(keep_for(policy, problem) + policy.widen * std::max(1, policy.widen_variants) *
-                                                                                  (policy.max_widenings + 1));
+  const size_t horizon = static_cast<size_t>(keep_for(policy, problem) +
+                                             policy.widen * std::max(1, policy.widen_variants) * (policy.max_widenings + 1));
   std::set<std::string> cached;
   double last_score = -1;
   size_t seen = 0;
