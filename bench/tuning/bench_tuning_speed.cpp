@@ -380,26 +380,41 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
 // placed elsewhere in device memory.
 int phase_probe(const std::vector<std::string>& pairs, const std::string& workload, int allocations, bool series_too,
                 const std::string& json_path) {
-  bench::check(ensure_context(0).status(), "no GPU");
-  // The exhaustive sample (256 per template), where the exhaustive tunes found their picks.
-  auto tuner = tuner_for(fresh_cache("/tmp/kiln-probe-cache"), nullptr, Effort::kExhaustive, 256);
+  // Every --pair is read and its problem found before the GPU is asked for: a typo fails at once, anywhere.
   const std::vector<Named> all = suite_problems("", workload, Part{});
-  auto d = bench::must(driver());
-  auto idle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };
-  json out = json::array();
+  struct Probe {
+    const Named* named;
+    std::vector<std::string> names;
+  };
+  std::vector<Probe> probes;
   for (const std::string& pair : pairs) {
     const size_t colon = pair.find(':');
-    bench::check(colon == std::string::npos ? make_error(ErrorCode::kInvalidArgument, "--pair ID:NAME,NAME") : Status());
+    if (colon == std::string::npos || colon == 0 || colon + 1 == pair.size()) {
+      bench::fail(make_error(ErrorCode::kInvalidArgument, fmt::format("--pair '{}': give ID:NAME[,NAME...]", pair)));
+    }
     const std::string id = pair.substr(0, colon);
-    std::vector<std::string> names;
+    Probe p{nullptr, {}};
     for (size_t at = colon + 1; at <= pair.size();) {
       const size_t comma = std::min(pair.find(',', at), pair.size());
-      names.push_back(pair.substr(at, comma - at));
+      if (comma == at) bench::fail(make_error(ErrorCode::kInvalidArgument, fmt::format("--pair '{}': an empty choice name", pair)));
+      p.names.push_back(pair.substr(at, comma - at));
       at = comma + 1;
     }
     auto named = std::find_if(all.begin(), all.end(), [&](const Named& n) { return n.id == id; });
-    bench::check(named == all.end() ? make_error(ErrorCode::kNotFound, "no suite problem " + id) : Status());
-    const Problem& problem = named->problem;
+    if (named == all.end()) bench::fail(make_error(ErrorCode::kNotFound, fmt::format("--pair: no suite problem '{}'", id)));
+    p.named = &*named;
+    probes.push_back(std::move(p));
+  }
+  bench::check(ensure_context(0).status(), "no GPU");
+  // The exhaustive sample (256 per template), where the exhaustive tunes found their picks.
+  auto tuner = tuner_for(fresh_cache("/tmp/kiln-probe-cache"), nullptr, Effort::kExhaustive, 256);
+  auto d = bench::must(driver());
+  auto idle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };
+  json out = json::array();
+  for (const Probe& probe : probes) {
+    const std::string& id = probe.named->id;
+    const std::vector<std::string>& names = probe.names;
+    const Problem& problem = probe.named->problem;
     auto def = bench::must(tuner->ops().find(problem.op));
     auto choices = bench::must(def->choices(problem, tuner->context()), "choices");
     OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");

@@ -184,53 +184,38 @@ TEST_F(TuneGpu, EarlyWeightsChoicesOfABConstantProblemMatchTheReference) {
   }
 }
 
-// A choice whose run() spends 3 ms on the host before it launches a few-microsecond kernel: the timed interval is
-// the kernel's, not the host's, because a batch of timed runs starts on the GPU only once all of it is queued.
-class SlowHostChoice final : public Choice {
+// A user choice that does `before` on the host, then launches a few-microsecond kernel.
+class SmallKernelChoice final : public Choice {
  public:
-  explicit SlowHostChoice(CUdeviceptr buffer) : buffer_(buffer) {}
+  SmallKernelChoice(std::string name, CUdeviceptr buffer, std::function<void(const OpArgs&)> before)
+      : name_(std::move(name)), buffer_(buffer), before_(std::move(before)) {}
   const std::string& name() const override { return name_; }
   ChoiceKind kind() const override { return ChoiceKind::kUser; }
   Status prepare(const Binaries&) override { return Status(); }
-  Status run(const OpArgs&, CUdeviceptr, CUstream stream) const override {
-    usleep(3000);
+  Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
+    before_(args);
     return fill_uniform(buffer_, 256, DType::kF32, 1, 0.f, 1.f, stream);
   }
 
  private:
-  std::string name_ = "slow_host";
+  std::string name_;
   CUdeviceptr buffer_;
+  std::function<void(const OpArgs&)> before_;
 };
 
+// A choice whose run() spends 3 ms on the host before it launches: the timed interval is the kernel's, not the
+// host's, because a batch of timed runs starts on the GPU only once all of it is queued.
 TEST_F(TuneGpu, HostWorkBeforeALaunchIsNotTimed) {
   KILN_ASSERT_OK_AND_ASSIGN(int ordinal, current_device());
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo device, device_info(ordinal));
   KILN_ASSERT_OK_AND_ASSIGN(auto runner, BenchRunner::create(BenchmarkOptions{}, device));
   KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, DeviceBuffer::allocate(256 * sizeof(float)));
-  SlowHostChoice choice(buffer.ptr());
+  SmallKernelChoice choice("slow_host", buffer.ptr(), [](const OpArgs&) { usleep(3000); });
   // 20 runs: two batches behind the stream hold (16 a batch).
   KILN_ASSERT_OK_AND_ASSIGN(Samples s, runner->time_runs(choice, CustomArgs{}, 0, 20, false));
   ASSERT_EQ(s.us.size(), 20u);
   for (double us : s.us) EXPECT_LT(us, 500.0) << "a 3 ms host delay landed inside a timed run";
 }
-
-// A choice that notes which operand set each run() gets, then launches a small kernel.
-class SetRecordingChoice final : public Choice {
- public:
-  explicit SetRecordingChoice(CUdeviceptr buffer) : buffer_(buffer) {}
-  const std::string& name() const override { return name_; }
-  ChoiceKind kind() const override { return ChoiceKind::kUser; }
-  Status prepare(const Binaries&) override { return Status(); }
-  Status run(const OpArgs& args, CUdeviceptr, CUstream stream) const override {
-    seen.push_back(&args);
-    return fill_uniform(buffer_, 256, DType::kF32, 1, 0.f, 1.f, stream);
-  }
-  mutable std::vector<const OpArgs*> seen;
-
- private:
-  std::string name_ = "set_recording";
-  CUdeviceptr buffer_;
-};
 
 // Timed runs rotate over operand sets allocated apart (BenchmarkOptions::placements), each with the same values;
 // sets past the first are made only within the byte budget.
@@ -266,26 +251,27 @@ TEST_F(TuneGpu, TimedRunsRotateOverOperandSetsAllocatedApart) {
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo device, device_info(ordinal));
   KILN_ASSERT_OK_AND_ASSIGN(auto runner, BenchRunner::create(BenchmarkOptions{}, device));
   KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, DeviceBuffer::allocate(256 * sizeof(float)));
-  SetRecordingChoice choice(buffer.ptr());
+  std::vector<const OpArgs*> seen;  // which operand set each run() got
+  SmallKernelChoice choice("set_recording", buffer.ptr(), [&](const OpArgs& args) { seen.push_back(&args); });
   const std::vector<const OpArgs*> args = sets.args();
   KILN_ASSERT_OK_AND_ASSIGN(Samples eager, runner->time_runs(choice, args, 0, 7, false));
   EXPECT_EQ(eager.us.size(), 7u);
-  ASSERT_EQ(choice.seen.size(), 7u);
-  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(choice.seen[i], args[i % 3]) << "run " << i;
+  ASSERT_EQ(seen.size(), 7u);
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(seen[i], args[i % 3]) << "run " << i;
   // As graph replays: one capture per set, each replayed in turn.
-  choice.seen.clear();
+  seen.clear();
   ReplayGraphs graphs;
   KILN_ASSERT_OK_AND_ASSIGN(Samples replayed, runner->time_runs(choice, args, 0, 6, true, &graphs));
   EXPECT_TRUE(replayed.graph);
   EXPECT_EQ(replayed.us.size(), 6u);
-  EXPECT_EQ(choice.seen, args);
+  EXPECT_EQ(seen, args);
   KILN_ASSERT_OK_AND_ASSIGN(Samples again, runner->time_runs(choice, args, 0, 6, true, &graphs));
-  EXPECT_EQ(choice.seen.size(), 3u) << "the kept graphs were captured again";
+  EXPECT_EQ(seen.size(), 3u) << "the kept graphs were captured again";
   // measure() warms every set up before it times.
-  choice.seen.clear();
+  seen.clear();
   KILN_ASSERT_OK_AND_ASSIGN(Samples measured, runner->measure(choice, args, 0, 0));
-  ASSERT_GE(choice.seen.size(), 3u);
-  EXPECT_EQ(std::set<const OpArgs*>(choice.seen.begin(), choice.seen.begin() + 3), std::set<const OpArgs*>(args.begin(), args.end()));
+  ASSERT_GE(seen.size(), 3u);
+  EXPECT_EQ(std::set<const OpArgs*>(seen.begin(), seen.begin() + 3), std::set<const OpArgs*>(args.begin(), args.end()));
   EXPECT_EQ(runner->time_runs(choice, std::vector<const OpArgs*>{}, 0, 3, false).status().code(),
             ErrorCode::kInvalidArgument);
 }
