@@ -186,17 +186,20 @@ int main(int argc, char** argv) {
   int keep = 10;
   bool verbose = false;
   std::string show;
-  double latency = 0;
+  double latency = 0, stage_latency = 0;
   app.add_option("reports", files, "tuning-reports-…-part-N.jsonl[.xz], one file per part")->required();
   app.add_option("--keep", keep, "templates a plan keeps")->check(CLI::Range(1, 1000));
   app.add_flag("--verbose", verbose, "one line per problem where the schemes differ");
   app.add_option("--show", show, "print the first 2K of this problem's order under each scheme, and its neighbours");
   app.add_option("--latency", latency, "DevicePeaks::memory_latency_us to replay with (default: the library's)")
       ->check(CLI::Range(0.05, 20.0));
+  app.add_option("--stage-latency", stage_latency, "DevicePeaks::stage_latency_us to replay with (default: the library's)")
+      ->check(CLI::Range(0.05, 20.0));
   CLI11_PARSE(app, argc, argv);
 
   DevicePeaks peaks = DevicePeaks::parts_of("sm_90a").back();  // the H200, as from_device() reads it
   if (latency > 0) peaks.memory_latency_us = latency;
+  if (stage_latency > 0) peaks.stage_latency_us = stage_latency;
 
   const std::vector<Scheme> schemes{Scheme::kMain,   Scheme::kNoPerChoice, Scheme::kFamilyLocal,
                                     Scheme::kFamilyLocalOrFit, Scheme::kMedian, Scheme::kQuartile};

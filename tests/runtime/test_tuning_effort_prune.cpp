@@ -494,6 +494,27 @@ TEST(TuneReportFields, ExternFirstAndCacheFieldsInTheTableAndJson) {
 // The decode tiles the H200 suite showed the H100-fitted calibration cutting (swap-AB, cluster split-K, model
 // ranks 1-5) are memory-bound: the first extern_protect memory- or latency-bound ones are kept, compute-bound
 // ones (4096^3's tiles, where cuBLAS wins) are not protected, and exhaustive effort has no cut to protect from.
+TEST(ExternFirst, ACachedTemplateIsCutOnlyPastItsOwnMargin) {
+  // cuBLAS measured 100 us, margin 15%, cached margin 30%: of the templates cut, the cached ones predicted within
+  // 130 us are measured after all; an uncached one at 120 and a cached one at 131 stay cut.
+  std::vector<bool> cut = detail::extern_cut({120, 120, 129.9, 131, 90}, 100, 0.15);
+  ASSERT_EQ(cut, (std::vector<bool>{true, true, true, true, false}));
+  detail::keep_cached(cut, {120, 120, 129.9, 131, 90}, {false, true, true, true, true}, 100, 0.30);
+  EXPECT_EQ(cut, (std::vector<bool>{true, false, false, true, false}));
+  // Off (negative margin), or no extern measured: nothing changes.
+  std::vector<bool> off{true, true};
+  detail::keep_cached(off, {120, 120}, {true, true}, 100, -1);
+  EXPECT_EQ(off, (std::vector<bool>{true, true}));
+  detail::keep_cached(off, {120, 120}, {true, true}, 0, 0.30);
+  EXPECT_EQ(off, (std::vector<bool>{true, true}));
+  // The default effort has the exception, wider than its margin; exhaustive cuts nothing to begin with.
+  EXPECT_GT(effort_policy(Effort::kDefault).extern_margin_cached, effort_policy(Effort::kDefault).extern_margin);
+  EXPECT_LT(effort_policy(Effort::kExhaustive).extern_margin_cached, 0);
+  EXPECT_EQ(detail::extern_cut_reason(131.0, "cublas_default", 100.0, 0.15, -0.02, 0.30),
+            "extern first: predicted >= 131.0 us, cublas_default measured 100.0 us (margin 15%; compute-bound: "
+            "predicted 2% faster; cached: 30%)");
+}
+
 TEST(ExternFirst, TheModelsFirstMemoryBoundTemplatesAreNeverCut) {
   EXPECT_EQ(detail::extern_protected({"memory", "compute", "latency", "memory"}, 3),
             (std::vector<bool>{true, false, true, false}));

@@ -79,13 +79,17 @@ std::vector<bool> extern_cut(const std::vector<double>& predicted_us, double bes
 /// (when that is above -1; negative: it must be predicted that much faster than the extern).
 std::vector<bool> extern_cut(const std::vector<double>& predicted_us, const std::vector<std::string>& bounds,
                              double best_extern_us, double margin, double compute_margin);
+/// Lifts the cut of each template whose kernel is cached (`cached`: no compile to wait for) and whose prediction is
+/// within `cached_margin` of the best extern (EffortPolicy::extern_margin_cached; negative: nothing lifted).
+void keep_cached(std::vector<bool>& cut, const std::vector<double>& predicted_us, const std::vector<bool>& cached,
+                 double best_extern_us, double cached_margin);
 /// Which of the model-ranked templates (in model order, by the bound the model gives each) extern-first never
 /// cuts: the first `protect` of them where that bound is not "compute" (EffortPolicy::extern_protect).
 std::vector<bool> extern_protected(const std::vector<std::string>& bounds_in_model_order, int protect);
 /// The report's reason for such cuts: "predicted >= X us, <extern> measured Y us (margin M%[, C% if
-/// compute-bound | ; compute-bound: predicted C% faster])".
+/// compute-bound | ; compute-bound: predicted C% faster][; cached: K%])".
 std::string extern_cut_reason(double least_pruned_us, const std::string& extern_name, double extern_us, double margin,
-                              double compute_margin = -1);
+                              double compute_margin = -1, double cached_margin = -1);
 
 /// Whether the measurements disagree enough with the model to measure more: the best measured model-ranked
 /// choice sits among the last quarter (at least the last one) of the `kept` ranks.

@@ -656,13 +656,16 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   auto extern_first = [&](std::vector<ChoicePtr>& list, std::vector<Future<Binaries>>* list_futures) {
     std::vector<double> predicted;
     std::vector<std::string> bounds;
+    std::vector<bool> cached;
     for (const auto& c : list) {  // (the reference is never cut: every other choice is checked against it)
       const bool judged = model_of.count(c.get()) && c != reference;
       predicted.push_back(judged ? model_of[c.get()]->predicted_us : 0.0);
       bounds.push_back(judged ? model_of[c.get()]->estimate.bound : std::string());
+      cached.push_back(judged && model_of[c.get()]->cached);
     }
     std::vector<bool> cut = detail::extern_cut(predicted, bounds, report.best_extern_us, policy.extern_margin,
                                                policy.extern_margin_compute);
+    detail::keep_cached(cut, predicted, cached, report.best_extern_us, policy.extern_margin_cached);
     for (size_t i = 0; i < list.size(); ++i) {
       if (protected_from_cut.count(list[i].get())) cut[i] = false;
     }
@@ -746,7 +749,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   }
   if (report.pruned_extern_first > 0) {
     report.pruned_reasons[detail::extern_cut_reason(least_cut_us, report.best_extern, report.best_extern_us,
-                                                    policy.extern_margin, policy.extern_margin_compute)] =
+                                                    policy.extern_margin, policy.extern_margin_compute,
+                                                    policy.extern_margin_cached)] =
         report.pruned_extern_first;
     report.pruned_examples.insert(report.pruned_examples.end(), cut_names.begin(), cut_names.end());
   }
