@@ -443,12 +443,11 @@ TEST(EffortPlan, WidensAroundTheFastestVariantsNearTheBestExtern) {
   const std::vector<std::pair<std::string, double>> behind{{"ck2_a", 20.4}, {"tile_a", 25.0}};
   EXPECT_EQ(detail::variants_to_widen(behind, plan, 20.0, 1, 0.025, {}), (Picks{{"swab/ck2", "ck2_a"}}));
   EXPECT_TRUE(detail::variants_to_widen(behind, plan, 20.0, 1, 0.015, {}).empty());
-  // The efforts widen around the fastest variant only (two variants near the extern cost more compile waits than
-  // they won); the default also when it trails the best extern by under 2% (within the tune's noise of it).
+  // The efforts widen around a winner only (two variants near the extern cost more compile waits than they won;
+  // the fastest one within 2% of it, 0.033 s more per problem for 2 more of 120 within 1%, on the H200 suite).
   EXPECT_EQ(effort_policy(Effort::kDefault).widen_variants, 1);
-  EXPECT_DOUBLE_EQ(effort_policy(Effort::kDefault).widen_near_extern, 0.02);
+  EXPECT_EQ(effort_policy(Effort::kDefault).widen_near_extern, 0);
   EXPECT_EQ(effort_policy(Effort::kQuick).widen_variants, 1);
-  EXPECT_EQ(effort_policy(Effort::kQuick).widen_near_extern, 0);
 }
 
 TEST(EffortPlan, NonePicksTheModelsTopWithoutMeasuring) {

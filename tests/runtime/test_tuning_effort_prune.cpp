@@ -501,7 +501,12 @@ TEST(ExternFirst, ACachedTemplateIsCutOnlyPastItsOwnMargin) {
   ASSERT_EQ(cut, (std::vector<bool>{true, true, true, true, false}));
   detail::keep_cached(cut, {120, 120, 129.9, 131, 90}, {false, true, true, true, true}, 100, 0.30);
   EXPECT_EQ(cut, (std::vector<bool>{true, false, false, true, false}));
-  // Off (negative margin), or no extern measured: nothing changes.
+  // Off (negative margin), no extern measured, or runs past kCheapRunUs (a 130 us prediction against 101): nothing changes.
+  std::vector<bool> heavy{true, true};
+  detail::keep_cached(heavy, {130, 131}, {true, true}, 101, 0.30);
+  EXPECT_EQ(heavy, (std::vector<bool>{true, true}));
+  detail::keep_cached(heavy, {129, 130}, {true, true}, detail::kCheapRunUs, 0.30);
+  EXPECT_EQ(heavy, (std::vector<bool>{false, false}));
   std::vector<bool> off{true, true};
   detail::keep_cached(off, {120, 120}, {true, true}, 100, -1);
   EXPECT_EQ(off, (std::vector<bool>{true, true}));

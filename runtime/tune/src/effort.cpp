@@ -47,16 +47,10 @@ constexpr double kExternMargin = 0.15;
 constexpr double kExternMarginCompute = -0.02;
 
 // A cached template costs no compile, only a few runs (early abandonment drops the slow ones): cut only when
-// predicted 30% slower than the best extern. The model's prediction was 23% high for the exhaustive choice of
-// 333x4096x14336 on the H200 (30 Nov: the swap-AB 64x168 tile, cached from 333x4096x4096, 67.6 us predicted,
-// 54.9 measured, cuBLASLt 56.0).
+// predicted 30% slower than the best extern, where the problem's runs are short (detail::kCheapRunUs). The
+// model's prediction was 23% high for the exhaustive choice of 333x4096x14336 on the H200 (30 Nov: the swap-AB
+// 64x168 tile, cached from 333x4096x4096, 67.6 us predicted, 54.9 measured, cuBLASLt 56.0).
 constexpr double kExternMarginCached = 0.30;
-// Widening around the fastest variant also when it trails the best extern by under 2%: the two are within the
-// tune's noise there, and its siblings (the same tile with other stages or rasterisation, which the model prices
-// alike) differ by 1-2%. On the H200 suite 16x28672x4096 (row-major B) missed by 1.7-1.9% in three runs of 30 Nov:
-// its 256x16 tile read 58.8 us against cuBLASLt's 58.1 in the first pass, so its variant was not widened into,
-// and the sibling with 4 stages ran 57.7.
-constexpr double kWidenNearExtern = 0.02;
 
 // Chosen offline on the H200 suite's exhaustive reports (29 Nov, three runs: every sampled template measured,
 // with its model rank and estimate), replaying the plan before variants over the 120 problems in order: with
@@ -87,7 +81,7 @@ EffortPolicy effort_policy(Effort effort) {
     case Effort::kDefault: return {.measure = true, .keep = 10, .keep_rows = 32, .widen = 2, .max_widenings = 2, .sample_per_template = 64,
                                    .extern_margin = kExternMargin, .extern_margin_compute = kExternMarginCompute,
                                    .extern_protect = 5, .extern_margin_cached = kExternMarginCached,
-                                   .share_margin = kShareMargin, .diverse = true, .widen_near_extern = kWidenNearExtern};
+                                   .share_margin = kShareMargin, .diverse = true};
     case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
   }
   return {};
@@ -261,7 +255,7 @@ std::vector<bool> extern_cut(const std::vector<double>& predicted_us, const std:
 
 void keep_cached(std::vector<bool>& cut, const std::vector<double>& predicted_us, const std::vector<bool>& cached,
                  double best_extern_us, double cached_margin) {
-  if (cached_margin < 0 || best_extern_us <= 0) return;
+  if (cached_margin < 0 || best_extern_us <= 0 || best_extern_us > kCheapRunUs) return;
   for (size_t i = 0; i < cut.size() && i < predicted_us.size() && i < cached.size(); ++i) {
     if (cut[i] && cached[i] && predicted_us[i] <= best_extern_us * (1 + cached_margin)) cut[i] = false;
   }

@@ -80,7 +80,11 @@ std::vector<bool> extern_cut(const std::vector<double>& predicted_us, double bes
 std::vector<bool> extern_cut(const std::vector<double>& predicted_us, const std::vector<std::string>& bounds,
                              double best_extern_us, double margin, double compute_margin);
 /// Lifts the cut of each template whose kernel is cached (`cached`: no compile to wait for) and whose prediction is
-/// within `cached_margin` of the best extern (EffortPolicy::extern_margin_cached; negative: nothing lifted).
+/// within `cached_margin` of the best extern (EffortPolicy::extern_margin_cached; negative: nothing lifted), where
+/// the best extern runs within kCheapRunUs. Beyond it even a cached choice costs: on the H200 suite (30 Nov,
+/// 2a73ea6) lifting the cut everywhere measured up to 7 more templates of 0.25-8 ms a run on the heavy GEMMs,
+/// 0.1-0.4 s more for each of their tunes.
+constexpr double kCheapRunUs = 100;
 void keep_cached(std::vector<bool>& cut, const std::vector<double>& predicted_us, const std::vector<bool>& cached,
                  double best_extern_us, double cached_margin);
 /// Which of the model-ranked templates (in model order, by the bound the model gives each) extern-first never

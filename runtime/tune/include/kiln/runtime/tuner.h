@@ -93,8 +93,9 @@ struct EffortPolicy {
   /// tiles (swap-AB, cluster split-K) that beat cuBLAS by 6-12% more than the margin above it, at model ranks 1-5.
   int extern_protect = 0;
   /// The margin for a template whose kernel is cached already (RankedChoice::cached): measuring it costs no
-  /// compile, only a few runs (less where early abandonment drops it), so it is cut only when predicted slower
-  /// than the best extern by more than this fraction. Negative: the margins above apply to it too. Why: on the
+  /// compile, only a few runs (less where early abandonment drops it), so where the best extern runs within
+  /// 100 us it is cut only when predicted slower than that by more than this fraction. Negative: the margins
+  /// above apply to it too. Why: on the
   /// H200 suite (30 Nov) the swap-AB 64x168 tile chosen for 333x4096x4096 was cut from 333x4096x14336 by its
   /// prediction, 67.6 us against cuBLASLt's 56.0, and measured 54.9 there (the exhaustive effort's choice).
   double extern_margin_cached = -1;
