@@ -491,9 +491,6 @@ TEST(TuneReportFields, ExternFirstAndCacheFieldsInTheTableAndJson) {
   EXPECT_EQ(j["neighbour_timings"], 7);
 }
 
-// The decode tiles the H200 suite showed the H100-fitted calibration cutting (swap-AB, cluster split-K, model
-// ranks 1-5) are memory-bound: the first extern_protect memory- or latency-bound ones are kept, compute-bound
-// ones (4096^3's tiles, where cuBLAS wins) are not protected, and exhaustive effort has no cut to protect from.
 TEST(ExternFirst, ACachedTemplateIsCutOnlyPastItsOwnMargin) {
   // cuBLAS measured 100 us, margin 15%, cached margin 30%: of the templates cut, the cached ones predicted within
   // 130 us are measured after all; an uncached one at 120 and a cached one at 131 stay cut.
@@ -501,7 +498,8 @@ TEST(ExternFirst, ACachedTemplateIsCutOnlyPastItsOwnMargin) {
   ASSERT_EQ(cut, (std::vector<bool>{true, true, true, true, false}));
   detail::keep_cached(cut, {120, 120, 129.9, 131, 90}, {false, true, true, true, true}, 100, 0.30);
   EXPECT_EQ(cut, (std::vector<bool>{true, false, false, true, false}));
-  // Off (negative margin), no extern measured, or runs past kCheapRunUs (a 130 us prediction against 101): nothing changes.
+  // Off (negative margin), no extern measured, or runs past kCheapRunUs (130 us predicted against 101): nothing
+  // changes.
   std::vector<bool> heavy{true, true};
   detail::keep_cached(heavy, {130, 131}, {true, true}, 101, 0.30);
   EXPECT_EQ(heavy, (std::vector<bool>{true, true}));
@@ -520,6 +518,9 @@ TEST(ExternFirst, ACachedTemplateIsCutOnlyPastItsOwnMargin) {
             "predicted 2% faster; cached: 30%)");
 }
 
+// The decode tiles the H200 suite showed the H100-fitted calibration cutting (swap-AB, cluster split-K, model
+// ranks 1-5) are memory-bound: the first extern_protect memory- or latency-bound ones are kept, compute-bound
+// ones (4096^3's tiles, where cuBLAS wins) are not protected, and exhaustive effort has no cut to protect from.
 TEST(ExternFirst, TheModelsFirstMemoryBoundTemplatesAreNeverCut) {
   EXPECT_EQ(detail::extern_protected({"memory", "compute", "latency", "memory"}, 3),
             (std::vector<bool>{true, false, true, false}));

@@ -95,9 +95,9 @@ struct EffortPolicy {
   /// The margin for a template whose kernel is cached already (RankedChoice::cached): measuring it costs no
   /// compile, only a few runs (less where early abandonment drops it), so where the best extern runs within
   /// 100 us it is cut only when predicted slower than that by more than this fraction. Negative: the margins
-  /// above apply to it too. Why: on the
-  /// H200 suite (30 Nov) the swap-AB 64x168 tile chosen for 333x4096x4096 was cut from 333x4096x14336 by its
-  /// prediction, 67.6 us against cuBLASLt's 56.0, and measured 54.9 there (the exhaustive effort's choice).
+  /// above apply to it too. Why: on the H200 suite (30 Nov) the swap-AB 64x168 tile chosen for 333x4096x4096
+  /// was cut from 333x4096x14336 by its prediction, 67.6 us against cuBLASLt's 56.0, and measured 54.9 there
+  /// (the exhaustive effort's choice).
   double extern_margin_cached = -1;
   /// Sharing compiles across a workload's problems: the model's first quarter of `keep` is kept as ranked; the
   /// other slots are filled from the choices scored within this fraction above the keep-th score, those whose
