@@ -475,5 +475,38 @@ TEST(SelectionRule, FailuresAndPartialsNeverWin) {
   EXPECT_EQ(detail::pick_winner(none, rank_by_prefix, 0.02), -1);
 }
 
+TEST(SelectionRule, NearTiesTakeAChoiceStoppedEarlyWithinTheWindow) {
+  // The H200 suite's rmsnorm 64x4096 (30 Nov): the best read 4.80 us over 5 runs and a choice was stopped as
+  // clearly slower at 4.96 over 15; the re-time put that one ahead. It is re-measured beside the best.
+  ChoiceResult best = timed("t512_i2", 4.80, 4.83);
+  ChoiceResult stopped = timed("t256_i2", 4.96, 5.12, true, true);
+  ChoiceResult far = timed("t64_i1", 6.0, 6.1, true, true);     // stopped, and outside the 4% window
+  ChoiceResult wrong = timed("t128_i8", 4.85, 4.9, false);       // failed: never re-measured
+  ChoiceResult next = timed("t256_i4", 4.95, 5.0);
+  const std::vector<ChoiceResult> r = {stopped, far, wrong, best, next};
+  EXPECT_EQ(detail::near_ties(r, 0.02), (std::vector<size_t>{3, 0, 4}));  // the best first, then in order
+  // Within the window by the best's spread (p90 - median), not only by twice the tie fraction.
+  std::vector<ChoiceResult> wide = {timed("a", 10.0, 10.9), timed("b", 10.8, 10.9, true, true)};
+  EXPECT_EQ(detail::near_ties(wide, 0.02), (std::vector<size_t>{0, 1}));
+  wide[1].median_us = 10.95;
+  EXPECT_TRUE(detail::near_ties(wide, 0.02).empty());  // one alone is no tie
+  // A partial reading alone is no best to measure against.
+  EXPECT_TRUE(detail::near_ties({stopped, far}, 0.02).empty());
+  EXPECT_TRUE(detail::near_ties({}, 0.02).empty());
+}
+
+TEST(SelectionRule, ReMeasureRoundsAlternateTheirOrder) {
+  EXPECT_EQ(detail::round_order(3, 0), (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(detail::round_order(3, 1), (std::vector<size_t>{2, 1, 0}));
+  EXPECT_EQ(detail::round_order(3, 2), (std::vector<size_t>{0, 1, 2}));
+  EXPECT_TRUE(detail::round_order(0, 1).empty());
+  // Over the default's even count of rounds every choice runs right after each neighbour as often as before it.
+  const int rounds = BenchmarkOptions{}.tie_rounds;
+  EXPECT_EQ(rounds % 2, 0);
+  int first_a = 0;
+  for (int k = 0; k < rounds; ++k) first_a += detail::round_order(2, k).front() == 0;
+  EXPECT_EQ(2 * first_a, rounds);
+}
+
 }  // namespace
 }  // namespace kiln::runtime

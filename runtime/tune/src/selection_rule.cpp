@@ -27,6 +27,29 @@ double remeasure_window(const ChoiceResult& best, double tie_fraction) {
   return std::max(2 * tie_fraction * best.median_us, best.p90_us - best.median_us);
 }
 
+std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double tie_fraction) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(results.size()); ++i) {
+    if (usable(results[i]) && (best < 0 || results[i].median_us < results[best].median_us)) best = i;
+  }
+  if (best < 0) return {};
+  const double limit = results[best].median_us + remeasure_window(results[best], tie_fraction);
+  std::vector<size_t> out = {static_cast<size_t>(best)};
+  for (size_t i = 0; i < results.size(); ++i) {
+    const ChoiceResult& r = results[i];
+    if (static_cast<int>(i) == best || !r.status.ok() || !(r.median_us > 0) || r.median_us > limit) continue;
+    out.push_back(i);
+  }
+  if (out.size() < 2) out.clear();
+  return out;
+}
+
+std::vector<size_t> round_order(size_t n, int round) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = round % 2 == 0 ? i : n - 1 - i;
+  return order;
+}
+
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
                 double tie_fraction) {
   int best = -1;
