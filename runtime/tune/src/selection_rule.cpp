@@ -37,7 +37,7 @@ std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double t
   std::vector<size_t> out = {static_cast<size_t>(best)};
   for (size_t i = 0; i < results.size(); ++i) {
     const ChoiceResult& r = results[i];
-    if (static_cast<int>(i) == best || !r.status.ok() || !(r.median_us > 0) || r.median_us > limit) continue;
+    if (static_cast<int>(i) == best || !usable(r) || r.median_us > limit) continue;
     out.push_back(i);
   }
   if (out.size() < 2) out.clear();

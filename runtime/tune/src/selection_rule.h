@@ -21,17 +21,16 @@ double tie_window(const ChoiceResult& best, double tie_fraction);
 /// cheap and separate stretches of timing drift apart by 2-3%.
 double remeasure_window(const ChoiceResult& best, double tie_fraction);
 
-/// The indices of `results` to re-measure as near-ties: every timed choice, complete or stopped early (partial),
-/// whose median lies within remeasure_window() of the fastest complete one (that one first). Empty when fewer
-/// than two. A partial one is there because "clearly slower" was judged against the best so far, which may
-/// itself have been a lucky stretch: on the H200 suite (30 Nov) rmsnorm 64x4096's best read 4.80 us over 5 runs,
-/// the exhaustive effort's choice was dropped against it at 4.96 over 15, and the side-by-side re-time put
-/// that one 1.9% ahead.
+/// The indices of `results` to re-measure as near-ties: the complete measurements within remeasure_window() of
+/// the fastest one (that one first). Empty when fewer than two. Not those stopped early as clearly slower
+/// (partial): on the H200 suite (30 Nov, 8592b6a) re-measuring those within the window too, with a fourth round,
+/// doubled the re-measure's time (0.011 -> 0.021 s per problem) and held the same 90.8% within 1% of the
+/// exhaustive effort's choice.
 std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double tie_fraction);
 
 /// The order in which a re-measure's round times `n` choices: forward in even rounds, backward in odd ones, so
-/// that over an even number of rounds no choice always runs right after another (ABBA, as the side-by-side
-/// re-time of bench_tuning_speed does it).
+/// that no choice always runs right after another and a drift over the rounds does not favour the first
+/// (ABBA, as the side-by-side re-time of bench_tuning_speed does it).
 std::vector<size_t> round_order(size_t n, int round);
 
 /// The winner among `results` (any order): the fastest successful, complete measurement; among the choices

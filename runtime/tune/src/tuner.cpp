@@ -543,7 +543,6 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     if (Status st = cache->record_timing(std::move(rec)); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
   };
   std::vector<ChoicePtr> measured_choices;  // prepared, measured successfully, in results order
-  std::vector<ChoicePtr> timed_choices;     // prepared and timed, stopped early (partial) or not
   bool stopped = false;
   // Measures `batch` (its `batch_futures` already started) in the order its compiles complete.
   auto measure_batch = [&](const std::vector<ChoicePtr>& batch, std::vector<Future<Binaries>>& batch_futures) -> Status {
@@ -609,7 +608,6 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       // measured again on the next start.
       store_timing(r);
       if (!r.partial) measured_choices.push_back(c);
-      timed_choices.push_back(c);
       ++progress_state.measured;
     } else {
       r.status = samples.status().with_context(fmt::format("choice {}", r.name));
@@ -757,35 +755,17 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     report.pruned_examples.insert(report.pruned_examples.end(), cut_names.begin(), cut_names.end());
   }
 
-  // Near-ties: re-measure the choices within noise of the best, interleaved, so drift hits them alike. One
-  // stopped early as clearly slower (partial) joins them where its reading lies within the window: it was
-  // judged against the best so far, which may have been a lucky stretch. It was not checked (a partial timing
-  // cannot win), so it is checked first, in this process (one measured in the bench worker stays out).
+  // Near-ties: re-measure the choices within noise of the best, interleaved, so drift hits them alike.
   auto is_ok = [](const ChoiceResult& r) { return r.status.ok() && !r.partial; };
   {
     std::vector<std::pair<ChoicePtr, ChoiceResult*>> tied;
     for (size_t i : detail::near_ties(results, options.bench.tie_fraction)) {
       ChoiceResult& r = results[i];
-      auto c = std::find_if(timed_choices.begin(), timed_choices.end(), [&](const ChoicePtr& t) { return t->name() == r.name; });
-      if (c == timed_choices.end()) continue;
-      if (r.partial) {
-        if (isolated && isolated->covers(**c)) continue;
-        const auto t_check = Clock::now();
-        auto error = bench->check(**c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
-        Status st = error.status();
-        if (st.ok() && def->verify) st = def->verify(problem, buffers.args, bench->stream());
-        report.check_seconds += seconds_since(t_check);
-        if (!st.ok()) {
-          r.status = st.with_context(fmt::format("choice {}", r.name));
-          if (Status rec = cache->record_failure(key, r.name, r.status); !rec.ok()) spdlog::warn("kiln: {}", rec.to_string());
-          if (bench->context_lost()) break;
-          continue;
-        }
-        r.error = *error;
+      for (const auto& c : measured_choices) {
+        if (c->name() == r.name) tied.push_back({c, &r});
       }
-      tied.push_back({*c, &r});
     }
-    if (tied.size() > 1 && !bench->context_lost()) {
+    if (tied.size() > 1) {
       const auto t_remeasure = Clock::now();
       std::map<std::string, std::vector<double>> again;
       ReplayGraphs graphs;  // one capture per tied choice for all rounds
@@ -803,17 +783,13 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
         }
       }
       for (auto& [c, r] : tied) {
-        if (again[r->name].size() < static_cast<size_t>(per_round * options.bench.tie_rounds)) continue;
+        if (again[r->name].empty()) continue;
         Summary sum = summarize(again[r->name]);
         r->median_us = sum.median;
         r->min_us = sum.min;
         r->p10_us = sum.p10;
         r->p90_us = sum.p90;
         r->reps += static_cast<int>(again[r->name].size());
-        r->partial = false;  // measured in full now, beside the others
-        if (std::find(measured_choices.begin(), measured_choices.end(), c) == measured_choices.end()) {
-          measured_choices.push_back(c);
-        }
         store_timing(*r);  // the reading that decides is the one kept
       }
       report.remeasure_seconds = seconds_since(t_remeasure);

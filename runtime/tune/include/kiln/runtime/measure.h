@@ -29,11 +29,10 @@ struct BenchmarkOptions {
   /// partial timing is recorded and it cannot win. Default 1.5.
   double drop_factor = 1.5;
   /// Choices whose medians are within twice this fraction of the best (or within its measured spread, if
-  /// wider), including those stopped early, are re-measured interleaved `tie_rounds` times, the order reversed
-  /// every other round; a choice whose first measurement lies clearly (this fraction) above the best stops
-  /// early. Default 2% and 4 rounds (an even count, so that each choice runs first as often as last).
+  /// wider) are re-measured interleaved `tie_rounds` times, the order reversed every other round; a choice
+  /// whose first measurement lies clearly (this fraction) above the best stops early. Default 2% and 3 rounds.
   double tie_fraction = 0.02;
-  int tie_rounds = 4;
+  int tie_rounds = 3;
   /// After the re-measure, what stays within this fraction of the best (or the best median's confidence
   /// interval, if wider) goes to the lower tie_rank() (templates first), and among equal ranks to the fastest.
   /// Default 0.5%: at 2% (the tie fraction, before 27 Nov) six of the H200 suite's ten misses were a template
