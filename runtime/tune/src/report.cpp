@@ -18,6 +18,7 @@ std::string TuneReport::table(int top) const {
   if (benchmark_seconds > 0) {
     out += fmt::format("  benchmark: prepare {:.3f} s, check {:.3f} s, measure {:.3f} s, near-tie re-measure {:.3f} s\n",
                        prepare_seconds, check_seconds, measure_seconds, remeasure_seconds);
+    if (revived > 0) out += fmt::format("  {} dropped as slower measured again: the best read slower re-measured\n", revived);
   }
   if (!note.empty()) out += "  note: " + note + "\n";
   if (!effort.empty()) {
@@ -102,6 +103,7 @@ std::string TuneReport::json() const {
   j["variant_picks"] = variant_picks;
   j["neighbour_timings"] = neighbour_timings;
   j["widenings"] = widenings;
+  j["revived"] = revived;
   j["chosen_model_rank"] = chosen_model_rank;
   j["choices"] = nlohmann::json::array();
   for (const auto& c : choices) {

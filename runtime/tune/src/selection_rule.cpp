@@ -44,6 +44,22 @@ std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double t
   return out;
 }
 
+std::vector<size_t> revoked_partials(const std::vector<ChoiceResult>& results, double tie_fraction) {
+  const ChoiceResult* best = nullptr;
+  for (const ChoiceResult& r : results) {
+    if (usable(r) && (!best || r.median_us < best->median_us)) best = &r;
+  }
+  std::vector<size_t> out;
+  if (!best) return out;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const ChoiceResult& r = results[i];
+    if (r.partial && r.status.ok() && r.median_us > 0 && r.median_us <= best->median_us * (1 + tie_fraction)) {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
 std::vector<size_t> round_order(size_t n, int round) {
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = round % 2 == 0 ? i : n - 1 - i;

@@ -28,6 +28,12 @@ double remeasure_window(const ChoiceResult& best, double tie_fraction);
 /// exhaustive effort's choice.
 std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double tie_fraction);
 
+/// The choices stopped early as clearly slower (partial, successful) whose reading is no longer clearly slower
+/// than the fastest complete measurement as it reads now: at most tie_fraction above it, or below it. The
+/// verdict was passed against the best as it read then; where a re-measure finds the best slower (the GPU's
+/// power state drifts over a heavy GEMM's tune), it no longer holds.
+std::vector<size_t> revoked_partials(const std::vector<ChoiceResult>& results, double tie_fraction);
+
 /// The order in which a re-measure's round times `n` choices: forward in even rounds, backward in odd ones, so
 /// that no choice always runs right after another and a drift over the rounds does not favour the first
 /// (ABBA, as the side-by-side re-time of bench_tuning_speed does it).

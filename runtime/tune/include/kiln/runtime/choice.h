@@ -73,12 +73,14 @@ class Choice {
   virtual bool workspace_scales() const { return true; }
   /// What the choice is, for reports and decisions: template parameters, an algorithm's fields.
   virtual std::map<std::string, std::string> parameters() const { return {}; }
-  /// Ties within measurement noise go to the lower rank: templates and externs alike (the faster of them), then
-  /// subgraphs and user kernels. Templates came before externs on 30 Nov 2026 (an extern's tune reading looked
-  /// the optimistic one), until the H200 suite's runs showed the rule handing the pick to the slower: of eight
-  /// ties it gave a template over an extern measured faster, where the side-by-side re-time compared the two
-  /// directly, seven were the slower in it (0.5-3.3%; 77x4096x14336 bf16: 34.48 against 34.08 us in the tune,
-  /// 3.3% slower in the re-time). Before that, externs came first (no compile, and one is the reference).
+  /// Ties within measurement noise go to the lower rank: templates first, then externs, subgraphs and user
+  /// kernels. Templates before externs since 30 Nov 2026: an extern's tune reading is the optimistic one (on
+  /// the H200 suite a chosen cuBLAS(Lt) kernel read a median 1.8% slower after its tune, a template 0.4%;
+  /// cuBLAS's kernels time up to 16% apart by where their operands lie, kiln's within 0.5%), and at 3x4096x14336
+  /// a tie handed to cuBLAS (32.45 against 32.26 us) was 3.8% slower in the re-time. Before, externs came first:
+  /// they need no compile and one is the reference. Templates and externs alike (the faster wins) was tried on
+  /// 30 Nov (f0f0019): within 1% of the exhaustive effort's choice 89.2%, within 3% 96.7% (against 90.8-91.7%
+  /// and 98.3-100% over four runs with templates first); the ties it settled the other way missed as often.
   virtual int tie_rank() const;
 
   /// The precompile gate: sends kernels() through `gate` at `priority` and returns a future of the binaries

@@ -216,6 +216,9 @@ struct TuneReport {
   /// (EffortPolicy::diverse).
   int variant_picks = 0;
   int widenings = 0;                  // times the kept set grew (near the end of the ranks, or around the best's variant)
+  /// Choices dropped early as clearly slower, measured in full after all because the best read slower when
+  /// re-measured (detail::revoked_partials).
+  int revived = 0;
   int chosen_model_rank = -1;         // the winner's position in the model's order (-1: an extern or unknown)
   bool measured = true;               // false for effort none: the pick was not benchmarked
   bool decision_from_cache = false;
