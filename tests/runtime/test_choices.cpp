@@ -408,6 +408,14 @@ ChoiceResult timed(std::string name, double median, double p90, bool ok = true, 
   return r;
 }
 
+// A result with its sample count and p10, as the adaptive rounds leave it.
+ChoiceResult sampled(std::string name, double median, double p90, double p10, int reps) {
+  ChoiceResult r = timed(std::move(name), median, p90);
+  r.p10_us = p10;
+  r.reps = reps;
+  return r;
+}
+
 int rank_by_prefix(const std::string& name) { return name.rfind("cublas", 0) == 0 ? 0 : 1; }
 
 TEST(SelectionRule, FastestWinsOutsideTheNoiseWindow) {
@@ -430,22 +438,18 @@ TEST(SelectionRule, NearTiesGoToTheLowerRankThenTheFastest) {
 TEST(SelectionRule, ASameRankChoiceWithinTheWindowButSlowerDoesNotWinByName) {
   // The H200 suite (26 Nov): cublas_default at 26.08 us was picked over a cuBLASLt algorithm at 25.25 us, 3.3%
   // faster, because the best's p90 widened the window and "cublas_default" sorts first.
-  ChoiceResult lt = timed("cublaslt_a66_t10", 25.25, 26.61);
-  lt.p10_us = 25.0, lt.reps = 40;
+  ChoiceResult lt = sampled("cublaslt_a66_t10", 25.25, 26.61, 25.0, 40);
   std::vector<ChoiceResult> r = {lt, timed("cublas_default", 26.08, 26.3)};
   EXPECT_NEAR(detail::tie_window(r[0], 0.02), 0.505, 1e-9);  // 2% of 25.25: the median's interval is narrower
   EXPECT_EQ(r[detail::pick_winner(r, rank_by_prefix, 0.02)].name, "cublaslt_a66_t10");
   // A template 3% faster than the extern is told apart from it once its median is known well.
-  ChoiceResult t = timed("tmpl_swab", 32.32, 33.31);
-  t.p10_us = 32.0, t.reps = 60;
+  ChoiceResult t = sampled("tmpl_swab", 32.32, 33.31, 32.0, 60);
   std::vector<ChoiceResult> s = {timed("cublas_default", 33.28, 33.5), t};
   EXPECT_EQ(s[detail::pick_winner(s, rank_by_prefix, 0.02)].name, "tmpl_swab");
   // The H200 suite's m1_n4096_k14336 (27 Nov): a swap-AB template 0.9% faster than cuBLASLt over 115 runs each,
   // which the side-by-side re-time put 2.6% ahead. The default rank window (0.5%) picks it; the old 2% did not.
-  ChoiceResult swab = timed("tmpl_swab64", 41.50, 42.36);
-  swab.p10_us = 40.54, swab.reps = 115;
-  ChoiceResult lt393 = timed("cublaslt_a66_t393", 41.86, 42.83);
-  lt393.p10_us = 41.18, lt393.reps = 115;
+  ChoiceResult swab = sampled("tmpl_swab64", 41.50, 42.36, 40.54, 115);
+  ChoiceResult lt393 = sampled("cublaslt_a66_t393", 41.86, 42.83, 41.18, 115);
   const std::vector<ChoiceResult> d = {lt393, swab};
   EXPECT_EQ(d[detail::pick_winner(d, rank_by_prefix, BenchmarkOptions{}.rank_tie_fraction)].name, "tmpl_swab64");
   EXPECT_EQ(d[detail::pick_winner(d, rank_by_prefix, 0.02)].name, "cublaslt_a66_t393");
@@ -501,15 +505,12 @@ TEST(SelectionRule, TiesGoToTemplatesThenExternsSubgraphsAndUserKernels) {
   EXPECT_LT(rank("splitk_2"), rank("mine"));
   // Within the window (0.3% apart, 115 runs each) the template wins. (The H200 suite's 3x4096x14336 on 30 Nov,
   // 199a091: cuBLAS 0.6% ahead in the tune, 3.8% behind in the re-time.)
-  ChoiceResult ext = timed("cublas_default", 32.26, 32.6);
-  ext.p10_us = 31.9, ext.reps = 115;
-  ChoiceResult tmpl = timed("gemm_wgmma_swab_64x8", 32.35, 32.8);
-  tmpl.p10_us = 32.1, tmpl.reps = 115;
+  ChoiceResult ext = sampled("cublas_default", 32.26, 32.6, 31.9, 115);
+  ChoiceResult tmpl = sampled("gemm_wgmma_swab_64x8", 32.35, 32.8, 32.1, 115);
   const std::vector<ChoiceResult> r = {ext, tmpl};
   EXPECT_EQ(r[detail::pick_winner(r, rank, BenchmarkOptions{}.rank_tie_fraction)].name, "gemm_wgmma_swab_64x8");
   // Outside the window the faster wins whatever its rank.
-  ChoiceResult slow = timed("gemm_wgmma_swab_64x8", 33.5, 33.8);
-  slow.p10_us = 33.2, slow.reps = 115;
+  ChoiceResult slow = sampled("gemm_wgmma_swab_64x8", 33.5, 33.8, 33.2, 115);
   const std::vector<ChoiceResult> s2 = {ext, slow};
   EXPECT_EQ(s2[detail::pick_winner(s2, rank, BenchmarkOptions{}.rank_tie_fraction)].name, "cublas_default");
 }

@@ -27,11 +27,16 @@ double remeasure_window(const ChoiceResult& best, double tie_fraction) {
   return std::max(2 * tie_fraction * best.median_us, best.p90_us - best.median_us);
 }
 
-std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double tie_fraction) {
+int best_complete(const std::vector<ChoiceResult>& results) {
   int best = -1;
   for (int i = 0; i < static_cast<int>(results.size()); ++i) {
     if (usable(results[i]) && (best < 0 || results[i].median_us < results[best].median_us)) best = i;
   }
+  return best;
+}
+
+std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double tie_fraction) {
+  const int best = best_complete(results);
   if (best < 0) return {};
   const double limit = results[best].median_us + remeasure_window(results[best], tie_fraction);
   std::vector<size_t> out = {static_cast<size_t>(best)};
@@ -45,17 +50,13 @@ std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double t
 }
 
 std::vector<size_t> revoked_partials(const std::vector<ChoiceResult>& results, double tie_fraction) {
-  const ChoiceResult* best = nullptr;
-  for (const ChoiceResult& r : results) {
-    if (usable(r) && (!best || r.median_us < best->median_us)) best = &r;
-  }
+  const int best = best_complete(results);
   std::vector<size_t> out;
-  if (!best) return out;
+  if (best < 0) return out;
+  const double limit = results[best].median_us * (1 + tie_fraction);
   for (size_t i = 0; i < results.size(); ++i) {
     const ChoiceResult& r = results[i];
-    if (r.partial && r.status.ok() && r.median_us > 0 && r.median_us <= best->median_us * (1 + tie_fraction)) {
-      out.push_back(i);
-    }
+    if (r.partial && r.status.ok() && r.median_us > 0 && r.median_us <= limit) out.push_back(i);
   }
   return out;
 }
@@ -68,10 +69,7 @@ std::vector<size_t> round_order(size_t n, int round) {
 
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
                 double tie_fraction) {
-  int best = -1;
-  for (int i = 0; i < static_cast<int>(results.size()); ++i) {
-    if (usable(results[i]) && (best < 0 || results[i].median_us < results[best].median_us)) best = i;
-  }
+  const int best = best_complete(results);
   if (best < 0) return -1;
   const double limit = results[best].median_us + tie_window(results[best], tie_fraction);
   int pick = best;

@@ -21,6 +21,9 @@ double tie_window(const ChoiceResult& best, double tie_fraction);
 /// cheap and separate stretches of timing drift apart by 2-3%.
 double remeasure_window(const ChoiceResult& best, double tie_fraction);
 
+/// The index of the fastest successful, complete (not partial) measurement in `results`; -1 when there is none.
+int best_complete(const std::vector<ChoiceResult>& results);
+
 /// The indices of `results` to re-measure as near-ties: the complete measurements within remeasure_window() of
 /// the fastest one (that one first). Empty when fewer than two. Not those stopped early as clearly slower
 /// (partial): on the H200 suite (30 Nov, 8592b6a) re-measuring those within the window too, with a fourth round,

@@ -542,6 +542,17 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     rec.samples = static_cast<uint32_t>(r.reps);
     if (Status st = cache->record_timing(std::move(rec)); !st.ok()) spdlog::warn("kiln: {}", st.to_string());
   };
+  // Checks a prepared choice's output against the reference's (and the op's own verify()); its relative error
+  // goes to `error`.
+  auto check_choice = [&](const Choice& c, double& error) -> Status {
+    const auto t_check = Clock::now();
+    auto checked = bench->check(c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
+    if (checked.ok()) error = *checked;
+    Status st = checked.status();
+    if (st.ok() && def->verify) st = def->verify(problem, buffers.args, bench->stream());
+    report.check_seconds += seconds_since(t_check);
+    return st;
+  };
   std::vector<ChoicePtr> measured_choices;  // prepared, measured successfully, in results order
   std::vector<ChoicePtr> timed_choices;     // prepared and timed, stopped early (partial) or not
   bool stopped = false;
@@ -576,14 +587,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       // that its author hears it is wrong even when it is also slow. check() restores or poisons the outputs
       // the timed runs wrote, so the order changes nothing it compares.
       const bool check_first = c->kind() == ChoiceKind::kUser;
-      auto run_check = [&]() {
-        const auto t_check = Clock::now();
-        auto error = bench->check(*c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
-        if (error.ok()) r.error = *error;
-        status = error.status();
-        if (status.ok() && def->verify) status = def->verify(problem, buffers.args, bench->stream());
-        report.check_seconds += seconds_since(t_check);
-      };
+      auto run_check = [&]() { status = check_choice(*c, r.error); };
       const auto t_prepared = Clock::now();
       report.prepare_seconds += std::chrono::duration<double>(t_prepared - t_prepare).count();
       if (status.ok() && check_first) run_check();
@@ -794,16 +798,19 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     report.remeasure_seconds += seconds_since(t_remeasure);
     return Status();
   };
-  auto near_ties = [&]() {
+  // The choices at `indices` of results, as measured here.
+  auto tied_at = [&](const std::vector<size_t>& indices) {
     Tied tied;
-    for (size_t i : detail::near_ties(results, options.bench.tie_fraction)) {
+    for (size_t i : indices) {
       for (const auto& c : measured_choices) {
         if (c->name() == results[i].name) tied.push_back({c, &results[i]});
       }
     }
     return tied;
   };
-  if (Tied tied = near_ties(); tied.size() > 1) KILN_RETURN_IF_ERROR(remeasure(tied));
+  if (Tied tied = tied_at(detail::near_ties(results, options.bench.tie_fraction)); tied.size() > 1) {
+    KILN_RETURN_IF_ERROR(remeasure(tied));
+  }
   // A choice stopped early as clearly slower was judged against the best as it read then. Where the best reads
   // slower now, the verdict may no longer hold: on the H200 suite (30 Nov, f0f0019) 4096x3584x18944's cuBLAS read
   // 722 us first and 814 re-measured, after cuBLASLt's algorithm 20 had been dropped at 759 (the exhaustive
@@ -815,31 +822,20 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       ChoiceResult& r = results[i];
       auto c = std::find_if(timed_choices.begin(), timed_choices.end(), [&](const ChoicePtr& t) { return t->name() == r.name; });
       if (c == timed_choices.end() || (isolated && isolated->covers(**c))) continue;
-      const auto t_check = Clock::now();
-      auto error = bench->check(**c, buffers.args, workspace.ptr(), buffers.outputs, tolerance);
-      Status st = error.status();
-      if (st.ok() && def->verify) st = def->verify(problem, buffers.args, bench->stream());
-      report.check_seconds += seconds_since(t_check);
-      if (!st.ok()) {
+      if (Status st = check_choice(**c, r.error); !st.ok()) {
         r.status = st.with_context(fmt::format("choice {}", r.name));
         if (Status rec = cache->record_failure(key, r.name, r.status); !rec.ok()) spdlog::warn("kiln: {}", rec.to_string());
         if (bench->context_lost()) break;
         continue;
       }
-      r.error = *error;
       revived.push_back({*c, &r});
     }
     if (!revived.empty() && !bench->context_lost()) {
-      Tied tied = near_ties();
-      if (tied.empty()) {  // the best alone: it is measured again beside them
-        auto best = std::min_element(results.begin(), results.end(), [&](const ChoiceResult& a, const ChoiceResult& b) {
-          if (is_ok(a) != is_ok(b)) return is_ok(a);
-          return a.median_us < b.median_us;
-        });
-        for (const auto& c : measured_choices) {
-          if (best != results.end() && is_ok(*best) && c->name() == best->name) tied.push_back({c, &*best});
-        }
+      std::vector<size_t> beside = detail::near_ties(results, options.bench.tie_fraction);
+      if (const int best = detail::best_complete(results); beside.empty() && best >= 0) {
+        beside = {static_cast<size_t>(best)};  // the best alone: it is measured again beside them
       }
+      Tied tied = tied_at(beside);
       tied.insert(tied.end(), revived.begin(), revived.end());
       KILN_RETURN_IF_ERROR(remeasure(tied));
       report.revived = static_cast<int>(revived.size());
