@@ -412,6 +412,53 @@ TEST(EffortPlan, DiverseKeepsEachVariantsBestFirst) {
   EXPECT_TRUE(detail::widen_variant(reserve, no_cached, varied, "no such variant", 2).empty());
 }
 
+// keep_top: the model's first choices are kept as ranked, however the variant picks and shares would swap them;
+// the other variants' best still come in after them.
+TEST(EffortPlan, TheModelsFirstChoicesAreNeverSwapped) {
+  const Problem p = gemm(16, 28672, 4096);
+  std::vector<ChoicePtr> choices;
+  for (int i = 0; i < 8; ++i) {
+    choices.push_back(std::make_shared<FakeChoice>("tile" + std::to_string(i), ChoiceKind::kTemplate,
+                                                   wgmma(128, 16, 1, 4 + i % 5, 1, true, false, 1, i)));
+  }
+  Params sk = wgmma(64, 16, 1, 8, 1, true, true);
+  sk["stream_k"] = "true";
+  choices.push_back(std::make_shared<FakeChoice>("sk", ChoiceKind::kTemplate, sk));
+  choices.push_back(std::make_shared<FakeChoice>("ck2", ChoiceKind::kTemplate, wgmma(64, 16, 1, 8, 2, true)));
+  choices.push_back(std::make_shared<FakeChoice>("cublas_default", ChoiceKind::kExtern, Params{}));
+  const auto order = rank(p, choices, kH100);
+  std::vector<std::string> by_rank;
+  std::map<std::string, std::string> structure;
+  for (const auto& o : order) {
+    if (!o.estimate.known) continue;
+    by_rank.push_back(choices[o.index]->name());
+    structure[by_rank.back()] = o.structure;
+  }
+  ASSERT_EQ(by_rank.size(), 10u);
+  ASSERT_EQ(structure[by_rank[0]], structure[by_rank[1]]) << "the fixture's first ranks are one variant";
+  ASSERT_EQ(structure[by_rank[0]], structure[by_rank[2]]);
+  // Another problem planned the variant's 6th: it stands in for the variant's best when nothing is fixed.
+  const std::set<std::string> planned{by_rank[5]};
+  ASSERT_EQ(structure[by_rank[5]], structure[by_rank[0]]);
+  // Three slots, three variants: each variant's pick fills one.
+  const auto swapped = names(detail::plan_choices(choices, order, "cublas_default", 3, planned, 10.0, true).first);
+  EXPECT_TRUE(swapped.count(by_rank[5]));
+  EXPECT_FALSE(swapped.count(by_rank[0])) << "without keep_top the variant's best gives way to the shared twin";
+  const int keep = 4;
+  const auto fixed = detail::plan_choices(choices, order, "cublas_default", keep, planned, 10.0, true, 2);
+  const auto kept = names(fixed.first);
+  EXPECT_TRUE(kept.count(by_rank[0]));
+  EXPECT_TRUE(kept.count(by_rank[1]));
+  EXPECT_FALSE(kept.count(by_rank[5])) << "the fixed ranks are the variant's own picks: no twin stands in";
+  EXPECT_TRUE(kept.count("sk")) << "the other variants' best come after the fixed ranks";
+  EXPECT_TRUE(kept.count("ck2"));
+  EXPECT_EQ(fixed.kept_ranked, keep);
+  // keep_top past keep keeps the first `keep` only.
+  EXPECT_EQ(detail::plan_choices(choices, order, "cublas_default", 2, planned, 10.0, true, 5).kept_ranked, 2);
+  EXPECT_EQ(effort_policy(Effort::kDefault).keep_top, 3);
+  EXPECT_EQ(effort_policy(Effort::kQuick).keep_top, 0);
+}
+
 // Widening goes around the fastest measured choice of each of the fastest variants: only model-ranked choices
 // count, a variant behind the best extern counts within the near-extern margin only, and a choice widened around
 // once is not widened around again (a widening that found no new best stops there).
@@ -578,7 +625,7 @@ TEST(EffortPlan, APrecompiledCacheLeavesTheDefaultTuneNothingToCompileOnEveryPar
       // measured whatever their rank), then every widening round around any variant it measured.
       const auto order = rank(p, *all, peaks, {}, precompiled);
       detail::TunePlan plan = detail::plan_choices(*all, order, (*def)->reference(p), keep_for(policy, p), {}, 0,
-                                                   policy.diverse);
+                                                   policy.diverse, policy.keep_top);
       std::set<std::string> variants;
       for (const auto& c : plan.first) {
         if (c->kernels().empty()) continue;  // externs: nothing to compile
@@ -628,7 +675,7 @@ TEST(EffortPlan, RowOpsKeepMoreOfTheModelsOrderThanGemms) {
     ASSERT_TRUE(def.ok());
     const auto order = rank(p, *all, kH100);
     detail::TunePlan plan = detail::plan_choices(*all, order, (*def)->reference(p), keep_for(policy, p), {}, 0,
-                                                 policy.diverse);
+                                                 policy.diverse, policy.keep_top);
     int modelled = 0;
     for (const auto& r : order) modelled += r.estimate.known ? 1 : 0;
     ASSERT_GT(modelled, 32) << p.describe();

@@ -64,10 +64,14 @@ constexpr double kShareMargin = 0.08;
 // Norms and softmax keep 32 (keep_rows): in four H200 suite runs (30 Nov) the exhaustive effort's configuration
 // within 1% of the best of rmsnorm 1-64 x 4096 sat at model ranks 13-47 (32 holds 32 of the 36 problem-runs of
 // the nine row problems), and a row problem's default tune measured its ~14 choices in 16-36 ms.
-// Default: 10 kept, one per structural variant first, widened by 2 of the winning variant. Chosen offline on the
-// H200 suite's exhaustive reports (29 Nov, three runs, replayed in order with sharing; scripts/replay_plan.py):
-// the best kept within 1% of the best measured on 102-108 of 120 problems with 354-359 distinct templates
-// planned, against 98-102 with 374-377 for the 12 best by rank (and its widening by rank on top).
+// Default: the model's first 3 and then one per structural variant, 8 kept in all, widened by 2 of the winning
+// variant. Replayed over four H200 suite runs' exhaustive reports (30 Nov: c8588dc, 0b34485, f9d9479, a93818a;
+// scripts/replay_plan.py), the best kept was within 1% of the best measured on 108-110 of 120 problems with
+// 384-399 distinct templates planned per run, against 105-109 with 367-385 for 10 kept with one per variant
+// first (the default of 29 Nov): there the exhaustive effort's choice sat at model rank 1-3 and was swapped for a
+// shared twin 1.5-4.5% slower on 2-3 problems a run. Keeping only the first unswapped (29 Nov, 10 kept, 15 more
+// templates) had read no better on the device (eb3415d, 9456867: 83.3-86.7% within 1%) and took 0.148-0.162 s
+// per problem against 0.126-0.143.
 // Widening around the two fastest variants (widen_variants 2, those within 3% of the best extern, 8 kept)
 // replayed at 105-108 of 120 on the read-flush reports (against 97-105), but on the device (a8fffcd) it held 102
 // of 120 within 1% and took 0.180 s per problem against 0.129-0.143: 53 widenings against 28-34, each a wait
@@ -78,10 +82,10 @@ EffortPolicy effort_policy(Effort effort) {
     case Effort::kQuick: return {.measure = true, .keep = 4, .widen = 2, .max_widenings = 1, .sample_per_template = 64,
                                  .extern_margin = kExternMargin, .extern_margin_compute = kExternMarginCompute,
                                  .extern_protect = 1, .share_margin = kShareMargin, .diverse = true};
-    case Effort::kDefault: return {.measure = true, .keep = 10, .keep_rows = 32, .widen = 2, .max_widenings = 2, .sample_per_template = 64,
+    case Effort::kDefault: return {.measure = true, .keep = 8, .keep_rows = 32, .widen = 2, .max_widenings = 2, .sample_per_template = 64,
                                    .extern_margin = kExternMargin, .extern_margin_compute = kExternMarginCompute,
                                    .extern_protect = 5, .extern_margin_cached = kExternMarginCached,
-                                   .share_margin = kShareMargin, .diverse = true};
+                                   .share_margin = kShareMargin, .diverse = true, .keep_top = 3};
     case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
   }
   return {};
@@ -97,11 +101,12 @@ namespace detail {
 
 TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
                       const std::string& reference, int keep, const std::set<std::string>& planned,
-                      double share_margin, bool diverse) {
+                      double share_margin, bool diverse, int keep_top) {
   // Which model-ranked choices are kept: the first `keep` by rank, except that with a share margin only the
-  // first quarter of those slots (at least one) is fixed by rank, and with `diverse` the best-ranked of each
-  // structural variant instead; the others go first to shared choices (cached, or planned for another problem)
-  // scored within the margin of the keep-th score, then to the rest of that window by rank.
+  // first quarter of those slots (at least one) is fixed by rank, and with `diverse` the first `keep_top` by rank
+  // and then the best-ranked of each other structural variant instead; the others go first to shared choices
+  // (cached, or planned for another problem) scored within the margin of the keep-th score, then to the rest of
+  // that window by rank.
   std::vector<const RankedChoice*> modelled;
   for (const RankedChoice& r : ranked) {
     if (r.estimate.known) modelled.push_back(&r);
@@ -115,14 +120,15 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     if (diverse) {
       // Each variant's best-ranked choice, or a shared one of that variant scored within the margin of it.
       std::set<std::string> seen;
+      for (size_t i = 0; i < modelled.size() && kept.size() < k && i < static_cast<size_t>(std::max(0, keep_top)); ++i) {
+        kept.insert(modelled[i]);
+        seen.insert(modelled[i]->structure);
+      }
       for (size_t i = 0; i < modelled.size() && kept.size() < k; ++i) {
         const RankedChoice* best = modelled[i];
         if (!seen.insert(best->structure).second) continue;
         const RankedChoice* pick = best;
-        // (Even the model's first choice may be swapped. Keeping it held a choice within 1% of the best on 2-3
-        // more of 120 problems in replays of four H200 suite runs, but on the device (29 Nov, eb3415d and
-        // 9456867, three calls) within 1% read 83.3-86.7% as before (84.2-85.8%) while the tune time went
-        // 0.126-0.143 -> 0.148-0.162 s per problem: the unshared first choice is a compile the tune waits for.)
+        // (Past the first keep_top, even a variant's best-ranked choice may be swapped for a shared twin.)
         for (size_t j = i; share_margin > 0 && !shared(pick) && j < modelled.size(); ++j) {
           const RankedChoice* r = modelled[j];
           if (r->score_us > best->score_us * (1 + share_margin)) break;

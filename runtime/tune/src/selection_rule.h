@@ -67,10 +67,10 @@ struct TunePlan {
 };
 /// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything. `planned`: names of choices planned for
 /// other problems (their kernels compile anyway); with `share_margin` > 0 see EffortPolicy::share_margin, with
-/// `diverse` EffortPolicy::diverse.
+/// `diverse` EffortPolicy::diverse and EffortPolicy::keep_top.
 TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
                       const std::string& reference, int keep, const std::set<std::string>& planned = {},
-                      double share_margin = 0, bool diverse = false);
+                      double share_margin = 0, bool diverse = false, int keep_top = 0);
 
 /// A tune's diverse widening: the next `n` choices of `variant` in model order among `reserve` and `cached`
 /// (the cached extras, measured already), each taken out of its list; returns those of the reserve, the ones

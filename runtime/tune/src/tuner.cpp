@@ -110,7 +110,7 @@ struct Tuner::Impl {
   detail::TunePlan plan(const Problem& problem, const std::vector<ChoicePtr>& choices,
                         const std::vector<RankedChoice>& order, const std::string& reference) {
     detail::TunePlan p = detail::plan_choices(choices, order, reference, keep_for(policy, problem), planned_names(),
-                                              policy.share_margin, policy.diverse);
+                                              policy.share_margin, policy.diverse, policy.keep_top);
     note_planned(p);
     return p;
   }
@@ -1011,7 +1011,7 @@ Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Prob
         if (!c->kernels().empty()) cached.insert(c->name());
       }
       const auto order = rank(problem, choices, peaks, {}, cached);
-      detail::TunePlan plan = detail::plan_choices(choices, order, reference, keep, {}, 0, true);
+      detail::TunePlan plan = detail::plan_choices(choices, order, reference, keep, {}, 0, true, policy.keep_top);
       for (const auto& c : plan.first) take(c);
       std::set<std::string> variants;
       for (const auto& c : plan.first) {
