@@ -8,7 +8,7 @@ part name (each compiles once per part: sizes are run-time arguments). Readings 
 estimates, and extern-first pruning is not replayed (it removes templates, never adds), so the figures compare
 plans with each other rather than predict a run.
 
-  scripts/replay_plan.py bench/results/tuning-reports-nvidia-h200-2026-11-29-39ad297-part-*.jsonl.xz
+  scripts/replay_plan.py bench/results/tuning-reports-nvidia-h200-2026-11-30-6878bdf-part-*.jsonl.xz
 """
 import argparse
 import collections
