@@ -68,10 +68,11 @@ constexpr double kShareMargin = 0.08;
 // variant. Replayed over four H200 suite runs' exhaustive reports (30 Nov: c8588dc, 0b34485, f9d9479, a93818a;
 // scripts/replay_plan.py), the best kept was within 1% of the best measured on 108-110 of 120 problems with
 // 384-399 distinct templates planned per run, against 105-109 with 367-385 for 10 kept with one per variant
-// first (the default of 29 Nov): there the exhaustive effort's choice sat at model rank 1-3 and was swapped for a
-// shared twin 1.5-4.5% slower on 2-3 problems a run. Keeping only the first unswapped (29 Nov, 10 kept, 15 more
-// templates) had read no better on the device (eb3415d, 9456867: 83.3-86.7% within 1%) and took 0.148-0.162 s
-// per problem against 0.126-0.143.
+// first (the default of 29 Nov): there the exhaustive effort's choice sat at model rank 1-5 and was left out for
+// shared choices 1.2-4.5% slower on 2-5 problems a run. On the device (6878bdf, three calls): 0.129-0.147 s per
+// problem, 91.7-94.2% within 1%, 99.2-100% within 3% (c8588dc and 0b34485, four calls: 0.139-0.141 s, 89.2-93.3%,
+// 98.3-100%). Keeping only the first unswapped (29 Nov, 10 kept, 15 more templates) had read no better on the
+// device (eb3415d, 9456867: 83.3-86.7% within 1%) and took 0.148-0.162 s per problem against 0.126-0.143.
 // Widening around the two fastest variants (widen_variants 2, those within 3% of the best extern, 8 kept)
 // replayed at 105-108 of 120 on the read-flush reports (against 97-105), but on the device (a8fffcd) it held 102
 // of 120 within 1% and took 0.180 s per problem against 0.129-0.143: 53 widenings against 28-34, each a wait

@@ -115,9 +115,9 @@ struct EffortPolicy {
   /// repeat one guess. false: the first `keep` by rank, widened by rank when the best sits at the end.
   bool diverse = false;
   /// With `diverse`: the model's first keep_top choices are kept as ranked, never swapped for a shared twin, before
-  /// the other variants' best. Why: on the H200 suite (30 Nov) the exhaustive effort's choice sat at model rank 1-3
-  /// and was swapped for a shared choice of its variant 1.5-4.5% slower on 2-3 problems a run (16x28672x4096's
-  /// 256x16 tile at rank 1 in every run).
+  /// the other variants' best. Why: on the H200 suite (30 Nov) the exhaustive effort's choice sat at model rank 1-5
+  /// and was left out for shared choices 1.2-4.5% slower on 2-5 problems a run (16x28672x4096's 256x16 tile at
+  /// rank 1 in every run).
   int keep_top = 0;
   /// Diverse widening around more than the best: each widening takes the next `widen` of each of the
   /// `widen_variants` fastest measured variants, counting only those whose fastest is faster than the best extern
