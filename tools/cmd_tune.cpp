@@ -294,7 +294,8 @@ int run_precompile(const TuneArgs& a, const runtime::Workload& w, const std::str
   std::condition_variable cv;
   size_t pending = 0;  // completions whose progress has not been recorded yet
   for (const auto& k : *plan) {
-    Future<Binary> f = (*gate)->precompile(k.request.source, k.request.target, Priority::kBackground);
+    Future<Binary> f = (*gate)->precompile(k.request.source, k.request.target, Priority::kBackground,
+                                                k.request.cost);
     futures.push_back(f);
     if (f.ready()) {
       tracker.record_free();  // answered by the cache at once: no work, out of the ETA's rate

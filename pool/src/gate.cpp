@@ -20,6 +20,7 @@ struct Flight {
   Future<Binary> exec;  // the executor's future, once submitted
   JobId job = 0;
   Priority priority = Priority::kNormal;
+  double cost_hint = 0;    // the first request's (CompileJob::cost_hint)
   int interest = 0;        // requests that have not withdrawn
   bool withdrawn = false;  // every request withdrew: the compile is being cancelled
   bool done = false;
@@ -126,7 +127,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
     if (exec.valid()) exec.cancel();
   }
 
-  Future<Binary> precompile(const KernelSource& source, const Target& target, Priority priority) {
+  Future<Binary> precompile(const KernelSource& source, const Target& target, Priority priority, double cost_hint) {
     const KernelKey key = make_key(source, target);
     std::shared_ptr<Flight> f;
     bool leader = false;
@@ -150,6 +151,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
       } else {
         f = std::make_shared<Flight>(runner);
         f->priority = priority;
+        f->cost_hint = cost_hint;
         f->interest = 1;
         flights[key] = f;
         ++active;
@@ -210,6 +212,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
       std::lock_guard lock(mu);
       withdrawn_early = f->withdrawn;
       job.priority = f->priority;
+      job.cost_hint = f->cost_hint;
     }
     if (withdrawn_early) {
       complete(f, key, make_error(ErrorCode::kCancelled, fmt::format("compile of '{}' cancelled before it started", source.name)),
@@ -372,15 +375,16 @@ Result<std::unique_ptr<PrecompileGate>> PrecompileGate::create(GateOptions optio
   return std::unique_ptr<PrecompileGate>(new PrecompileGate(std::move(impl)));
 }
 
-Future<Binary> PrecompileGate::precompile(const KernelSource& source, const Target& target, Priority priority) {
-  return impl_->precompile(source, target, priority);
+Future<Binary> PrecompileGate::precompile(const KernelSource& source, const Target& target, Priority priority,
+                                          double cost_hint) {
+  return impl_->precompile(source, target, priority, cost_hint);
 }
 
 Future<std::vector<Binary>> PrecompileGate::precompile_all(const std::vector<KernelSource>& sources,
                                                            const Target& target, Priority priority) {
   std::vector<Future<Binary>> futures;
   futures.reserve(sources.size());
-  for (const auto& s : sources) futures.push_back(precompile(s, target, priority));
+  for (const auto& s : sources) futures.push_back(precompile(s, target, priority, 0));
   return when_all(std::move(futures));
 }
 
@@ -395,7 +399,7 @@ Batch PrecompileGate::precompile_batch(const std::vector<KernelSource>& sources,
   if (on_progress) batch.progress->listen(std::move(on_progress));
   batch.futures.reserve(sources.size());
   for (const auto& s : sources) {
-    Future<Binary> f = precompile(s, target, priority);
+    Future<Binary> f = precompile(s, target, priority, 0);
     f.notify([tracker = batch.progress, f] { tracker->record(f.get().ok()); });
     batch.futures.push_back(std::move(f));
   }

@@ -557,6 +557,7 @@ Result<Rendered> Template::render_uncached(const Params& params) const {
   r.source.options.push_back("-std=c++17");
   for (const auto& o : def_.options) r.source.options.push_back(o);
   r.source.headers = headers_;
+  if (def_.compile_cost) r.compile_cost = std::max(0.0, def_.compile_cost(p));
   r.params = std::move(p);
   return r;
 }

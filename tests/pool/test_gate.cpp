@@ -214,6 +214,19 @@ TEST_F(HeldGate, OnDemandRequestRaisesAQueuedBackgroundCompileOfTheSameKernel) {
   EXPECT_EQ(gate->counters().joined, 1u);
 }
 
+// A template's compile-cost estimate reaches the executor's queue through the gate: within one priority the
+// longest expected compile starts first, those without an estimate last in submission order.
+TEST_F(HeldGate, CostHintsStartTheLongestCompileFirst) {
+  auto small = gate->precompile(named("small"), kTarget, Priority::kNormal, 0.1);
+  auto unknown = gate->precompile(named("unknown"), kTarget, Priority::kNormal);
+  auto large = gate->precompile(named("large"), kTarget, Priority::kNormal, 0.8);
+  auto medium = gate->precompile(named("medium"), kTarget, Priority::kNormal, 0.3);
+  auto again = gate->precompile(named("small"), kTarget, Priority::kNormal, 5.0);  // joins small's flight as it was
+  fake.release("blocker");
+  for (auto* f : {&small, &unknown, &large, &medium, &again}) KILN_ASSERT_OK(f->get());
+  EXPECT_EQ(fake.order(), (std::vector<std::string>{"blocker", "large", "medium", "small", "unknown"}));
+}
+
 TEST(Gate, ACompileStopsOnlyWhenEveryRequesterWithdraws) {
   FakeCompiler fake;
   auto gate = gate_over(make_arena_executor({.threads = 1, .compile = fake.fn()}));

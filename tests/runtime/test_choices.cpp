@@ -44,10 +44,13 @@ TEST(Choices, GemmOnHopperWithoutAGpu) {
     auto kernels = c->kernels();
     ASSERT_FALSE(kernels.empty()) << c->name();
     for (const auto& k : kernels) EXPECT_TRUE(k.target.arch == "sm_90" || k.target.arch == "sm_90a") << k.target.arch;
+    // The wgmma GEMM's compile-cost estimate rides along to the pool (longest first); the reduction has none.
+    EXPECT_GT(kernels[0].cost, 0.0) << c->name();
     if (c->kind() == ChoiceKind::kSubgraph) {
       ++subgraphs;
       EXPECT_NE(c->name().find("splitk"), std::string::npos) << c->name();
       EXPECT_EQ(kernels.size(), 2u);
+      EXPECT_EQ(kernels[1].cost, 0.0) << c->name();
     } else {
       families.insert(c->parameters().at("template"));
     }

@@ -272,6 +272,33 @@ TEST(GemmTemplates, WgmmaMulticastParameter) {
 
 // stream_k: a tunable added later (default false: older sets keep their name and text); persistent grids only,
 // not with the other K splits or multicast; its workspace is a flag area plus a bm x bn fp32 slot per block.
+// The compile-cost estimate a pool orders its queue by: larger accumulator tiles, stream-K's fix-up and the
+// staged epilogue cost more; the value rides along with the rendered source. Templates without a model give 0.
+TEST(GemmTemplates, WgmmaCompileCostRanksWhatCompilesLonger) {
+  auto sm90 = *find_template("gemm_wgmma_sm90");
+  auto cost = [&](const Params& p) {
+    auto r = sm90->render(p);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? r->compile_cost : -1.0;
+  };
+  const Params small = sm90_params(64, 64, 1, 4, true), large = sm90_params(128, 128, 1, 4, true);
+  Params streamed = small, staged = small;
+  streamed.insert_or_assign("stream_k", Value::boolean(true));
+  staged.insert_or_assign("epi", Value::enumeration("smem"));
+  const double c_small = cost(small), c_large = cost(large);
+  EXPECT_GT(c_small, 0.01);  // seconds: tens to hundreds of milliseconds
+  EXPECT_LT(c_large, 2.0);
+  EXPECT_GT(c_large, 1.5 * c_small);
+  EXPECT_GT(cost(streamed), 1.2 * c_small);
+  EXPECT_GT(cost(staged), 1.1 * c_small);
+  // Two consumers split the tile: each unrolls half of it.
+  EXPECT_LT(cost(sm90_params(128, 128, 2, 4, true)), c_large);
+  auto sm80 = *find_template("gemm_mma_sm80");
+  auto plain = sm80->render(sm80_params(128, 128, 32, 2, 2, 3, 8));
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->compile_cost, 0.0);
+}
+
 TEST(GemmTemplates, WgmmaStreamKParameter) {
   auto sm90 = *find_template("gemm_wgmma_sm90");
   const ParamSpec* sk = sm90->param("stream_k");

@@ -56,7 +56,7 @@ Result<std::vector<TemplateChoice>> detail::render_choices(const std::string& na
       continue;
     }
     c.launch = *l;
-    c.binary = gate.precompile(r->source, target, Priority::kNormal);
+    c.binary = gate.precompile(r->source, target, Priority::kNormal, r->compile_cost);
     out.push_back(std::move(c));
   }
   return out;

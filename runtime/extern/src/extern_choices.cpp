@@ -115,7 +115,7 @@ class UnfusedChoice final : public Choice {
   ChoiceKind kind() const override { return ChoiceKind::kSubgraph; }
   std::vector<CompileRequest> kernels() const override {
     auto out = gemm_->kernels();
-    out.push_back({rendered_.source, target_});
+    out.push_back({rendered_.source, target_, rendered_.compile_cost});
     return out;
   }
   Status prepare(const Binaries& binaries) override { return prepare_both(binaries, false); }

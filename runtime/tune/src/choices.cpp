@@ -51,7 +51,7 @@ Future<Binaries> Choice::precompile(PrecompileGate& gate, Priority priority) con
   if (requests.empty()) return make_ready_future<Binaries>(Binaries{});
   std::vector<Future<Binary>> futures;
   futures.reserve(requests.size());
-  for (auto& r : requests) futures.push_back(gate.precompile(r.source, r.target, priority));
+  for (auto& r : requests) futures.push_back(gate.precompile(r.source, r.target, priority, r.cost));
   return when_all(std::move(futures));
 }
 
@@ -150,7 +150,7 @@ class TemplateChoice final : public OneKernelChoice {
 
   const std::string& name() const override { return rendered_.config_name; }
   ChoiceKind kind() const override { return ChoiceKind::kTemplate; }
-  std::vector<CompileRequest> kernels() const override { return {{rendered_.source, target_}}; }
+  std::vector<CompileRequest> kernels() const override { return {{rendered_.source, target_, rendered_.compile_cost}}; }
 
   Status run(const OpArgs& args, CUdeviceptr workspace, CUstream stream) const override {
     KILN_ASSIGN_OR_RETURN(const Kernel* kernel, loaded());
@@ -231,7 +231,7 @@ class SubgraphChoice final : public Choice {
   ChoiceKind kind() const override { return ChoiceKind::kSubgraph; }
   std::vector<CompileRequest> kernels() const override {
     std::vector<CompileRequest> out;
-    for (const auto& s : graph_.steps) out.push_back({s.kernel.source, target_});
+    for (const auto& s : graph_.steps) out.push_back({s.kernel.source, target_, s.kernel.compile_cost});
     return out;
   }
   Status prepare(const Binaries& binaries) override { return prepare_all(binaries, false); }

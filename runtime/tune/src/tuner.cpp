@@ -1055,7 +1055,7 @@ Result<PrecompileReport> precompile_problem(const OpRegistry& ops, const Problem
   for (const auto& c : choices) {
     for (auto& k : c->kernels()) {
       names.push_back(k.source.name);
-      futures.push_back(gate.precompile(k.source, k.target, Priority::kBackground));
+      futures.push_back(gate.precompile(k.source, k.target, Priority::kBackground, k.cost));
     }
   }
   for (size_t i = 0; i < futures.size(); ++i) {

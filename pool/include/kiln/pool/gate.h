@@ -91,8 +91,10 @@ class PrecompileGate {
   /// The binary of `source` for `target`: from a compile already in flight for the same key, from the
   /// cache hook, or from a new compile at `priority` (default kNormal). Never blocks on a compile.
   /// Cancelling the returned future withdraws this request; the compile stops once every request sharing it
-  /// has withdrawn. Thread-safe.
-  Future<Binary> precompile(const KernelSource& source, const Target& target, Priority priority = Priority::kNormal);
+  /// has withdrawn. `cost_hint`: the expected compile time (CompileJob::cost_hint; 0 unknown), which orders the
+  /// executor's queue longest first within a priority. Thread-safe.
+  Future<Binary> precompile(const KernelSource& source, const Target& target, Priority priority = Priority::kNormal,
+                            double cost_hint = 0);
 
   /// A subgraph's kernels: completes once all are compiled, with their binaries in order, or with the first
   /// failure (see when_all). Thread-safe.

@@ -230,6 +230,10 @@ struct TemplateDef {
   /// Device memory a configuration needs at launch beyond its arguments (GEMM: passed as KilnGemmArgs::workspace),
   /// for the current device; at most this much for any problem size. Optional: none.
   std::function<size_t(const Params&)> workspace_bytes;
+  /// A configuration's expected compile time in seconds (only its ratio to others' matters), so that a pool
+  /// compiling many kernels starts the longest first and does not end a batch with one long compile on one
+  /// worker (CompileJob::cost_hint). Optional: without it, 0 (unknown: after the hinted ones, in order).
+  std::function<double(const Params&)> compile_cost;
 };
 
 /// A rendered configuration: everything needed to compile it and name it.
@@ -237,6 +241,7 @@ struct Rendered {
   std::string config_name;  // "rmsnorm_bf16_t256_r1_v8_i4"
   Params params;            // complete: given + derived
   KernelSource source;
+  double compile_cost = 0;  // TemplateDef::compile_cost of params; 0 when the template has none
 };
 
 namespace detail {

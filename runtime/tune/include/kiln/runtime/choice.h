@@ -40,6 +40,8 @@ std::string_view choice_kind_name(ChoiceKind kind);
 struct CompileRequest {
   KernelSource source;
   Target target;
+  /// Expected compile seconds (templates::Rendered::compile_cost; 0 unknown): the pool starts longer ones first.
+  double cost = 0;
 };
 
 /// The compiled kernels of a choice, in the order of its kernels().
