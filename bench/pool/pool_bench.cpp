@@ -23,6 +23,7 @@
 #include "kiln/jit.h"
 #include "kiln/pool/executor.h"
 #include "kiln/pool/process_pool.h"
+#include "kiln/templates/registry.h"
 
 namespace kiln::pool_bench_kernels {
 std::span<const kiln::EmbeddedFile> embedded_files();
@@ -66,9 +67,54 @@ std::atomic<uint64_t> g_variant{
     (static_cast<uint64_t>(getpid()) << 32) ^
     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count() & 0xFFFFFFFF)};
 
+// --kernel wgmma: rendered configurations of kiln's Hopper GEMM template, what a tune's pool compiles most. Its
+// headers are a small part of a compile (NVRTC's PCH changed a compile of one by ~1% on the development
+// machine), so these say what the pool does with kiln's own work rather than with the stand-in.
+using namespace kiln::templates;
+
+std::vector<KernelSource>& template_sources() {
+  static std::vector<KernelSource> sources;
+  return sources;
+}
+// The template's own compile-cost model per configuration name (TemplateDef::compile_cost): process-model's hints.
+std::map<std::string, double>& template_costs() {
+  static std::map<std::string, double> costs;
+  return costs;
+}
+
+Status load_template_sources(const Target& target) {
+  KILN_ASSIGN_OR_RETURN(TemplatePtr t, find_template("gemm_wgmma_sm90"));
+  KILN_ASSIGN_OR_RETURN(Grid grid, Grid::create(t));
+  KILN_ASSIGN_OR_RETURN(DeviceLimits limits, DeviceLimits::for_target(target));
+  std::vector<Params> picks = sample(grid, limits, kNumConfigs, /*seed=*/1);
+  // sample() may return more to cover every parameter value; a batch of a multiple of 8 keeps the same mix.
+  if (picks.size() > static_cast<size_t>(kNumConfigs)) picks.resize(kNumConfigs);
+  for (const Params& p : picks) {
+    KILN_ASSIGN_OR_RETURN(Rendered r, t->render(p));
+    r.source.name = r.config_name;
+    template_costs()[r.config_name] = r.compile_cost;
+    template_sources().push_back(std::move(r.source));
+  }
+  if (template_sources().empty()) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("gemm_wgmma_sm90 has no configuration for {}", target.arch));
+  }
+  return Status();
+}
+
+double model_cost(const std::string& kernel) {
+  auto it = template_costs().find(kernel.substr(0, kernel.rfind("_v")));
+  return it == template_costs().end() ? 0.0 : it->second;
+}
+
 KernelSource make_kernel(int index, bool params_in_source) {
-  const Config& c = kConfigs[index % kNumConfigs];
   const uint64_t v = g_variant++;
+  if (!template_sources().empty()) {
+    KernelSource s = template_sources()[index % template_sources().size()];
+    s.name = fmt::format("{}_v{}", s.name, v);
+    s.source += fmt::format("\n// pool variant {}\n", v);  // a distinct key per job, the same work
+    return s;
+  }
+  const Config& c = kConfigs[index % kNumConfigs];
   KernelSource s;
   s.name = fmt::format("pool_gemm_{}x{}x{}_w{}x{}_s{}_v{}", c.bm, c.bn, c.bk, c.wm, c.wn, c.stages, v);
   s.entry = "pool_gemm";
@@ -335,7 +381,10 @@ BatchResult run_executor(const std::string& kind, int workers, int n, const Targ
   // this run), so that its queue starts the longest compiles first. "process-spin": the process pool running
   // fixed CPU-bound jobs instead of compiles (each ~10 units of the CPU reference, about a compile's length
   // without PCH): the pool's own scaling, apart from NVRTC's.
+  // "process-model" (--kernel wgmma): hints from the template's compile-cost model instead, as kiln's tunes
+  // give them (nothing measured first).
   const bool hints = kind == "process-lpt";
+  const bool model_hints = kind == "process-model";
   const bool spin = kind == "process-spin";
   if (kind == "inline") {
     exec = make_inline_executor(logged_compile(log));
@@ -368,7 +417,9 @@ BatchResult run_executor(const std::string& kind, int workers, int n, const Targ
   auto submit_all = [&](const std::vector<KernelSource>& srcs) {
     std::vector<Future<Binary>> fs;
     for (const auto& s : srcs) {
-      fs.push_back(exec->submit({s, target, settings, Priority::kNormal, hints ? g_costs.hint(s.name) : 0.0}).future);
+      fs.push_back(exec->submit({s, target, settings, Priority::kNormal, hints         ? g_costs.hint(s.name)
+                                       : model_hints ? model_cost(s.name)
+                                                     : 0.0}).future);
     }
     return fs;
   };
@@ -606,10 +657,18 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
   j["bench"] = "pool";
   j["environment"] = bench::environment();
   j["environment"]["available_cores"] = available_cores();
-  j["kernel"] = {{"description", "bf16 mma.sync tiled GEMM stand-in (cp.async pipeline, ldmatrix, GELU "
-                                 "epilogue); 8 tile configurations, each compile a distinct key"},
+  j["kernel"] = {{"kind", o.kernel},
+                 {"description", o.kernel == "wgmma"
+                                     ? "kiln's gemm_wgmma_sm90 template, 8 sampled configurations, each compile a "
+                                       "distinct key"
+                                     : "bf16 mma.sync tiled GEMM stand-in (cp.async pipeline, ldmatrix, GELU "
+                                       "epilogue); 8 tile configurations, each compile a distinct key"},
                  {"params", o.params},
                  {"arch", o.arch}};
+  if (o.kernel == "wgmma") {
+    j["kernel"]["configurations"] = nlohmann::json::array();
+    for (const auto& s : template_sources()) j["kernel"]["configurations"].push_back(s.name);
+  }
   j["method"] = "per (executor, workers, pch): a fresh executor, one warm-up kernel per worker, then a batch "
                 "submitted at once; seconds = submit of the first to completion of the last; "
                 "steady_kernels_per_second = (kernels - workers) / time until the last job started (all "
@@ -621,7 +680,9 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
   }
   // The longest-first pool is measured against the plain pool's 1-worker rate (one worker has no order).
   for (bool pch : {false, true}) {
-    if (!one.count({"process-lpt", pch}) && one.count({"process", pch})) one[{"process-lpt", pch}] = one[{"process", pch}];
+    for (const char* ordered : {"process-lpt", "process-model"}) {
+      if (!one.count({ordered, pch}) && one.count({"process", pch})) one[{ordered, pch}] = one[{"process", pch}];
+    }
   }
   nlohmann::json arr = nlohmann::json::array();
   for (const auto& r : rows) {
@@ -666,8 +727,9 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
 
 void add_options(CLI::App& app, Options& o) {
   app.add_option("--executor", o.executors,
-                 "Executors: inline, arena, process, process-lpt (longest expected compile first), process-spin "
-                 "(the process pool running CPU-bound jobs, no NVRTC), threads (reference)")
+                 "Executors: inline, arena, process, process-lpt (longest expected compile first, from earlier "
+                 "batches), process-model (longest first by the template's compile-cost model; --kernel wgmma), "
+                 "process-spin (the process pool running CPU-bound jobs, no NVRTC), threads (reference)")
       ->delimiter(',');
   app.add_option("--workers", o.workers, "Worker counts, e.g. 1,2,4,8,16")->delimiter(',');
   app.add_option("--kernels", o.kernels, "Kernels per batch (default: --per-worker x workers, at least 8)");
@@ -675,6 +737,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--pch", o.pch, "NVRTC automatic PCH: off, on or both")->check(CLI::IsMember({"off", "on", "both"}));
   app.add_option("--params", o.params, "Configuration as 'source' #defines after the headers, or 'define' (-D)")
       ->check(CLI::IsMember({"source", "define"}));
+  app.add_option("--kernel", o.kernel,
+                 "What is compiled: 'standin' (the embedded GEMM) or 'wgmma' (kiln's gemm_wgmma_sm90 template; "
+                 "--arch sm_90a)")
+      ->check(CLI::IsMember({"standin", "wgmma"}));
   app.add_option("--rounds", o.rounds, "Passes over the grid (median reported)");
   app.add_option("--arch", o.arch, "Target arch");
   app.add_option("--json", o.json, "Write results here");
@@ -694,12 +760,19 @@ int run(const Options& o) {
     fmt::print(stderr, "kiln-bench pool: the embedded kernel is missing\n");
     return 1;
   }
+  if (o.kernel == "wgmma") {
+    if (Status st = load_template_sources(*target); !st.ok()) {
+      fmt::print(stderr, "kiln-bench pool: --kernel wgmma: {}\n", st.to_string());
+      return 2;
+    }
+  }
   std::vector<bool> pch_modes;
   if (o.pch != "on") pch_modes.push_back(false);
   if (o.pch != "off") pch_modes.push_back(true);
   const bool in_source = o.params == "source";
-  fmt::print("kiln-bench pool: {} cores available, executors {}, workers {}, pch {}, params {}, {} round(s)\n",
-             available_cores(), fmt::join(o.executors, ","), fmt::join(o.workers, ","), o.pch, o.params, o.rounds);
+  fmt::print("kiln-bench pool: {} cores available, kernel {} ({}), executors {}, workers {}, pch {}, params {}, {} round(s)\n",
+             available_cores(), o.kernel, o.arch, fmt::join(o.executors, ","), fmt::join(o.workers, ","), o.pch,
+             o.params, o.rounds);
 
   std::vector<Row> rows;
   std::vector<double> startups, ready;
@@ -754,7 +827,8 @@ int run(const Options& o) {
         std::rotate(execs.begin(), execs.begin() + static_cast<std::ptrdiff_t>(round % execs.size()), execs.end());
         for (const auto& e : execs) {
           if (e == "inline" && w != 1) continue;
-          if (e == "process-lpt" && w == 1) continue;  // one worker has no order to choose
+          if ((e == "process-lpt" || e == "process-model") && w == 1) continue;  // one worker has no order to choose
+          if (e == "process-model" && o.kernel != "wgmma") continue;  // the stand-in has no cost model
           if (e == "process-spin" && pch != pch_modes.front()) continue;  // compiles nothing: PCH is moot
           if (out_of_time()) break;
           BatchResult b = e == "threads" ? run_threads(w, n, *target, settings, in_source)
@@ -791,9 +865,11 @@ int run(const Options& o) {
     }
   }
   for (bool pch : {false, true}) {
-    if (!one.count({"process-lpt", pch}) && one.count({"process", pch})) {
-      one[{"process-lpt", pch}] = one[{"process", pch}];
-      one_steady[{"process-lpt", pch}] = one_steady[{"process", pch}];
+    for (const char* ordered : {"process-lpt", "process-model"}) {
+      if (!one.count({ordered, pch}) && one.count({"process", pch})) {
+        one[{ordered, pch}] = one[{"process", pch}];
+        one_steady[{ordered, pch}] = one_steady[{"process", pch}];
+      }
     }
   }
   bench::Table t({"executor", "pch", "workers", "kernels", "seconds", "kernels/s", "efficiency", "steady k/s",

@@ -27,6 +27,9 @@ struct Options {
   /// How the configuration reaches NVRTC: "source" (rendered after the header preamble, as templates do,
   /// so a PCH is reused) or "define" (-D options).
   std::string params = "source";
+  /// What is compiled: "standin" (the embedded mma.sync GEMM, 8 tile shapes) or "wgmma" (8 configurations
+  /// of kiln's own gemm_wgmma_sm90 template, the kernels a tune compiles most; for sm_90a).
+  std::string kernel = "standin";
   /// Passes over the whole grid; each pass visits the executors in a rotated order.
   int rounds = 1;
   std::string arch = "sm_90";
