@@ -1,7 +1,10 @@
 // Choice generation, precompiling without a GPU, the op registry and the size dispatcher (no GPU needed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <set>
 
@@ -223,6 +226,64 @@ TEST(Choices, RowTemplatesGetFourTimesTheSample) {
   for (const auto& [t, n] : per_template) {
     EXPECT_GT(n, 6) << t;
     EXPECT_LE(n, 24) << t;
+  }
+}
+
+// A workload's plan ahead queues its choices as asked (the next problem's first); a set wanted whole (a tune's
+// own candidates) goes longest expected compile first. One arena thread, held by a first compile, sees both.
+TEST(Choices, PlansQueueInOrderTheSetsATuneWaitsOnLongestFirst) {
+  KILN_ASSERT_OK_AND_ASSIGN(auto all, default_ops().choices(decode_gemm(), hopper()));
+  std::vector<ChoicePtr> templates;
+  for (const auto& c : all) {
+    if (c->kind() == ChoiceKind::kTemplate) templates.push_back(c);
+  }
+  ASSERT_GE(templates.size(), 3u);
+  std::sort(templates.begin(), templates.end(),  // cheapest first: the order that differs from longest first
+            [](const ChoicePtr& a, const ChoicePtr& b) { return a->kernels()[0].cost < b->kernels()[0].cost; });
+  auto cost = [](const ChoicePtr& c) { return c->kernels()[0].cost; };
+  auto middle = std::find_if(templates.begin(), templates.end(), [&](const ChoicePtr& c) { return cost(c) > cost(templates[0]); });
+  ASSERT_NE(middle, templates.end());
+  ASSERT_LT(cost(*middle), cost(templates.back())) << "three distinct estimates";
+  templates = {templates.front(), *middle, templates.back()};
+  for (QueueOrder order : {QueueOrder::kSubmission, QueueOrder::kLongestFirst}) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool released = false;
+    std::vector<std::string> ran;
+    auto compile = [&](const KernelSource& s, const Target& t, const CompileSettings&) -> Result<Binary> {
+      std::unique_lock lock(mu);
+      ran.push_back(s.name);
+      cv.notify_all();
+      cv.wait(lock, [&] { return released; });
+      Binary b;
+      b.key = make_key(s, t);
+      b.name = s.name;
+      b.entry = s.entry;
+      b.arch = t.arch;
+      b.cubin = "cubin";
+      return b;
+    };
+    KILN_ASSERT_OK_AND_ASSIGN(auto gate, PrecompileGate::create({.executor = make_arena_executor({.threads = 1, .compile = compile})}));
+    KernelSource blocker;
+    blocker.name = "blocker";
+    blocker.source = "extern \"C\" __global__ void blocker() {}";
+    Future<Binary> held = gate->precompile(blocker, Target{"sm_90a"});
+    {
+      std::unique_lock lock(mu);
+      ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !ran.empty(); }));
+    }
+    std::vector<Future<Binaries>> futures;
+    for (const auto& c : templates) futures.push_back(c->precompile(*gate, Priority::kNormal, order));
+    {
+      std::lock_guard lock(mu);
+      released = true;
+    }
+    cv.notify_all();
+    for (auto& f : futures) KILN_ASSERT_OK(f.get());
+    std::vector<std::string> expected = {"blocker"};
+    for (const auto& c : templates) expected.push_back(c->kernels()[0].source.name);
+    if (order == QueueOrder::kLongestFirst) std::reverse(expected.begin() + 1, expected.end());
+    EXPECT_EQ(ran, expected) << (order == QueueOrder::kLongestFirst ? "longest first" : "as submitted");
   }
 }
 

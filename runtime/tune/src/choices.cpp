@@ -46,12 +46,14 @@ int Choice::tie_rank() const {
   return 4;
 }
 
-Future<Binaries> Choice::precompile(PrecompileGate& gate, Priority priority) const {
+Future<Binaries> Choice::precompile(PrecompileGate& gate, Priority priority, QueueOrder order) const {
   std::vector<CompileRequest> requests = kernels();
   if (requests.empty()) return make_ready_future<Binaries>(Binaries{});
   std::vector<Future<Binary>> futures;
   futures.reserve(requests.size());
-  for (auto& r : requests) futures.push_back(gate.precompile(r.source, r.target, priority, r.cost));
+  for (auto& r : requests) {
+    futures.push_back(gate.precompile(r.source, r.target, priority, order == QueueOrder::kLongestFirst ? r.cost : 0.0));
+  }
   return when_all(std::move(futures));
 }
 

@@ -120,7 +120,7 @@ struct Tuner::Impl {
     if (options.progress) options.progress(p);
   }
   Result<Binaries> compile(const Choice& c, Priority priority) {
-    Future<Binaries> f = c.precompile(*gate, priority);
+    Future<Binaries> f = c.precompile(*gate, priority, QueueOrder::kLongestFirst);
     return f.get();
   }
   Result<std::shared_ptr<Selection>> finish(const Problem& problem, ChoicePtr choice, TuneReport report,
@@ -453,7 +453,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       const bool modelled = model_of.count(c.get()) > 0;
       if (modelled && model_of[c.get()]->cached) ++report.cached_candidates;
       (modelled ? templates_to_measure : to_measure).push_back(c);
-      (modelled ? template_futures : futures).push_back(c->precompile(*gate, Priority::kNormal));
+      (modelled ? template_futures : futures).push_back(c->precompile(*gate, Priority::kNormal, QueueOrder::kLongestFirst));
     }
   }
   report.extern_margin = policy.extern_margin;
@@ -738,7 +738,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     const size_t n = batch.size();
     // Kept to the end of the tune: an isolated session may send a widened choice's binaries again.
     std::vector<Future<Binaries>>& batch_futures = widened_futures.emplace_back();
-    for (const auto& c : batch) batch_futures.push_back(c->precompile(*gate, Priority::kOnDemand));
+    for (const auto& c : batch) batch_futures.push_back(c->precompile(*gate, Priority::kOnDemand, QueueOrder::kLongestFirst));
     progress_state.total += static_cast<int>(n);
     kept += static_cast<int>(n);
     ++report.widenings;

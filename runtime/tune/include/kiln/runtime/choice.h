@@ -44,6 +44,13 @@ struct CompileRequest {
   double cost = 0;
 };
 
+/// How a choice's compiles queue among the pool's other jobs of their priority. kSubmission: in the order asked
+/// (a workload's plan ahead, where the next problem's kernels must come first: ordered by expected length
+/// instead, the H200 suite's first problems waited behind later problems' long compiles, 1 Dec, a2f7cdc).
+/// kLongestFirst: by CompileRequest::cost, longest first (a set wanted whole: a tune's own candidates, a
+/// precompile), so the set does not end with one long compile on one worker.
+enum class QueueOrder { kSubmission, kLongestFirst };
+
 /// The compiled kernels of a choice, in the order of its kernels().
 using Binaries = std::vector<Binary>;
 
@@ -86,8 +93,10 @@ class Choice {
   virtual int tie_rank() const;
 
   /// The precompile gate: sends kernels() through `gate` at `priority` and returns a future of the binaries
-  /// (every kernel of a subgraph; a ready future when there is nothing to compile).
-  Future<Binaries> precompile(PrecompileGate& gate, Priority priority) const;
+  /// (every kernel of a subgraph; a ready future when there is nothing to compile). `order`: how they queue
+  /// among the pool's other jobs of their priority (QueueOrder).
+  Future<Binaries> precompile(PrecompileGate& gate, Priority priority,
+                              QueueOrder order = QueueOrder::kSubmission) const;
 };
 
 using ChoicePtr = std::shared_ptr<Choice>;
