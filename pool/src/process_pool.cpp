@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string_view>
 #include <thread>
@@ -51,6 +52,32 @@ constexpr const char* kWorkerMalloc =
     "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456:"
     "glibc.malloc.top_pad=16777216:glibc.malloc.hugetlb=1";
 
+// A worker's folder for NVRTC's automatic PCH (a request with use_pch and no pch_dir). Left to itself NVRTC
+// writes /tmp/__nvrtc_auto_pch_<pid>_0 and removes it only at a normal exit, which a worker never has (the host
+// hangs up and the worker ends in _exit, or it is killed): 57 MB left behind per worker that compiled the pool
+// bench's GEMM with PCH (development machine, 1 Dec). The host names the folder and removes it when it reaps
+// the worker; folders of hosts that died are removed by the next pool to start.
+constexpr std::string_view kPchPrefix = "kiln-pch-";
+
+std::filesystem::path temp_dir() {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::temp_directory_path(ec);
+  return ec ? std::filesystem::path("/tmp") : p;
+}
+
+// Removes kiln-pch-<pid>-<n> folders whose host process <pid> no longer exists.
+void remove_orphaned_pch_dirs() {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(temp_dir(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(kPchPrefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + kPchPrefix.size(), nullptr, 10);
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    std::filesystem::remove_all(it->path(), rm);
+  }
+}
+
 bool has_env(const std::vector<std::string>& env, std::string_view name) {
   for (const auto& e : env) {
     if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return true;
@@ -84,11 +111,13 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     KillReason kill_reason = KillReason::kNone;
     std::string protocol_error;
     bool dead = false;  // its stderr reached EOF or its socket broke: reap it
+    std::string pch_dir;  // its automatic-PCH folder (see kPchPrefix), removed when it is reaped
   };
 
   ProcessPoolOptions opt;
   std::string worker_path;
   int target = 1;
+  uint64_t pch_dirs = 0;  // workers named a PCH folder so far (on the I/O thread)
   std::unique_ptr<Executor> host;  // the host arena, used until ready and when the pool cannot start workers
   std::shared_ptr<TaskRunner> callbacks;
   Fd wake_fd;
@@ -184,7 +213,8 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     std::vector<std::string> env = opt.worker_env;
     env.push_back(opt.enable_test_faults ? "KILN_WORKER_TEST_FAULTS=1" : "KILN_WORKER_TEST_FAULTS=0");
     if (!has_env(env, "GLIBC_TUNABLES") && std::getenv("GLIBC_TUNABLES") == nullptr) env.push_back(kWorkerMalloc);
-    auto started = spawn_worker_process(worker_path, env);
+    w->pch_dir = (temp_dir() / fmt::format("{}{}-{}", kPchPrefix, ::getpid(), ++pch_dirs)).string();
+    auto started = spawn_worker_process(worker_path, env, {"--pch-dir", w->pch_dir});
     if (!started.ok()) {
       start_failed(started.status().message());
       return;
@@ -446,6 +476,10 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     int status = 0;
     while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
     }
+    if (!w.pch_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(w.pch_dir, ec);
+    }
     std::string how = describe_wait_status(status);
     const bool started = w.state != WorkerState::kStarting;
     // Why a worker that never said hello went: what the handshake (check_compile_worker) reports.
@@ -651,6 +685,7 @@ Result<std::unique_ptr<ProcessPool>> ProcessPool::start(ProcessPoolOptions optio
     return make_error(ErrorCode::kInvalidArgument, "ProcessPoolOptions::job_timeout must be positive");
   }
   KILN_ASSIGN_OR_RETURN(std::string path, find_worker_executable(options.worker_path));
+  remove_orphaned_pch_dirs();
   auto impl = std::make_shared<Impl>();
   impl->worker_path = std::move(path);
   impl->target = options.workers > 0 ? options.workers : available_cores();

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +28,9 @@
 #include "wire.h"
 
 namespace {
+
+// --pch-dir: where NVRTC's automatic PCH goes when a request asks for PCH without a folder of its own.
+std::string g_pch_dir;
 
 int64_t monotonic_ns() {
   timespec ts;
@@ -93,6 +97,13 @@ kiln::Result<std::optional<std::string>> serve(const kiln::codec::Frame& frame, 
     settings.want_ptx = req.want_ptx;
     settings.use_pch = req.use_pch;
     settings.pch_dir = req.pch_dir;
+    // No folder asked for: the one the host named for this worker, which it removes when this worker is gone
+    // (NVRTC's own default is removed only at a normal exit, which a worker does not have).
+    if (req.use_pch && req.pch_dir.empty() && !g_pch_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(g_pch_dir, ec);
+      if (!ec) settings.pch_dir = g_pch_dir;
+    }
     reply.result = kiln::compile(req.source, req.target, settings);
   }
   KILN_ASSIGN_OR_RETURN(std::string bytes, wire::encode(reply));
@@ -104,6 +115,7 @@ kiln::Result<std::optional<std::string>> serve(const kiln::codec::Frame& frame, 
 int main(int argc, char** argv) {
   const kiln::WorkerArgs args = kiln::parse_worker_args(argc, argv);
   if (!kiln::attach_to_host(args)) return 0;
+  if (auto it = args.other.find("--pch-dir"); it != args.other.end()) g_pch_dir = it->second;
   const char* faults_env = std::getenv("KILN_WORKER_TEST_FAULTS");
   const bool faults = faults_env && std::string_view(faults_env) == "1";
 

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -90,6 +91,63 @@ TEST(ProcessPool, CompilesARealKernelInAWorker) {
   // The same kernel compiled in this process gives the same cubin.
   KILN_ASSERT_OK_AND_ASSIGN(Binary local, compile(named("in_worker"), kTarget));
   EXPECT_EQ(local.cubin, b.cubin);
+}
+
+// NVRTC's automatic PCH in a worker goes to a folder the host names (TMPDIR/kiln-pch-<host pid>-<n>) and removes
+// when it reaps the worker, crashed or shut down: left to NVRTC, /tmp/__nvrtc_auto_pch_<pid>_0 (57 MB for a GEMM)
+// outlived every worker. A pool that starts removes the folders of hosts that are gone, and no others.
+TEST(ProcessPool, PchFoldersGoWithTheirWorkers) {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::path(::testing::TempDir()) / fmt::format("pch_{}", ::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  const char* old_tmpdir = std::getenv("TMPDIR");
+  const std::string saved = old_tmpdir ? old_tmpdir : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  auto folders = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(tmp)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  // A host that is gone (a child that has exited and been reaped) and one that is alive (this process).
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_GT(gone, 0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
+  const std::string orphan = fmt::format("kiln-pch-{}-1", gone), alive = fmt::format("kiln-pch-{}-99", ::getpid());
+  for (const auto& d : {orphan, alive}) {
+    fs::create_directories(tmp / d);
+    std::ofstream(tmp / d / "left.pch") << "x";
+  }
+  {
+    EventLog log;
+    auto pool = ready_pool(log, 1);
+    ASSERT_TRUE(pool);
+    EXPECT_EQ(folders(), std::vector<std::string>{alive}) << "the orphan is removed, the live host's folder kept";
+    KernelSource with_headers = named("with_pch");
+    with_headers.source = "#include <cuda_fp16.h>\nextern \"C\" __global__ void k(__half* x) { x[0] = __float2half(1.f); }\n";
+    CompileSettings pch;
+    pch.use_pch = true;
+    KILN_ASSERT_OK(pool->submit(CompileJob{with_headers, kTarget, pch, Priority::kNormal}).future.get());
+    const std::string mine = fmt::format("kiln-pch-{}-1", ::getpid());
+    ASSERT_EQ(folders(), (std::vector<std::string>{mine, alive}));
+    bool has_pch = false;
+    for (const auto& e : fs::directory_iterator(tmp / mine)) has_pch |= e.path().extension() == ".pch";
+    EXPECT_TRUE(has_pch) << "NVRTC wrote its PCH into the worker's folder";
+    // The worker crashes: its folder goes when it is reaped, before its job's failure is reported.
+    EXPECT_FALSE(pool->submit(fault("crash", "segv")).future.get().ok());
+    EXPECT_EQ(folders(), std::vector<std::string>{alive});
+    // Its replacement compiles with PCH again, into a folder of its own, which shutdown removes.
+    with_headers.name = "with_pch_again";
+    KILN_ASSERT_OK(pool->submit(CompileJob{with_headers, kTarget, pch, Priority::kNormal}).future.get());
+    EXPECT_EQ(folders(), (std::vector<std::string>{fmt::format("kiln-pch-{}-2", ::getpid()), alive}));
+    pool->shutdown();
+    EXPECT_EQ(folders(), std::vector<std::string>{alive});
+  }
+  if (old_tmpdir) ::setenv("TMPDIR", saved.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+  fs::remove_all(tmp);
 }
 
 TEST(ProcessPool, CompileErrorsComeBackAsValues) {
