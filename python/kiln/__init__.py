@@ -54,30 +54,10 @@ def _workload_text(workload):
         raise TypeError(f"workload is a file path, its JSON text, a dict or a list of entries, not "
                         f"{type(workload).__name__}")
     if isinstance(workload, _os.PathLike) or not workload.lstrip().startswith("{"):
-        # Bounded as the C++ side reads workload files (kiln/input.h): /dev/zero or a FIFO that never ends is an
-        # error naming the path and the limit, not a read until memory runs out.
-        limit = _workload_bytes_limit()
-        with open(workload, "rb") as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            raise errors.OutOfRangeError(f"workload file '{_os.fspath(workload)}' is larger than {limit} bytes, the "
-                                         f"limit (raise it with $KILN_MAX_WORKLOAD_BYTES)")
-        return data.decode("utf-8", errors="replace")
+        # Read by the C++ side (kiln/input.h), bounded by $KILN_MAX_WORKLOAD_BYTES: /dev/zero or a FIFO that never
+        # ends is an error naming the path and the limit, not a read until memory runs out.
+        return _C._read_workload_file(_os.fspath(workload)).decode("utf-8", errors="replace")
     return workload
-
-
-def _workload_bytes_limit():
-    """$KILN_MAX_WORKLOAD_BYTES as the C++ side reads it (a positive count, K/M/G suffixes of 1024), else 16 MiB."""
-    text = _os.environ.get("KILN_MAX_WORKLOAD_BYTES", "")
-    if not text:
-        return 16 << 20
-    digits, mult = text, 1
-    if text[-1:] in ("K", "M", "G"):
-        digits, mult = text[:-1], 1024 ** ("KMG".index(text[-1]) + 1)
-    if not digits.isdigit() or int(digits) == 0:
-        raise errors.InvalidArgumentError(
-            f"$KILN_MAX_WORKLOAD_BYTES='{text}' is not a positive count (e.g. 1000, 64K, 16M, 2G)")
-    return int(digits) * mult
 
 
 @_dataclasses.dataclass

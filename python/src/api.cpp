@@ -275,6 +275,16 @@ void bind_api(nb::module_& m) {
   m.def("current_tuner", &current_tuner, "The Tuner the ops use now.");
   m.def("_precompile", &precompile, nb::arg("workload"), nb::arg("arch"), nb::arg("cache_dir"), nb::arg("configs"),
         nb::arg("executor"));
+  // A workload file read as every kiln command reads one (kiln/input.h: $KILN_MAX_WORKLOAD_BYTES, /dev/zero or a
+  // FIFO bounded); bytes, which the caller decodes.
+  m.def("_read_workload_file", [](const std::string& path) {
+    if (path.find('\0') != std::string::npos) {
+      unwrap(Result<int>(make_error(ErrorCode::kInvalidArgument, "a workload path holds a NUL byte")));
+    }
+    auto r = without_gil([&] { return read_file_limited(path, runtime::kWorkloadBytesLimit); });
+    std::string text = unwrap(std::move(r));
+    return nb::bytes(text.data(), text.size());
+  }, nb::arg("path"));
   m.def("_cache_stats", &cache_stats, nb::arg("cache_dir"));
   m.def("_cache_export", &cache_export, nb::arg("path"), nb::arg("cache_dir"), nb::arg("binaries"), nb::arg("prefix"),
         nb::arg("sign_key"));
