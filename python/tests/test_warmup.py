@@ -40,6 +40,16 @@ def test_a_workload_file_past_the_limit_is_an_error_naming_it(cache_dir, monkeyp
         kiln.precompile("/dev/zero", arch="sm_90a", cache_dir=cache_dir)
 
 
+def test_a_workload_path_that_is_no_file_is_an_error_naming_it(cache_dir, tmp_path):
+    with pytest.raises(kiln.NotFoundError, match=f"cannot read workload file '{tmp_path}/missing.json'"):
+        kiln.precompile(tmp_path / "missing.json", arch="sm_90a", cache_dir=cache_dir)
+    with pytest.raises(kiln.InvalidArgumentError, match=f"workload file '{tmp_path}' is a directory"):
+        kiln.precompile(str(tmp_path), arch="sm_90a", cache_dir=cache_dir)
+    # A NUL byte would cut the path short in the C++ side's open(): refused whole.
+    with pytest.raises(kiln.InvalidArgumentError, match="NUL byte"):
+        kiln.precompile(f"{tmp_path}/w.json\0/etc/passwd", arch="sm_90a", cache_dir=cache_dir)
+
+
 def test_warmup_without_a_gpu_is_a_clear_error(cache_dir):
     if HAS_GPU:
         pytest.skip("a GPU is here: the no-GPU path is not reachable")
