@@ -80,12 +80,12 @@ Sm90Config config_of(const Params& p) {
 double compile_seconds(const Params& p) {
   const Sm90Config c = config_of(p);
   const double acc = static_cast<double>(c.bm * c.bn) / static_cast<double>(std::max<int64_t>(1, c.consumers));
-  double log_ms = 2.031 + 0.272 * std::log2(std::max(1.0, acc));
-  if (c.stream_k) log_ms += 0.258;
-  if (c.epi_smem) log_ms += 0.178;
-  if (get_bool(p, "partials")) log_ms -= 0.292;
-  if (c.blocks_per_sm == 2) log_ms -= 0.121;
-  return std::exp(log_ms) / 1000.0;
+  double ln_ms = 2.031 + 0.272 * std::log2(std::max(1.0, acc));
+  if (c.stream_k) ln_ms += 0.258;
+  if (c.epi_smem) ln_ms += 0.178;
+  if (get_bool(p, "partials")) ln_ms -= 0.292;
+  if (c.blocks_per_sm == 2) ln_ms -= 0.121;
+  return std::exp(ln_ms) / 1000.0;  // ln_ms: the natural log of milliseconds
 }
 
 // Stream-K's workspace (wgmma_sm90.cu): a flag per block in the first 4096 bytes, then a bm x bn fp32 slot per block.
