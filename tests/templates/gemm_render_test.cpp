@@ -293,10 +293,25 @@ TEST(GemmTemplates, WgmmaCompileCostRanksWhatCompilesLonger) {
   EXPECT_GT(cost(staged), 1.1 * c_small);
   // Two consumers split the tile: each unrolls half of it.
   EXPECT_LT(cost(sm90_params(128, 128, 2, 4, true)), c_large);
+  // The mma.sync family: the tile each warp unrolls.
   auto sm80 = *find_template("gemm_mma_sm80");
-  auto plain = sm80->render(sm80_params(128, 128, 32, 2, 2, 3, 8));
-  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
-  EXPECT_EQ(plain->compile_cost, 0.0);
+  auto sm80_cost = [&](const Params& p) {
+    auto r = sm80->render(p);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? r->compile_cost : -1.0;
+  };
+  const double four_warps = sm80_cost(sm80_params(128, 128, 32, 2, 2, 3, 8));
+  EXPECT_GT(four_warps, 0.01);
+  EXPECT_GT(sm80_cost(sm80_params(128, 128, 32, 1, 2, 3, 8)), 1.2 * four_warps);  // twice the tile per warp
+  // Templates without a model give 0 (unknown: queued after the estimated ones, in order).
+  auto norm = *find_template("rmsnorm");
+  auto grid = Grid::create(norm);
+  ASSERT_TRUE(grid.ok()) << grid.status().to_string();
+  auto picks = sample(*grid, limits("sm_90a"), 1);
+  ASSERT_FALSE(picks.empty());
+  auto rendered = norm->render(picks[0]);
+  ASSERT_TRUE(rendered.ok()) << rendered.status().to_string();
+  EXPECT_EQ(rendered->compile_cost, 0.0);
 }
 
 TEST(GemmTemplates, WgmmaStreamKParameter) {
