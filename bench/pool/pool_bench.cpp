@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -101,8 +102,18 @@ Status load_template_sources(const Target& target) {
   return Status();
 }
 
+// A job's configuration: its kernel name without the "_v<variant>" that makes every job a distinct key.
+std::string configuration_of(const std::string& kernel) { return kernel.substr(0, kernel.rfind("_v")); }
+
+// The executors that order the process pool's queue: measured against the plain pool's 1-worker rate (one
+// worker has no order to choose).
+constexpr std::array<const char*, 2> kOrderedExecutors = {"process-lpt", "process-model"};
+bool is_ordered(const std::string& executor) {
+  return std::find(kOrderedExecutors.begin(), kOrderedExecutors.end(), executor) != kOrderedExecutors.end();
+}
+
 double model_cost(const std::string& kernel) {
-  auto it = template_costs().find(kernel.substr(0, kernel.rfind("_v")));
+  auto it = template_costs().find(configuration_of(kernel));
   return it == template_costs().end() ? 0.0 : it->second;
 }
 
@@ -274,16 +285,15 @@ struct Trace {
 struct CostModel {
   std::mutex mu;
   std::map<std::string, std::pair<double, int>> seconds;  // configuration -> (sum, count)
-  static std::string config_of(const std::string& kernel) { return kernel.substr(0, kernel.rfind("_v")); }
   void add(const std::string& kernel, double s) {
     std::lock_guard lock(mu);
-    auto& [sum, n] = seconds[config_of(kernel)];
+    auto& [sum, n] = seconds[configuration_of(kernel)];
     sum += s;
     ++n;
   }
   double hint(const std::string& kernel) {
     std::lock_guard lock(mu);
-    auto it = seconds.find(config_of(kernel));
+    auto it = seconds.find(configuration_of(kernel));
     return it == seconds.end() ? 0 : it->second.first / it->second.second;
   }
 };
@@ -680,7 +690,7 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
   }
   // The longest-first pool is measured against the plain pool's 1-worker rate (one worker has no order).
   for (bool pch : {false, true}) {
-    for (const char* ordered : {"process-lpt", "process-model"}) {
+    for (const char* ordered : kOrderedExecutors) {
       if (!one.count({ordered, pch}) && one.count({"process", pch})) one[{ordered, pch}] = one[{"process", pch}];
     }
   }
@@ -827,7 +837,7 @@ int run(const Options& o) {
         std::rotate(execs.begin(), execs.begin() + static_cast<std::ptrdiff_t>(round % execs.size()), execs.end());
         for (const auto& e : execs) {
           if (e == "inline" && w != 1) continue;
-          if ((e == "process-lpt" || e == "process-model") && w == 1) continue;  // one worker has no order to choose
+          if (is_ordered(e) && w == 1) continue;  // one worker has no order to choose
           if (e == "process-model" && o.kernel != "wgmma") continue;  // the stand-in has no cost model
           if (e == "process-spin" && pch != pch_modes.front()) continue;  // compiles nothing: PCH is moot
           if (out_of_time()) break;
@@ -865,7 +875,7 @@ int run(const Options& o) {
     }
   }
   for (bool pch : {false, true}) {
-    for (const char* ordered : {"process-lpt", "process-model"}) {
+    for (const char* ordered : kOrderedExecutors) {
       if (!one.count({ordered, pch}) && one.count({"process", pch})) {
         one[{ordered, pch}] = one[{"process", pch}];
         one_steady[{ordered, pch}] = one_steady[{"process", pch}];
