@@ -741,9 +741,11 @@ void add_options(CLI::App& app, Options& o) {
                  "batches), process-model (longest first by the template's compile-cost model; --kernel wgmma), "
                  "process-spin (the process pool running CPU-bound jobs, no NVRTC), threads (reference)")
       ->delimiter(',');
-  app.add_option("--workers", o.workers, "Worker counts, e.g. 1,2,4,8,16")->delimiter(',');
-  app.add_option("--kernels", o.kernels, "Kernels per batch (default: --per-worker x workers, at least 8)");
-  app.add_option("--per-worker", o.per_worker, "Kernels per worker when --kernels is not given");
+  app.add_option("--workers", o.workers, "Worker counts, e.g. 1,2,4,8,16")->delimiter(',')->check(CLI::Range(1, 4096));
+  app.add_option("--kernels", o.kernels, "Kernels per batch (default: --per-worker x workers, at least 8)")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--per-worker", o.per_worker, "Kernels per worker when --kernels is not given")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--pch", o.pch, "NVRTC automatic PCH: off, on or both")->check(CLI::IsMember({"off", "on", "both"}));
   app.add_option("--params", o.params, "Configuration as 'source' #defines after the headers, or 'define' (-D)")
       ->check(CLI::IsMember({"source", "define"}));
@@ -751,13 +753,15 @@ void add_options(CLI::App& app, Options& o) {
                  "What is compiled: 'standin' (the embedded GEMM) or 'wgmma' (kiln's gemm_wgmma_sm90 template; "
                  "--arch sm_90a)")
       ->check(CLI::IsMember({"standin", "wgmma"}));
-  app.add_option("--rounds", o.rounds, "Passes over the grid (median reported)");
+  app.add_option("--rounds", o.rounds, "Passes over the grid (median reported)")->check(CLI::Range(1, 1000));
   app.add_option("--arch", o.arch, "Target arch");
   app.add_option("--json", o.json, "Write results here");
-  app.add_option("--overhead-samples", o.overhead_samples, "Empty jobs per overhead measurement (0: skip)");
+  app.add_option("--overhead-samples", o.overhead_samples, "Empty jobs per overhead measurement (0: skip)")
+      ->check(CLI::Range(0, 1 << 24));
   app.add_flag("!--no-cpu-reference", o.cpu_reference, "Skip the CPU-bound scaling reference");
-  app.add_option("--first", o.first, "Worker counts to measure first")->delimiter(',');
-  app.add_option("--deadline", o.deadline, "Start no new measurement after this many seconds (0: none)");
+  app.add_option("--first", o.first, "Worker counts to measure first")->delimiter(',')->check(CLI::Range(1, 4096));
+  app.add_option("--deadline", o.deadline, "Start no new measurement after this many seconds (0: none)")
+      ->check(CLI::Range(0.0, 1e9));
 }
 
 int run(const Options& o) {
