@@ -28,6 +28,7 @@
 #include <fstream>
 #include <list>
 #include <map>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <thread>
@@ -144,18 +145,24 @@ struct Tuned {
 };
 
 // Re-times two selections of one problem side by side: `rounds` rounds of `runs` each, interleaved in ABBA order
-// (so neither always runs right after the other), medians. Each kernel is timed the way the tuner times it: as
-// graph replays only when a short eager estimate is below graph_below_us (cuBLAS may run another kernel when it
-// is captured without a workspace of its own, so forcing graphs on long externs compares something else). The
-// same choice in both is one kernel: timed once, and both figures are that one.
+// (so neither always runs right after the other). Each kernel is timed the way the tuner times it: as graph
+// replays only when a short eager estimate is below graph_below_us (cuBLAS may run another kernel when it is
+// captured without a workspace of its own, so forcing graphs on long externs compares something else). The same
+// choice in both is one kernel: timed once, and both figures are that one.
 // time_both: time a and b as two even when they are one kernel (the re-time's own noise floor: A against A).
 // Both over kRetimePlacements sets of operands, each allocated apart, as the tuner times over its own
-// (BenchmarkOptions::placements): an extern's time depends on where its operands lie.
+// (BenchmarkOptions::placements): an extern's time depends on where its operands lie. A kernel's figure is its
+// placement-balanced median (placed_median: the mean of each set's median), as the tuner's is; `pooled` is the
+// median of all its runs together, the re-time's figure before 1 Dec, kept to compare the two.
 constexpr int kRetimePlacements = 4;
 
-std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& problem, const Selection& a,
-                                       const Selection& b, int rounds, int runs = 3 * kRetimePlacements,
-                                       bool time_both = false) {
+struct SideBySide {
+  double a = 0, b = 0;
+  double a_pooled = 0, b_pooled = 0;
+};
+
+SideBySide side_by_side(const Tuner& tuner, const Problem& problem, const Selection& a, const Selection& b, int rounds,
+                        int runs = 3 * kRetimePlacements, bool time_both = false) {
   auto def = bench::must(tuner.ops().find(problem.op));
   OperandSets operands = bench::must(make_operand_sets(*def, problem, 1, kRetimePlacements, size_t{4} << 30), "buffers");
   const std::vector<const OpArgs*> sets = operands.args();
@@ -173,18 +180,24 @@ std::pair<double, double> side_by_side(const Tuner& tuner, const Problem& proble
     return est.ok() && summarize(est->us).median < o.graph_below_us;
   };
   const bool graph_a = graphed(a), graph_b = same ? graph_a : graphed(b);
-  std::vector<double> ta, tb;
+  Samples ta, tb;
   for (int r = 0; r < rounds; ++r) {
     const bool a_first = r % 2 == 0;
     for (int k = 0; k < 2; ++k) {
       const bool is_a = (k == 0) == a_first;
       if (same && !is_a) continue;
-      auto s = runner->time_runs(*(is_a ? a : b).choice(), sets, ws.ptr(), runs, is_a ? graph_a : graph_b);
-      if (s.ok()) (is_a ? ta : tb).insert((is_a ? ta : tb).end(), s->us.begin(), s->us.end());
+      Samples& into = is_a ? ta : tb;
+      auto s = runner->time_runs(*(is_a ? a : b).choice(), sets, ws.ptr(), runs, is_a ? graph_a : graph_b, nullptr,
+                                 into.us.size());
+      if (s.ok()) into.append(*s);
     }
   }
-  const double ma = summarize(ta).median;
-  return {ma, same ? ma : summarize(tb).median};
+  SideBySide out;
+  out.a = summarize(ta).median;
+  out.a_pooled = summarize(ta.us).median;
+  out.b = same ? out.a : summarize(tb).median;
+  out.b_pooled = same ? out.a_pooled : summarize(tb.us).median;
+  return out;
 }
 
 // The tuner's own method (BenchRunner::measure: warm-up, estimate, adaptive rounds) on the re-time's fresh
@@ -199,7 +212,7 @@ double measured_again(const Tuner& tuner, const Problem& problem, const Selectio
   DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>(s.choice()->workspace_bytes(), 256)));
   auto runner = bench::must(BenchRunner::create(g_measuring, tuner.context().device), "bench runner");
   auto m = runner->measure(*s.choice(), operands.args(), ws.ptr(), 0);
-  return m.ok() ? summarize(m->us).median : 0;
+  return m.ok() ? summarize(*m).median : 0;
 }
 
 // How the two efforts' figures are made, written into the JSON and printed with the table.
@@ -212,8 +225,9 @@ std::string suite_method(int exhaustive_configs, int retime_rounds) {
       "sample bounded to {} configurations per template (every parameter value covered, the seeds included). "
       "default_us / exhaustive_us re-time both chosen kernels side by side, {} rounds of {} runs interleaved in ABBA "
       "order, each as the tuner times it (graph replays below graph_below_us, L2 flushed before each run by {}), "
-      "rotating over {} sets of operands allocated apart (the tuner times over {}); where both efforts chose the "
-      "same kernel it is timed once.",
+      "rotating over {} sets of operands allocated apart (the tuner times over {}); a kernel's figure is the mean of "
+      "its medians on each set (default_pooled_us / exhaustive_pooled_us: the median of all its runs together, the "
+      "figure before 1 Dec); where both efforts chose the same kernel it is timed once.",
       exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"), retime_rounds,
       3 * kRetimePlacements,
       g_measuring.flush_l2_by_writing ? "writing (a memset of twice its size)" : "reading a buffer of twice its size",
@@ -318,15 +332,19 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
       rows.push_back(row);
       continue;
     }
-    auto [dus, xus] = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection, *x.selection,
-                                   options.retime_rounds);
+    const SideBySide both = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection,
+                                         *x.selection, options.retime_rounds);
+    const double dus = both.a, xus = both.b;
     const TuneReport& dr = d.selection->report();
     const TuneReport& xr = x.selection->report();
     row["default_us"] = dus;
     row["exhaustive_us"] = xus;
-    auto [self_a, self_b] = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection, *d.selection,
+    row["default_pooled_us"] = both.a_pooled;
+    row["exhaustive_pooled_us"] = both.b_pooled;
+    const SideBySide self = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection, *d.selection,
                                          options.retime_rounds, 10, true);
-    row["default_self_us"] = {self_a, self_b};
+    row["default_self_us"] = {self.a, self.b};
+    row["default_self_pooled_us"] = {self.a_pooled, self.b_pooled};
     row["default_measured_again_us"] = measured_again(*tuners[Effort::kDefault], problems[i].problem, *d.selection);
     for (const auto& c : dr.choices) {
       if (c.name == dr.chosen) row["default_tuned_us"] = c.median_us;
@@ -526,6 +544,14 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
     for (auto& r : j["problems"]) merged.push_back(r);
   }
   int n = 0, within1 = 0, within3 = 0, errors = 0, self_timed = 0, self_beyond1 = 0;
+  // The same from the pooled medians (parts written before 1 Dec have only those, as default_us).
+  int pooled_n = 0, pooled_within1 = 0, pooled_self_timed = 0, pooled_self_beyond1 = 0;
+  auto beyond1 = [](const json& pair) {
+    return pair.is_array() && pair.size() == 2 && pair[0].is_number() && pair[1].is_number() &&
+                   pair[1].get<double>() > 0
+               ? std::optional<bool>(std::abs(pair[0].get<double>() / pair[1].get<double>() - 1) > 0.01)
+               : std::nullopt;
+  };
   double sum_default = 0, max_ratio = 0;
   for (const auto& r : merged) {
     if (!r.contains("default_us")) {
@@ -534,11 +560,16 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
     }
     ++n;
     // The re-time's own noise floor: the default's pick timed against itself.
-    if (const auto self = r.find("default_self_us"); self != r.end() && self->is_array() && self->size() == 2 &&
-                                                       (*self)[0].is_number() && (*self)[1].is_number() &&
-                                                       (*self)[1].get<double>() > 0) {
-      ++self_timed;
-      self_beyond1 += std::abs((*self)[0].get<double>() / (*self)[1].get<double>() - 1) > 0.01;
+    if (const auto self = r.find("default_self_us"); self != r.end()) {
+      if (const auto b = beyond1(*self)) ++self_timed, self_beyond1 += *b;
+    }
+    if (const auto self = r.find("default_self_pooled_us"); self != r.end()) {
+      if (const auto b = beyond1(*self)) ++pooled_self_timed, pooled_self_beyond1 += *b;
+    }
+    if (const auto p = r.find("default_pooled_us"), q = r.find("exhaustive_pooled_us");
+        p != r.end() && q != r.end() && p->is_number() && q->is_number() && q->get<double>() > 0) {
+      ++pooled_n;
+      pooled_within1 += p->get<double>() / q->get<double>() <= 1.01;
     }
     // A tampered or broken part: a time that no run can produce is refused, naming the problem and the field.
     for (const char* field : {"default_s", "default_us", "exhaustive_us"}) {
@@ -567,6 +598,10 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
                {"max_ratio", max_ratio},
                {"self_retimed", self_timed},
                {"self_beyond_1pct", self_beyond1},
+               {"pooled", {{"problems", pooled_n},
+                           {"fraction_within_1pct", pooled_n ? double(pooled_within1) / pooled_n : 0},
+                           {"self_retimed", pooled_self_timed},
+                           {"self_beyond_1pct", pooled_self_beyond1}}},
                {"targets", {{"mean_default_s", 0.15}, {"fraction_within_1pct", 0.95}, {"max_ratio", 1.03}}}};
   std::string device = env.value("machine", std::string());
   if (device.empty()) device = "device";
@@ -580,6 +615,11 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
   if (self_timed > 0) {
     fmt::print("the re-time's noise floor: the default's pick against itself beyond +-1% on {} of {} problems\n",
                self_beyond1, self_timed);
+  }
+  if (pooled_n > 0) {
+    fmt::print("by pooled medians (the figure before 1 Dec): within 1% {:.1f}%, the pick against itself beyond "
+               "+-1% on {} of {}\n",
+               100.0 * pooled_within1 / pooled_n, pooled_self_beyond1, pooled_self_timed);
   }
   json out{{"environment", env}, {"method", method}, {"summary", summary}, {"problems", merged}};
   return bench::write_json(path, out) ? (fmt::print("wrote {}\n", path), 0) : 1;

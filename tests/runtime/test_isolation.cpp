@@ -64,8 +64,8 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
   bw::End e;
   e.seq = 0x0102030405060708ull;
   std::string bytes = frame(e);
-  // magic "KBW1", version 6, type 6 (end), length 8, then the seq, all little-endian.
-  EXPECT_EQ(bytes, std::string("KBW1\x06\x00\x06\x00\x08\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01", 20));
+  // magic "KBW1", version 7, type 6 (end), length 8, then the seq, all little-endian.
+  EXPECT_EQ(bytes, std::string("KBW1\x07\x00\x06\x00\x08\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01", 20));
   KILN_ASSERT_OK_AND_ASSIGN(codec::FrameHeader h, codec::parse_header(bw::kProtocol, bytes));
   EXPECT_EQ(h.type, static_cast<uint16_t>(bw::Type::kEnd));
   EXPECT_EQ(h.length, 8u);
@@ -75,7 +75,7 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
   EXPECT_EQ(codec::parse_header(bw::kProtocol, wrong_magic).status().code(), ErrorCode::kCorrupt);
   std::string wrong_version = bytes;
   wrong_version[4] = 1;
-  EXPECT_NE(codec::parse_header(bw::kProtocol, wrong_version).status().message().find("version 1 (this build speaks 6)"),
+  EXPECT_NE(codec::parse_header(bw::kProtocol, wrong_version).status().message().find("version 1 (this build speaks 7)"),
             std::string::npos);
   std::string wrong_type = bytes;
   wrong_type[6] = 9;
@@ -156,10 +156,12 @@ TEST(BenchWire, EveryMessageRoundTrips) {
   EXPECT_TRUE(rr2.poisoned);
   rr.status = Status();
   rr.us = {1.5, 2.5};
+  rr.placement = {0, 1};
   f = frame(rr);
   KILN_ASSERT_OK_AND_ASSIGN(rr2, bw::decode<bw::RunResult>(std::string_view(f).substr(12)));
   EXPECT_TRUE(rr2.status.ok());
   EXPECT_EQ(rr2.us, (std::vector<double>{1.5, 2.5}));
+  EXPECT_EQ(rr2.placement, (std::vector<uint32_t>{0, 1}));
 
   bw::Begun g;
   g.seq = 7;

@@ -567,6 +567,49 @@ TEST(AdaptiveRepetitions, StopsWhenPreciseOrSeparatedFromTheLeader) {
   EXPECT_LE(narrow.high - narrow.low, wide.high - wide.low);
 }
 
+// Two placements 10% apart, runs split evenly: the median of all runs sits where the clusters meet and moves with
+// their tails (one slow run of the fast set moves it by 2%); the placement-balanced median is their mean and
+// does not move.
+TEST(PlacedMedian, IsTheMeanOfEachPlacementsMedianAndIgnoresWhereTheClustersMeet) {
+  Samples s;
+  for (int i = 0; i < 12; ++i) {
+    s.us.push_back(i % 2 == 0 ? 40.0 + 0.01 * i : 44.0 + 0.01 * i);
+    s.placement.push_back(static_cast<uint32_t>(i % 2));
+  }
+  const double pooled = summarize(s.us).median;
+  const double placed = summarize(s).median;
+  EXPECT_NEAR(placed, (40.05 + 44.06) / 2, 1e-9);
+  Samples tail = s;
+  tail.us[10] = 43.9;  // one slow run of the fast set
+  EXPECT_GT(std::abs(summarize(tail.us).median - pooled) / pooled, 0.02);
+  EXPECT_NEAR(summarize(tail).median, placed, 0.01);
+  // Unequal counts per placement weigh each placement alike.
+  Samples uneven = s;
+  for (int i = 0; i < 20; ++i) {
+    uneven.us.push_back(40.05);
+    uneven.placement.push_back(0);
+  }
+  EXPECT_NEAR(summarize(uneven).median, placed, 0.01);
+  EXPECT_LT(summarize(uneven.us).median, 40.1);
+  // No placements (a worker's runs), or placements that do not match the runs: the plain median.
+  Samples none;
+  none.us = {3, 1, 2};
+  EXPECT_EQ(summarize(none).median, 2);
+  none.placement = {0, 1};
+  EXPECT_EQ(placed_median(none.us, none.placement), 2);
+  EXPECT_EQ(summarize(Samples{}).median, 0);
+  // append keeps the placements aligned with the runs, a side without them counting as set 0.
+  Samples a;
+  a.us = {5, 6};
+  Samples b;
+  b.us = {7};
+  b.placement = {2};
+  a.append(b);
+  EXPECT_EQ(a.placement, (std::vector<uint32_t>{0, 0, 2}));
+  a.append(none);
+  EXPECT_EQ(a.placement.size(), a.us.size());
+}
+
 TEST(WorkloadBudget, OrdersByGainPerSecondAndStopsWhenSpent) {
   double now = 100;
   TuneBudget budget(1.0, [&] { return now; });

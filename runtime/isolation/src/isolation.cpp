@@ -439,6 +439,8 @@ Result<IsolatedRun> IsolationHost::run(bench_wire::Run request, const Binaries& 
   }
   Samples s;
   s.us = std::move(result->us);
+  // A worker's placements that do not match its runs one to one are dropped (the runs count as one set).
+  if (result->placement.size() == s.us.size()) s.placement = std::move(result->placement);
   s.graph = result->graph;
   s.partial = result->partial;
   out.samples = std::move(s);

@@ -55,7 +55,8 @@ enum class Type : uint16_t { kHello = 1, kBegin = 2, kBegun = 3, kRun = 4, kRunR
 /// Bump the version when any message's layout changes; host and worker must agree exactly. Version 2:
 /// kiln::codec's encodings. Version 3: BenchmarkOptions' adaptive repetitions and early abandonment. Version 4:
 /// BenchmarkOptions' rank_tie_fraction. Version 5: flush_l2_by_writing. Version 6: placements, placement_bytes.
-inline constexpr codec::Protocol kProtocol{0x3157424Bu /* "KBW1" */, 6, static_cast<uint16_t>(Type::kEnd),
+/// Version 7: RunResult's placement of each run.
+inline constexpr codec::Protocol kProtocol{0x3157424Bu /* "KBW1" */, 7, static_cast<uint16_t>(Type::kEnd),
                                            "kiln bench worker"};
 constexpr const codec::Protocol& protocol(Type) { return kProtocol; }
 
@@ -130,12 +131,13 @@ struct RunResult {
   Status status;
   double error = 0;  // relative error of the check
   std::vector<double> us;
+  std::vector<uint32_t> placement;  // Samples::placement
   bool graph = false;
   bool partial = false;
   bool poisoned = false;
   double worker_seconds = 0;
 };
-KILN_CODEC_FIELDS(RunResult, seq, status, error, us, graph, partial, poisoned, worker_seconds)
+KILN_CODEC_FIELDS(RunResult, seq, status, error, us, placement, graph, partial, poisoned, worker_seconds)
 
 struct End {
   static constexpr Type kType = Type::kEnd;

@@ -95,6 +95,7 @@ class BenchWorker {
     Result<Samples> samples = run_choice(req, out.error);
     if (samples.ok()) {
       out.us = std::move(samples->us);
+      out.placement = std::move(samples->placement);
       out.graph = samples->graph;
       out.partial = samples->partial;
     } else {

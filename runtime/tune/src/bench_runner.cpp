@@ -131,6 +131,37 @@ Summary summarize(std::vector<double> us) {
   return s;
 }
 
+void Samples::append(const Samples& more) {
+  // A side without placements (or with ones that do not match its runs) counts as all on set 0, so that the
+  // placements stay aligned with `us`.
+  const bool mine = placement.size() == us.size() && !placement.empty();
+  const bool theirs = more.placement.size() == more.us.size() && !more.placement.empty();
+  if (!mine) placement.assign(theirs ? us.size() : 0, 0);
+  us.insert(us.end(), more.us.begin(), more.us.end());
+  if (theirs) placement.insert(placement.end(), more.placement.begin(), more.placement.end());
+  else if (!placement.empty()) placement.resize(us.size(), 0);
+  graph = more.graph;
+}
+
+double placed_median(const std::vector<double>& us, const std::vector<uint32_t>& placement) {
+  if (us.empty()) return 0;
+  std::map<uint32_t, std::vector<double>> by_set;
+  if (placement.size() != us.size()) by_set[0] = us;
+  else for (size_t i = 0; i < us.size(); ++i) by_set[placement[i]].push_back(us[i]);
+  double sum = 0;
+  for (auto& [set, runs] : by_set) {
+    std::sort(runs.begin(), runs.end());
+    sum += percentile(runs, 0.5);
+  }
+  return sum / static_cast<double>(by_set.size());
+}
+
+Summary summarize(const Samples& samples) {
+  Summary s = summarize(samples.us);
+  if (!samples.us.empty()) s.median = placed_median(samples.us, samples.placement);
+  return s;
+}
+
 Result<std::unique_ptr<BenchRunner>> BenchRunner::create(const BenchmarkOptions& options, const DeviceInfo& device) {
   std::unique_ptr<BenchRunner> r(new BenchRunner());
   r->options_ = options;
@@ -268,7 +299,7 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const OpArgs& args,
 }
 
 Result<Samples> BenchRunner::time_runs(const Choice& choice, const std::vector<const OpArgs*>& sets, CUdeviceptr ws,
-                                       int n, bool graph, ReplayGraphs* keep) {
+                                       int n, bool graph, ReplayGraphs* keep, size_t first_run) {
   if (sets.empty()) return make_error(ErrorCode::kInvalidArgument, "time_runs: no operand set");
   KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
   // One graph per operand set (its pointers are baked in); all or none: a choice that cannot be captured on
@@ -297,7 +328,7 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const std::vector<c
   for (int first = 0; first < n; first += kRunsPerHold) {
     KILN_ASSIGN_OR_RETURN(StreamHold hold, StreamHold::hold(stream_.get()));
     for (int i = first; i < std::min(n, first + kRunsPerHold); ++i) {
-      const size_t s = static_cast<size_t>(i) % sets.size();
+      const size_t s = (first_run + static_cast<size_t>(i)) % sets.size();
       KILN_RETURN_IF_ERROR(flush());
       KILN_RETURN_IF_ERROR(events_[2 * i].record(stream_.get()));
       if (graphed) KILN_CHECK(d->cuGraphLaunch(g[s]->exec, stream_.get()));
@@ -313,6 +344,7 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const std::vector<c
   for (int i = 0; i < n; ++i) {
     KILN_ASSIGN_OR_RETURN(float ms, events_[2 * i + 1].elapsed_ms_since(events_[2 * i]));
     out.us.push_back(ms * 1e3);
+    out.placement.push_back(static_cast<uint32_t>((first_run + static_cast<size_t>(i)) % sets.size()));
   }
   return out;
 }
@@ -403,9 +435,8 @@ Result<Samples> BenchRunner::measure(const Choice& choice, const std::vector<con
   const int round = std::max(options_.min_reps, 3);
   for (;;) {
     const int n = std::min(round, reps - static_cast<int>(all.us.size()));
-    KILN_ASSIGN_OR_RETURN(Samples more, time_runs(choice, args, ws, n, graph, &graphs));
-    all.graph = more.graph;
-    all.us.insert(all.us.end(), more.us.begin(), more.us.end());
+    KILN_ASSIGN_OR_RETURN(Samples more, time_runs(choice, args, ws, n, graph, &graphs, all.us.size()));
+    all.append(more);
     const Verdict v = judge(all.us, best_us, reps, options_);
     if (v == Verdict::kMore) continue;
     all.partial = v == Verdict::kSlower;

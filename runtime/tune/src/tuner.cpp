@@ -600,7 +600,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       }
     }
     if (samples.ok()) {
-      Summary sum = summarize(samples->us);
+      Summary sum = summarize(*samples);
       r.median_us = sum.median;
       r.min_us = sum.min;
       r.p10_us = sum.p10;
@@ -766,7 +766,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   using Tied = std::vector<std::pair<ChoicePtr, ChoiceResult*>>;
   auto remeasure = [&](const Tied& tied) -> Status {
     const auto t_remeasure = Clock::now();
-    std::map<std::string, std::vector<double>> again;
+    std::map<std::string, Samples> again;
     ReplayGraphs graphs;  // one capture per tied choice for all rounds
     const int per_round = std::max(3, options.bench.min_reps);
     for (int round = 0; round < options.bench.tie_rounds; ++round) {
@@ -776,19 +776,20 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
         if (isolated && isolated->covers(*c)) {  // Isolation: re-measured where it was measured
           KILN_ASSIGN_OR_RETURN(samples, isolated->time_runs(*c, per_round, r->graph));
         } else {
-          samples = bench->time_runs(*c, operand_args, workspace.ptr(), per_round, r->graph, &graphs);
+          samples = bench->time_runs(*c, operand_args, workspace.ptr(), per_round, r->graph, &graphs,
+                                     again[r->name].us.size());
         }
-        if (samples.ok()) again[r->name].insert(again[r->name].end(), samples->us.begin(), samples->us.end());
+        if (samples.ok()) again[r->name].append(*samples);
       }
     }
     for (const auto& [c, r] : tied) {
-      if (again[r->name].empty()) continue;
+      if (again[r->name].us.empty()) continue;
       Summary sum = summarize(again[r->name]);
       r->median_us = sum.median;
       r->min_us = sum.min;
       r->p10_us = sum.p10;
       r->p90_us = sum.p90;
-      r->reps += static_cast<int>(again[r->name].size());
+      r->reps += static_cast<int>(again[r->name].us.size());
       if (r->partial) {  // measured in full now, beside the best
         r->partial = false;
         measured_choices.push_back(c);

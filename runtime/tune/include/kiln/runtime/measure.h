@@ -6,6 +6,8 @@
 
 #include <cuda.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <vector>
@@ -82,8 +84,13 @@ Verdict judge(const std::vector<double>& us, double best_us, int max_reps, const
 
 struct Samples {
   std::vector<double> us;  // one per timed run
+  /// The operand set (BenchmarkOptions::placements) each run used, one per entry of `us`; empty: all one set
+  /// (runs from the bench worker of an isolated tune carry none).
+  std::vector<uint32_t> placement;
   bool graph = false;
   bool partial = false;
+  /// Adds `more`'s runs (a later round of the same choice on the same sets).
+  void append(const Samples& more);
 };
 
 /// The median, min and percentiles of samples (microseconds).
@@ -91,6 +98,16 @@ struct Summary {
   double median = 0, min = 0, p10 = 0, p90 = 0;
 };
 Summary summarize(std::vector<double> us);
+/// The same, with `median` the placement-balanced median (placed_median); min and percentiles over all runs.
+Summary summarize(const Samples& samples);
+/// A choice's time over its operand placements: the mean of each placement's median. Where a choice's time
+/// depends on where its operands lie (cuBLAS's kernels: 43-50 us for one GEMM over eight allocations on an
+/// H200), the runs form one cluster per placement, and the median of all runs together lands where two
+/// clusters meet whenever the runs split evenly (12 runs over 4 sets: between the 72nd and 73rd of 144), read
+/// off the tails of both: the same kernel timed twice side by side read up to 2.6% apart that way (H200 suite,
+/// 1 Dec, 5 of the 8 beyond 1% were cuBLAS/cuBLASLt). Each placement's median is steady; their mean is what a
+/// caller's buffers, wherever they land, take on average. Without placements (or with one), the median.
+double placed_median(const std::vector<double>& us, const std::vector<uint32_t>& placement);
 
 namespace detail {
 struct Graph;
@@ -157,8 +174,9 @@ class BenchRunner {
   Result<Samples> time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, int n, bool graph,
                             ReplayGraphs* keep = nullptr);
   /// The same over several operand sets, as measure() rotates over them.
+  /// `first` is the index of the first run in the rotation (runs added to earlier ones keep the sets even).
   Result<Samples> time_runs(const Choice& choice, const std::vector<const OpArgs*>& sets, CUdeviceptr workspace,
-                            int n, bool graph, ReplayGraphs* keep = nullptr);
+                            int n, bool graph, ReplayGraphs* keep = nullptr, size_t first = 0);
 
  private:
   BenchRunner() = default;
