@@ -154,7 +154,9 @@ struct Tuned {
 // (BenchmarkOptions::placements): an extern's time depends on where its operands lie. A kernel's figure is its
 // placement-balanced median (placed_median: the mean of each set's median), as the tuner's is; `pooled` is the
 // median of all its runs together, the re-time's figure before 1 Dec, kept to compare the two.
-constexpr int kRetimePlacements = 4;
+// Eight sets (four until 1 Dec), runs continuing the rotation from round to round so that each set gets as many.
+constexpr int kRetimePlacements = 8;
+constexpr int kRetimeRuns = 12;
 
 struct SideBySide {
   double a = 0, b = 0;
@@ -162,7 +164,7 @@ struct SideBySide {
 };
 
 SideBySide side_by_side(const Tuner& tuner, const Problem& problem, const Selection& a, const Selection& b, int rounds,
-                        int runs = 3 * kRetimePlacements, bool time_both = false) {
+                        int runs = kRetimeRuns, bool time_both = false) {
   auto def = bench::must(tuner.ops().find(problem.op));
   OperandSets operands = bench::must(make_operand_sets(*def, problem, 1, kRetimePlacements, size_t{4} << 30), "buffers");
   const std::vector<const OpArgs*> sets = operands.args();
@@ -229,7 +231,7 @@ std::string suite_method(int exhaustive_configs, int retime_rounds) {
       "its medians on each set (default_pooled_us / exhaustive_pooled_us: the median of all its runs together, the "
       "figure before 1 Dec); where both efforts chose the same kernel it is timed once.",
       exhaustive_configs > 0 ? std::to_string(exhaustive_configs) : std::string("all"), retime_rounds,
-      3 * kRetimePlacements,
+      kRetimeRuns,
       g_measuring.flush_l2_by_writing ? "writing (a memset of twice its size)" : "reading a buffer of twice its size",
       kRetimePlacements, g_measuring.placements);
 }

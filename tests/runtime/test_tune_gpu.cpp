@@ -258,6 +258,12 @@ TEST_F(TuneGpu, TimedRunsRotateOverOperandSetsAllocatedApart) {
   EXPECT_EQ(eager.us.size(), 7u);
   ASSERT_EQ(seen.size(), 7u);
   for (size_t i = 0; i < 7; ++i) EXPECT_EQ(seen[i], args[i % 3]) << "run " << i;
+  EXPECT_EQ(eager.placement, (std::vector<uint32_t>{0, 1, 2, 0, 1, 2, 0}));
+  // A later round goes on where the earlier left off.
+  seen.clear();
+  KILN_ASSERT_OK_AND_ASSIGN(Samples later, runner->time_runs(choice, args, 0, 2, false, nullptr, 7));
+  EXPECT_EQ(later.placement, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(seen, (std::vector<const OpArgs*>{args[1], args[2]}));
   // As graph replays: one capture per set, each replayed in turn.
   seen.clear();
   ReplayGraphs graphs;
@@ -272,6 +278,9 @@ TEST_F(TuneGpu, TimedRunsRotateOverOperandSetsAllocatedApart) {
   KILN_ASSERT_OK_AND_ASSIGN(Samples measured, runner->measure(choice, args, 0, 0));
   ASSERT_GE(seen.size(), 3u);
   EXPECT_EQ(std::set<const OpArgs*>(seen.begin(), seen.begin() + 3), std::set<const OpArgs*>(args.begin(), args.end()));
+  // Every set is timed, and the figure is the placement-balanced median.
+  EXPECT_EQ(std::set<uint32_t>(measured.placement.begin(), measured.placement.end()), (std::set<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(summarize(measured).median, placed_median(measured.us, measured.placement));
   EXPECT_EQ(runner->time_runs(choice, std::vector<const OpArgs*>{}, 0, 3, false).status().code(),
             ErrorCode::kInvalidArgument);
 }

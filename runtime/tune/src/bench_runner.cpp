@@ -421,10 +421,12 @@ Result<Samples> BenchRunner::measure(const Choice& choice, const std::vector<con
     estimate.partial = true;
     return estimate;
   }
+  // Every operand set gets a run (a choice timed on some of them only would be compared on other placements).
+  const int sets = static_cast<int>(args.size());
   int reps = options_.fixed_reps;
   if (reps <= 0) {
     reps = static_cast<int>(options_.budget_ms * 1e3 / std::max(est, 1.0));
-    reps = std::clamp(reps, options_.min_reps, options_.max_reps);
+    reps = std::clamp(reps, std::max(options_.min_reps, std::min(sets, options_.max_reps)), options_.max_reps);
   }
   const bool graph = est < options_.graph_below_us;
   if (options_.fixed_reps > 0 || !options_.adaptive) return time_runs(choice, args, ws, reps, graph);
@@ -432,7 +434,7 @@ Result<Samples> BenchRunner::measure(const Choice& choice, const std::vector<con
   // replaying one captured graph.
   ReplayGraphs graphs;
   Samples all;
-  const int round = std::max(options_.min_reps, 3);
+  const int round = std::max({options_.min_reps, 3, sets});
   for (;;) {
     const int n = std::min(round, reps - static_cast<int>(all.us.size()));
     KILN_ASSIGN_OR_RETURN(Samples more, time_runs(choice, args, ws, n, graph, &graphs, all.us.size()));
