@@ -579,18 +579,31 @@ TEST(SelectionRule, TiesGoToTemplatesThenExternsSubgraphsAndUserKernels) {
   EXPECT_EQ(s2[detail::pick_winner(s2, rank, BenchmarkOptions{}.rank_tie_fraction)].name, "cublas_default");
 }
 
-TEST(SelectionRule, NearTiesAreTheCompleteMeasurementsWithinTheWindow) {
+TEST(SelectionRule, NearTiesAreTheCompleteMeasurementsWithinTheWindowAndTheBestFew) {
   ChoiceResult best = timed("t512_i2", 4.80, 4.83);
   ChoiceResult stopped = timed("t256_i2", 4.96, 5.12, true, true);  // stopped early as slower: stays out
-  ChoiceResult far = timed("t64_i1", 5.1, 5.2);                     // outside the 4% window
+  ChoiceResult far = timed("t64_i1", 5.4, 5.5);                     // outside the 4% window and the 10%
   ChoiceResult wrong = timed("t128_i8", 4.85, 4.9, false);          // failed
   ChoiceResult next = timed("t256_i4", 4.95, 5.0);
   const std::vector<ChoiceResult> r = {stopped, far, wrong, best, next};
   EXPECT_EQ(detail::near_ties(r, 0.02), (std::vector<size_t>{3, 4}));  // the best first, then in order
+  // Runners-up: outside the window but within 10%, the fastest first, until there are four.
+  std::vector<ChoiceResult> few = r;
+  few.push_back(timed("t32_i1", 5.2, 5.3));   // 8.3% slower: a fifth, left out
+  few.push_back(timed("t64_i2", 5.05, 5.1));  // 5.2% slower
+  few.push_back(timed("t64_i4", 5.1, 5.2));   // 6.3% slower
+  EXPECT_EQ(detail::near_ties(few, 0.02), (std::vector<size_t>{3, 4, 6, 7}));
+  // Four within the window already: no runner-up.
+  std::vector<ChoiceResult> full = {best, next, timed("b", 4.81, 4.9), timed("c", 4.82, 4.9), timed("d", 4.98, 5.1)};
+  EXPECT_EQ(detail::near_ties(full, 0.02), (std::vector<size_t>{0, 1, 2, 3, 4}));
+  full[4].median_us = 5.05;  // 5.2%: outside the window, and four are there
+  EXPECT_EQ(detail::near_ties(full, 0.02), (std::vector<size_t>{0, 1, 2, 3}));
   // Within the window by the best's spread (p90 - median), not only by twice the tie fraction.
   std::vector<ChoiceResult> wide = {timed("a", 10.0, 10.9), timed("b", 10.8, 10.9)};
   EXPECT_EQ(detail::near_ties(wide, 0.02), (std::vector<size_t>{0, 1}));
-  wide[1].median_us = 10.95;
+  wide[1].median_us = 10.95;  // outside the window: a runner-up
+  EXPECT_EQ(detail::near_ties(wide, 0.02), (std::vector<size_t>{0, 1}));
+  wide[1].median_us = 11.2;
   EXPECT_TRUE(detail::near_ties(wide, 0.02).empty());  // one alone is no tie
   EXPECT_TRUE(detail::near_ties({stopped, wrong}, 0.02).empty());
   EXPECT_TRUE(detail::near_ties({}, 0.02).empty());

@@ -40,11 +40,16 @@ std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double t
   if (best < 0) return {};
   const double limit = results[best].median_us + remeasure_window(results[best], tie_fraction);
   std::vector<size_t> out = {static_cast<size_t>(best)};
+  std::vector<size_t> runners_up;  // complete, outside the window, within kRunnerUpFraction: fastest first
   for (size_t i = 0; i < results.size(); ++i) {
     const ChoiceResult& r = results[i];
-    if (static_cast<int>(i) == best || !usable(r) || r.median_us > limit) continue;
-    out.push_back(i);
+    if (static_cast<int>(i) == best || !usable(r)) continue;
+    if (r.median_us <= limit) out.push_back(i);
+    else if (r.median_us <= results[best].median_us * (1 + kRunnerUpFraction)) runners_up.push_back(i);
   }
+  std::stable_sort(runners_up.begin(), runners_up.end(),
+                   [&](size_t a, size_t b) { return results[a].median_us < results[b].median_us; });
+  for (size_t i = 0; i < runners_up.size() && out.size() < kMinNearTies; ++i) out.push_back(runners_up[i]);
   if (out.size() < 2) out.clear();
   return out;
 }

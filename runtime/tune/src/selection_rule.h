@@ -25,11 +25,19 @@ double remeasure_window(const ChoiceResult& best, double tie_fraction);
 int best_complete(const std::vector<ChoiceResult>& results);
 
 /// The indices of `results` to re-measure as near-ties: the complete measurements within remeasure_window() of
-/// the fastest one (that one first). Empty when fewer than two. Not those stopped early as clearly slower
+/// the fastest one (that one first), then, while they are fewer than kMinNearTies, the fastest other complete
+/// ones within kRunnerUpFraction of it. Empty when fewer than two. Not those stopped early as clearly slower
 /// (partial): on the H200 suite (30 Nov, 8592b6a) re-measuring those within the window too, with a fourth round,
 /// doubled the re-measure's time (0.011 -> 0.021 s per problem) and held the same 90.8% within 1% of the
 /// exhaustive effort's choice.
 std::vector<size_t> near_ties(const std::vector<ChoiceResult>& results, double tie_fraction);
+/// Runners-up: a complete measurement taken in its own stretch can read several percent off. On the H200 suite
+/// (1 Dec, 8934bf3) one tune of 333x8192x3696 read cuBLASLt's algorithm 408 and cuBLAS at 35.3-35.6 us and chose
+/// algorithm 409 at 32.5, while the other effort's tune read them at 31.2-31.4 and 409 at 32.8; the side-by-side
+/// re-time put 408 3.4% ahead. A re-measure round costs a few runs per choice, so the best few are always
+/// compared interleaved.
+inline constexpr size_t kMinNearTies = 4;
+inline constexpr double kRunnerUpFraction = 0.10;
 
 /// The choices stopped early as clearly slower (partial, successful) whose reading is no longer clearly slower
 /// than the fastest complete measurement as it reads now: at most tie_fraction above it, or below it. The
