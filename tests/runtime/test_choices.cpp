@@ -621,12 +621,32 @@ TEST(SelectionRule, ADropWhoseVerdictNoLongerHoldsIsRevoked) {
   ChoiceResult bad = timed("cublaslt_bad", 700.0, 701.0, false);        // failed: stays failed
   const std::vector<ChoiceResult> r = {best, t31, t20, t248, near, t32, bad};
   EXPECT_EQ(detail::revoked_partials(r, 0.02), (std::vector<size_t>{1, 2, 4}));
-  // Before the re-measure (the best at 722) none of them was.
+  // Before the re-measure (the best at 722, alone) none of them was within the tie fraction; the two within 10%
+  // join it as runners-up.
   std::vector<ChoiceResult> before = r;
   before[0].median_us = 722.3;
-  EXPECT_TRUE(detail::revoked_partials(before, 0.02).empty());
+  EXPECT_EQ(detail::revoked_partials(before, 0.02), (std::vector<size_t>{1, 2}));
   // Without a complete measurement there is no best to judge against.
   EXPECT_TRUE(detail::revoked_partials({t31, t20}, 0.02).empty());
+}
+
+TEST(SelectionRule, ABestThatReadLowIsReMeasuredBesideTheFastestItStopped) {
+  // The H200 suite's 128x2560x8192 (1 Dec, 7ed3d8b): cuBLASLt's algorithm 27 read 19.7 us and every other
+  // choice stopped early against it.
+  const std::vector<ChoiceResult> r = {
+      timed("cublaslt_t27", 19.69, 20.0),
+      timed("cublaslt_t208", 21.04, 21.5, true, true),
+      timed("gemm_wgmma_swab_64x128_s8", 20.17, 20.5, true, true),
+      timed("cublaslt_t165", 20.64, 21.0, true, true),
+      timed("far", 21.8, 22.0, true, true),  // 10.7% above: out
+      timed("cublaslt_t28", 20.87, 21.0, true, true),
+  };
+  // The best alone: the three fastest it stopped, fastest first.
+  EXPECT_EQ(detail::revoked_partials(r, 0.02), (std::vector<size_t>{2, 3, 5}));
+  // With a complete near-tie beside it, two.
+  std::vector<ChoiceResult> with_tie = r;
+  with_tie.push_back(timed("cublaslt_t18", 20.44, 20.8));
+  EXPECT_EQ(detail::revoked_partials(with_tie, 0.02), (std::vector<size_t>{2, 3}));
 }
 
 TEST(SelectionRule, ReMeasureRoundsAlternateTheirOrder) {

@@ -59,10 +59,18 @@ std::vector<size_t> revoked_partials(const std::vector<ChoiceResult>& results, d
   std::vector<size_t> out;
   if (best < 0) return out;
   const double limit = results[best].median_us * (1 + tie_fraction);
+  const double runner_up_limit = results[best].median_us * (1 + kRunnerUpFraction);
+  std::vector<size_t> runners_up;
   for (size_t i = 0; i < results.size(); ++i) {
     const ChoiceResult& r = results[i];
-    if (r.partial && r.status.ok() && r.median_us > 0 && r.median_us <= limit) out.push_back(i);
+    if (!r.partial || !r.status.ok() || r.median_us <= 0) continue;
+    if (r.median_us <= limit) out.push_back(i);
+    else if (r.median_us <= runner_up_limit) runners_up.push_back(i);
   }
+  std::stable_sort(runners_up.begin(), runners_up.end(),
+                   [&](size_t a, size_t b) { return results[a].median_us < results[b].median_us; });
+  const size_t beside = std::max<size_t>(1, near_ties(results, tie_fraction).size());
+  for (size_t i = 0; i < runners_up.size() && beside + out.size() < kMinNearTies; ++i) out.push_back(runners_up[i]);
   return out;
 }
 

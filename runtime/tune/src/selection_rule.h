@@ -42,7 +42,11 @@ inline constexpr double kRunnerUpFraction = 0.10;
 /// The choices stopped early as clearly slower (partial, successful) whose reading is no longer clearly slower
 /// than the fastest complete measurement as it reads now: at most tie_fraction above it, or below it. The
 /// verdict was passed against the best as it read then; where a re-measure finds the best slower (the GPU's
-/// power state drifts over a heavy GEMM's tune), it no longer holds.
+/// power state drifts over a heavy GEMM's tune), it no longer holds. Then, while they and the near-ties are
+/// fewer than kMinNearTies, the fastest other partials within kRunnerUpFraction: the verdict was passed against
+/// a best that read low in its own stretch (H200 suite, 1 Dec, 7ed3d8b: 128x2560x8192's cuBLASLt algorithm 27
+/// read 19.7 us and every other choice stopped early against it, kiln's 64x128 tile at 20.2; the exhaustive
+/// effort's tune read them 20.5 and 19.9, the side-by-side re-time put the tile 5.8% ahead).
 std::vector<size_t> revoked_partials(const std::vector<ChoiceResult>& results, double tie_fraction);
 
 /// The order in which a re-measure's round times `n` choices: forward in even rounds, backward in odd ones, so
