@@ -823,7 +823,9 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       ChoiceResult& r = results[i];
       auto c = std::find_if(timed_choices.begin(), timed_choices.end(), [&](const ChoicePtr& t) { return t->name() == r.name; });
       if (c == timed_choices.end() || (isolated && isolated->covers(**c))) continue;
-      if (Status st = check_choice(**c, r.error); !st.ok()) {
+      // A user's kernel was checked before it was timed (check_first); the rest are checked now, once.
+      const bool checked = (*c)->kind() == ChoiceKind::kUser;
+      if (Status st = checked ? Status() : check_choice(**c, r.error); !st.ok()) {
         r.status = st.with_context(fmt::format("choice {}", r.name));
         if (Status rec = cache->record_failure(key, r.name, r.status); !rec.ok()) spdlog::warn("kiln: {}", rec.to_string());
         if (bench->context_lost()) break;
