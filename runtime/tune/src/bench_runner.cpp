@@ -426,7 +426,9 @@ Result<Samples> BenchRunner::measure(const Choice& choice, const std::vector<con
   int reps = options_.fixed_reps;
   if (reps <= 0) {
     reps = static_cast<int>(options_.budget_ms * 1e3 / std::max(est, 1.0));
-    reps = std::clamp(reps, std::max(options_.min_reps, std::min(sets, options_.max_reps)), options_.max_reps);
+    // (min_reps over max_reps is a caller's mistake: min_reps then wins, as it always could.)
+    const int least = std::max(options_.min_reps, std::min(sets, options_.max_reps));
+    reps = std::clamp(reps, least, std::max(least, options_.max_reps));
   }
   const bool graph = est < options_.graph_below_us;
   if (options_.fixed_reps > 0 || !options_.adaptive) return time_runs(choice, args, ws, reps, graph);

@@ -106,9 +106,10 @@ Summary summarize(const Samples& samples);
 /// depends on where its operands lie (cuBLAS's kernels: 43-50 us for one GEMM over eight allocations on an
 /// H200), the runs form one cluster per placement, and the median of all runs together lands where two
 /// clusters meet whenever the runs split evenly (12 runs over 4 sets: between the 72nd and 73rd of 144), read
-/// off the tails of both: the same kernel timed twice side by side read up to 2.6% apart that way (H200 suite,
-/// 1 Dec, 5 of the 8 beyond 1% were cuBLAS/cuBLASLt). Each placement's median is steady; their mean is what a
-/// caller's buffers, wherever they land, take on average. Without placements (or with one), the median.
+/// off the tails of both. Each placement's median is steady; their mean is what a caller's buffers, wherever
+/// they land, take on average. In one H200 suite run (1 Dec, ffad048) the same kernel re-timed against itself
+/// read beyond 1% apart on 3 of 120 problems this way and on 7 as the median of all runs (on 8 at bee96bc, 5 of
+/// them cuBLAS/cuBLASLt). Without placements (or with one), the median.
 double placed_median(const std::vector<double>& us, const std::vector<uint32_t>& placement);
 
 namespace detail {
