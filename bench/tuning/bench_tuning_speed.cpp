@@ -571,7 +571,8 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
       if (const auto b = beyond1(*self)) ++pooled_self_timed, pooled_self_beyond1 += *b;
     }
     if (const auto p = r.find("default_pooled_us"), q = r.find("exhaustive_pooled_us");
-        p != r.end() && q != r.end() && p->is_number() && q->is_number() && q->get<double>() > 0) {
+        p != r.end() && q != r.end() && p->is_number() && q->is_number() && p->get<double>() > 0 &&
+        q->get<double>() > 0) {
       ++pooled_n;
       pooled_within1 += p->get<double>() / q->get<double>() <= 1.01;
     }
