@@ -132,9 +132,9 @@ void isolation_wire() {
   put("isolation_wire", "run_measure", 0, must(bw::encode(run)));
   run.mode = bw::RunMode::kTimeRuns, run.binaries.reset(), run.n = 5, run.graph = true;
   put("isolation_wire", "run_time", 0, must(bw::encode(run)));
-  bw::RunResult result{2, Status(), 1e-3, {11.9, 12.0, 12.2}, false, false, false, 0.5};
+  bw::RunResult result{2, Status(), 1e-3, {11.9, 12.0, 12.2}, {0, 1, 2}, false, false, false, 0.5};
   put("isolation_wire", "run_result", 0, must(bw::encode(result)));
-  bw::RunResult faulted{3, sample_error(), 0, {}, false, true, true, 0.1};
+  bw::RunResult faulted{3, sample_error(), 0, {}, {}, false, true, true, 0.1};
   put("isolation_wire", "run_result_poisoned", 0, must(bw::encode(faulted)));
   put("isolation_wire", "end", 0, must(bw::encode(bw::End{4})));
 }
