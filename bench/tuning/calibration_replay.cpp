@@ -26,6 +26,7 @@
 
 #include "kiln/runtime/perf_model.h"
 #include "kiln/runtime/problem.h"
+#include "report_lines.h"
 
 namespace {
 
@@ -61,32 +62,9 @@ std::optional<Problem> gemm_from_id(const std::string& id) {
 using Part = std::map<std::string, std::vector<Tune>>;
 
 bool read_part(const std::string& path, Part& part, std::string& err) {
-  const std::string cmd = (path.ends_with(".xz") ? "xz -dc '" : "cat '") + path + "'";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) {
-    err = "cannot read " + path;
-    return false;
-  }
-  std::string text;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  if (pclose(f) != 0 || text.empty()) {
-    err = path + ": not a readable report file";
-    return false;
-  }
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(start, end - start);
-    start = end + 1;
-    if (line.empty()) continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("report")) {
-      err = path + ": a line that is not a tuning report";
-      return false;
-    }
+  std::vector<nlohmann::json> lines;
+  if (!bench::read_report_lines(path, lines, err)) return false;
+  for (const auto& j : lines) {
     try {
       auto problem = gemm_from_id(j.value("problem", ""));
       if (!problem) continue;
