@@ -68,12 +68,12 @@ bool read_part(const std::string& path, Part& part, std::string& err) {
     try {
       auto problem = gemm_from_id(j.value("problem", ""));
       if (!problem) continue;
-      Tune t{j["problem"], *problem, {}};
+      Tune t{j.at("problem"), *problem, {}};
       for (const auto& c : j["report"]["choices"]) {
         if (c.value("kind", "") != "template" || !c.value("ok", false)) continue;
         const double us = c.value("median_us", 0.0);
         if (!(us > 0)) continue;
-        t.templates.push_back({c["name"], c["parameters"].get<Params>(), ChoiceKind::kTemplate, us});
+        t.templates.push_back({c.at("name"), c.at("parameters").get<Params>(), ChoiceKind::kTemplate, us});
       }
       part[j.value("effort", "")].push_back(std::move(t));
     } catch (const std::exception& e) {  // a field of the wrong type, a size past int64

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -72,38 +73,13 @@ std::string us(const Reading& r) {
 }
 
 int explain(const std::string& run_path, const std::vector<std::string>& report_paths, double within,
-            const std::string& json_out);
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Why the default effort's picks missed the exhaustive's on a recorded suite run (no GPU)"};
-  std::string run_path, json_out;
-  std::vector<std::string> report_paths;
-  double within = 0.01;
-  app.add_option("run", run_path, "tuning-speed-…json (bench_tuning_speed merge)")->required();
-  app.add_option("reports", report_paths, "tuning-reports-…-part-N.jsonl[.xz] of the same run")->required();
-  app.add_option("--within", within, "a miss: the default's pick re-timed beyond this fraction of the exhaustive's")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--json", json_out, "write the misses and their causes here");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    return explain(run_path, report_paths, within, json_out);
-  } catch (const json::exception& e) {  // a field of the wrong type in the run or a report
-    fmt::print(stderr, "bench_tuning_misses: a run or report it cannot read: {}\n", e.what());
-    return 1;
-  }
-}
-
-namespace {
-
-int explain(const std::string& run_path, const std::vector<std::string>& report_paths, double within,
             const std::string& json_out) {
   json run;
   {
+    std::error_code ec;
     std::ifstream in(run_path);
-    if (!in) {
-      fmt::print(stderr, "bench_tuning_misses: cannot read {}\n", run_path);
+    if (!std::filesystem::is_regular_file(run_path, ec) || !in) {
+      fmt::print(stderr, "bench_tuning_misses: cannot read {} (not a readable file)\n", run_path);
       return 1;
     }
     run = json::parse(in, nullptr, false);
@@ -205,6 +181,7 @@ int explain(const std::string& run_path, const std::vector<std::string>& report_
                {"without_reports", without_reports}}}};
     std::ofstream f(json_out);
     f << out.dump(1) << "\n";
+    f.close();  // a full disk shows at the flush
     if (!f) {
       fmt::print(stderr, "bench_tuning_misses: cannot write {}\n", json_out);
       return 1;
@@ -214,3 +191,25 @@ int explain(const std::string& run_path, const std::vector<std::string>& report_
 }
 
 }  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Why the default effort's picks missed the exhaustive's on a recorded suite run (no GPU)"};
+  std::string run_path, json_out;
+  std::vector<std::string> report_paths;
+  double within = 0.01;
+  app.add_option("run", run_path, "tuning-speed-…json (bench_tuning_speed merge)")->required();
+  app.add_option("reports", report_paths, "tuning-reports-…-part-N.jsonl[.xz] of the same run")->required();
+  app.add_option("--within", within, "a miss: the default's pick re-timed beyond this fraction of the exhaustive's")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--json", json_out, "write the misses and their causes here");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return explain(run_path, report_paths, within, json_out);
+  } catch (const json::exception& e) {  // a field of the wrong type in the run or a report
+    fmt::print(stderr, "bench_tuning_misses: a run or report it cannot read: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {  // a read the stream library refuses
+    fmt::print(stderr, "bench_tuning_misses: {}\n", e.what());
+    return 1;
+  }
+}

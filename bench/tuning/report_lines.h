@@ -2,6 +2,7 @@
 // {"problem", "effort", "report"}, in a file that may be xz-compressed as bench/results keeps them.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -11,8 +12,8 @@
 
 namespace kiln::bench {
 
-// Every line of `path` (decompressed through xz when it ends in .xz), each a tune report; false with `err`
-// naming the file when it cannot be read or holds a line that is no report.
+// Every line of `path` (decompressed through xz when it ends in .xz), each a tune report whose "choices" is an
+// array of objects; false with `err` naming the file when it cannot be read or holds a line that is no report.
 inline bool read_report_lines(const std::string& path, std::vector<nlohmann::json>& lines, std::string& err) {
   // The path goes to the shell in single quotes: one that holds a quote itself is refused rather than quoted.
   if (path.find('\'') != std::string::npos) {
@@ -41,7 +42,13 @@ inline bool read_report_lines(const std::string& path, std::vector<nlohmann::jso
     start = end + 1;
     if (line.empty()) continue;
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("report") || !j["report"].is_object()) {
+    // Checked here once, so that readers may index a report's choices: a const json read at a key it lacks is
+    // undefined behaviour, not an exception.
+    const bool report = !j.is_discarded() && j.is_object() && j.contains("report") && j["report"].is_object() &&
+                        j["report"].contains("choices") && j["report"]["choices"].is_array() &&
+                        std::all_of(j["report"]["choices"].begin(), j["report"]["choices"].end(),
+                                    [](const nlohmann::json& c) { return c.is_object(); });
+    if (!report) {
       err = path + ": a line that is not a tuning report";
       return false;
     }
