@@ -161,18 +161,22 @@ std::vector<std::pair<double, const Timing*>> scored(const Tune& truth, const st
 int main(int argc, char** argv) {
   CLI::App app{"Replay the tuner's neighbour calibration over recorded suite reports (no GPU)"};
   std::vector<std::string> files;
-  int keep = 10;
+  int keep = 10, keep_top = 0;
   bool verbose = false;
   std::string show;
   double latency = 0, stage_latency = 0;
+  std::string dump;
   app.add_option("reports", files, "tuning-reports-…-part-N.jsonl[.xz], one file per part")->required();
   app.add_option("--keep", keep, "templates a plan keeps")->check(CLI::Range(1, 1000));
+  app.add_option("--keep-top", keep_top, "with one per variant first: the first N by rank before the variants (EffortPolicy::keep_top)")
+      ->check(CLI::Range(0, 1000));
   app.add_flag("--verbose", verbose, "one line per problem where the schemes differ");
   app.add_option("--show", show, "print the first 2K of this problem's order under each scheme, and its neighbours");
   app.add_option("--latency", latency, "DevicePeaks::memory_latency_us to replay with (default: the library's)")
       ->check(CLI::Range(0.05, 20.0));
   app.add_option("--stage-latency", stage_latency, "DevicePeaks::stage_latency_us to replay with (default: the library's)")
       ->check(CLI::Range(0.05, 20.0));
+  app.add_option("--dump", dump, "write every exhaustive template timing beside the model's estimate (CSV), to fit the model");
   CLI11_PARSE(app, argc, argv);
 
   DevicePeaks peaks = DevicePeaks::parts_of("sm_90a").back();  // the H200, as from_device() reads it
@@ -187,6 +191,15 @@ int main(int argc, char** argv) {
   };
   std::map<Scheme, Tally> tally;
   Tally alone, alone_diverse;
+  std::FILE* dump_file = nullptr;
+  if (!dump.empty()) {
+    dump_file = std::fopen(dump.c_str(), "w");
+    if (dump_file == nullptr) {
+      fmt::print(stderr, "bench_calibration_replay: cannot write {}\n", dump);
+      return 1;
+    }
+    fmt::print(dump_file, "run,problem,name,structure,bound,waves,blocks,occupancy,model_us,compute_us,memory_us,measured_us\n");
+  }
   for (const auto& path : files) {
     Part part;
     std::string err;
@@ -201,6 +214,14 @@ int main(int argc, char** argv) {
       auto ex = exhaustive.find(defaults[i].id);
       if (ex == exhaustive.end() || ex->second->templates.empty()) continue;
       const Tune& truth = *ex->second;
+      for (const auto& t : truth.templates) {
+        if (dump_file == nullptr) break;
+        const ModelEstimate e = estimate(truth.problem, t.kind, t.parameters, peaks);
+        if (!e.known) continue;
+        fmt::print(dump_file, "{},{},{},{},{},{:.4f},{},{},{:.3f},{:.3f},{:.3f},{:.3f}\n", path, truth.id, t.name,
+                   structure_class(t.kind, t.parameters), e.bound, e.waves, e.blocks, e.occupancy, e.us, e.compute_us,
+                   e.memory_us, t.median_us);
+      }
       // The tuner's neighbours: measured earlier in this part, each size within 2x, the nearest 8.
       std::vector<Neighbour> near;
       for (size_t j = 0; j < i; ++j) {
@@ -217,7 +238,12 @@ int main(int argc, char** argv) {
         for (bool diverse : {false, true}) {
           std::vector<const Timing*> kept;
           std::set<std::string> variants;
+          for (size_t r = 0; diverse && r < order.size() && kept.size() < static_cast<size_t>(std::min(keep, keep_top)); ++r) {
+            kept.push_back(order[r].second);
+            variants.insert(structure_class(order[r].second->kind, order[r].second->parameters));
+          }
           for (size_t r = 0; diverse && r < order.size() && kept.size() < static_cast<size_t>(keep); ++r) {
+            if (std::find(kept.begin(), kept.end(), order[r].second) != kept.end()) continue;
             if (variants.insert(structure_class(order[r].second->kind, order[r].second->parameters)).second) {
               kept.push_back(order[r].second);
             }
@@ -271,6 +297,10 @@ int main(int argc, char** argv) {
       }
       if (verbose && ratios.size() > 1) fmt::print("{:<28}{}\n", truth.id, line);
     }
+  }
+  if (dump_file != nullptr && std::fclose(dump_file) != 0) {
+    fmt::print(stderr, "bench_calibration_replay: writing {} failed\n", dump);
+    return 1;
   }
   fmt::print("\n{:<24} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8}\n", "scheme", "problems", "best kept", "within 1%",
              "within 3%", "worst", "geomean");
