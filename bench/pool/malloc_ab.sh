@@ -48,7 +48,7 @@ if [ -x $D/perf ]; then
     echo "perf, $w worker(s):"; grep -v "^#" "$OUT/malloc-ab/perf-$w.csv" | grep . | cut -d, -f1,3 | tr '\n' ' '; echo
   done
 fi
-printf "%-5s %-9s %9s %9s %9s %9s %9s %9s %9s\n" pass malloc "1w job s" "16w job s" "1w k/s" "lpt k/s" "lpt eff" "k/s" eff
+first=1
 for pass in $(seq 1 "${MALLOC_AB_PASSES:-2}"); do
   for c in "${configs[@]}"; do
     name=${c%%|*}
@@ -56,15 +56,8 @@ for pass in $(seq 1 "${MALLOC_AB_PASSES:-2}"); do
     json=$OUT/malloc-ab/$pass-$name.json
     env $envs timeout 120 $D/kiln-bench pool --executor process,process-lpt --workers 1,16 --pch on --per-worker ${MALLOC_AB_PER_WORKER:-8} \
       --rounds 1 --overhead-samples 0 --json "$json" > "$OUT/malloc-ab/$pass-$name.txt" 2>&1 || echo "$name rc=$?"
-    python3 - "$json" "$pass" "$name" <<'EOF' 2>/dev/null || echo "$pass $name: no JSON (see $pass-$name.txt)"
-import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-one = next(r for r in rows if r["executor"] == "process" and r["workers"] == 1)
-lpt = next(r for r in rows if r["executor"] == "process-lpt" and r["workers"] == 16)
-fifo = next(r for r in rows if r["executor"] == "process" and r["workers"] == 16)
-job = lambda r: r["breakdown"][0]["job_seconds"]["median"]
-print(f"{sys.argv[2]:<5} {sys.argv[3]:<9} {job(one):9.3f} {job(lpt):9.3f} {one['kernels_per_second']:9.2f} "
-      f"{lpt['kernels_per_second']:9.2f} {lpt['efficiency']:9.1%} {fifo['kernels_per_second']:9.2f} {fifo['efficiency']:9.1%}")
-EOF
+    python3 "$(dirname "$0")/ab_row.py" "$json" "$pass" "$name" $( ((first)) && echo --header) 2>/dev/null \
+      || echo "$pass $name: no JSON (see $pass-$name.txt)"
+    first=0
   done
 done

@@ -45,6 +45,7 @@ struct Tune {
   std::string id;
   Problem problem;
   std::vector<Timing> templates;  // measured, ok
+  double best_extern_us = 0;      // the fastest choice the model cannot judge (cuBLAS, cuBLASLt), 0 if none
 };
 
 std::optional<Problem> gemm_from_id(const std::string& id) {
@@ -70,9 +71,13 @@ bool read_part(const std::string& path, Part& part, std::string& err) {
       if (!problem) continue;
       Tune t{j.at("problem"), *problem, {}};
       for (const auto& c : j["report"]["choices"]) {
-        if (c.value("kind", "") != "template" || !c.value("ok", false)) continue;
+        if (!c.value("ok", false)) continue;
         const double us = c.value("median_us", 0.0);
         if (!(us > 0)) continue;
+        if (c.value("kind", "") != "template") {
+          if (!c.value("partial", false) && (t.best_extern_us == 0 || us < t.best_extern_us)) t.best_extern_us = us;
+          continue;
+        }
         t.templates.push_back({c.at("name"), c.at("parameters").get<Params>(), ChoiceKind::kTemplate, us});
       }
       part[j.value("effort", "")].push_back(std::move(t));
@@ -190,7 +195,7 @@ int main(int argc, char** argv) {
     double worst = 1, log_sum = 0;
   };
   std::map<Scheme, Tally> tally;
-  Tally alone, alone_diverse;
+  Tally alone, alone_diverse, alone_cut;
   std::FILE* dump_file = nullptr;
   if (!dump.empty()) {
     dump_file = std::fopen(dump.c_str(), "w");
@@ -253,6 +258,34 @@ int main(int argc, char** argv) {
           }
           double best = 1e30;
           for (const Timing* t : kept) best = std::min(best, t->median_us);
+          if (diverse) {
+            // As the default effort then cuts extern-first (EffortPolicy: margin 15%, compute-bound templates 2%
+            // faster, the model's first 5 not compute-bound protected), against the best extern measured in full.
+            const double ext = truth.best_extern_us;
+            std::set<const Timing*> protect;
+            for (size_t r = 0; r < order.size() && r < 5; ++r) {
+              if (estimate(truth.problem, order[r].second->kind, order[r].second->parameters, peaks).bound != "compute") {
+                protect.insert(order[r].second);
+              }
+            }
+            double best_cut = ext > 0 ? ext : 1e30, fastest_all = ext > 0 ? std::min(fastest, ext) : fastest;
+            for (const Timing* k : kept) {
+              double predicted = 0;
+              for (const auto& [score, t] : order) {
+                if (t == k) predicted = score;
+              }
+              const bool compute = estimate(truth.problem, k->kind, k->parameters, peaks).bound == "compute";
+              const bool cut = ext > 0 && !protect.count(k) && predicted > ext * (compute ? 0.98 : 1.15);
+              if (!cut) best_cut = std::min(best_cut, k->median_us);
+            }
+            auto& c = alone_cut;
+            ++c.problems;
+            c.best_kept += best_cut == fastest_all;
+            c.within1 += best_cut / fastest_all <= 1.01;
+            c.within3 += best_cut / fastest_all <= 1.03;
+            c.worst = std::max(c.worst, best_cut / fastest_all);
+            c.log_sum += std::log(best_cut / fastest_all);
+          }
           auto& t = diverse ? alone_diverse : alone;
           ++t.problems;
           t.best_kept += best == fastest;
@@ -309,6 +342,9 @@ int main(int argc, char** argv) {
   fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "  one per variant first", alone_diverse.problems,
              alone_diverse.best_kept, alone_diverse.within1, alone_diverse.within3, alone_diverse.worst,
              std::exp(alone_diverse.log_sum / std::max(1, alone_diverse.problems)));
+  fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "  then extern-first cut", alone_cut.problems,
+             alone_cut.best_kept, alone_cut.within1, alone_cut.within3, alone_cut.worst,
+             std::exp(alone_cut.log_sum / std::max(1, alone_cut.problems)));
   for (Scheme s : schemes) {
     const auto& t = tally[s];
     fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", scheme_name(s), t.problems, t.best_kept,

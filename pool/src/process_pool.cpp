@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -112,11 +113,13 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     std::string protocol_error;
     bool dead = false;  // its stderr reached EOF or its socket broke: reap it
     std::string pch_dir;  // its automatic-PCH folder (see kPchPrefix), removed when it is reaped
+    int cpu = -1;         // the CPU it is pinned to (ProcessPoolOptions::pin_workers), else -1
   };
 
   ProcessPoolOptions opt;
   std::string worker_path;
   int target = 1;
+  bool pin = false;  // ProcessPoolOptions::pin_workers, resolved
   uint64_t pch_dirs = 0;  // workers named a PCH folder so far (on the I/O thread)
   std::unique_ptr<Executor> host;  // the host arena, used until ready and when the pool cannot start workers
   std::shared_ptr<TaskRunner> callbacks;
@@ -221,6 +224,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     }
     const int pid = started->pid;
     w->pid = pid;
+    if (pin) w->cpu = pin_to_cpu(pid);
     w->sock = std::move(started->sock);
     w->err = std::move(started->err);
     w->spawned_at = Clock::now();
@@ -233,6 +237,25 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     }
     emit(PoolEvent::Kind::kWorkerSpawned, pid);
     workers.push_back(std::move(w));
+  }
+
+  // The CPU of the host's affinity set that the fewest live workers are pinned to; -1 if none could be set.
+  int pin_to_cpu(int pid) {
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    if (::sched_getaffinity(0, sizeof mine, &mine) != 0) return -1;
+    int best = -1, best_users = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &mine)) continue;
+      int users = 0;
+      for (const auto& w : workers) users += w->cpu == cpu;
+      if (best < 0 || users < best_users) best = cpu, best_users = users;
+    }
+    if (best < 0) return -1;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(best, &one);
+    return ::sched_setaffinity(pid, sizeof one, &one) == 0 ? best : -1;
   }
 
   // A worker could not be started, or died before saying hello. After three in a row the pool stops trying
@@ -689,6 +712,14 @@ Result<std::unique_ptr<ProcessPool>> ProcessPool::start(ProcessPoolOptions optio
   auto impl = std::make_shared<Impl>();
   impl->worker_path = std::move(path);
   impl->target = options.workers > 0 ? options.workers : available_cores();
+  if (options.pin_workers) {
+    impl->pin = *options.pin_workers;
+  } else if (const char* v = std::getenv("KILN_POOL_PIN"); v != nullptr && *v != '\0') {
+    if (std::string_view(v) != "0" && std::string_view(v) != "1") {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("KILN_POOL_PIN is '{}' (give 0 or 1)", v));
+    }
+    impl->pin = std::string_view(v) == "1";
+  }
   impl->callbacks = options.callbacks ? options.callbacks : default_task_runner();
   if (options.stderr_tail_bytes == 0) options.stderr_tail_bytes = 1;
   ArenaOptions host;

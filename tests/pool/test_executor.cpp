@@ -21,6 +21,7 @@ namespace {
 using pool_test::FakeCompiler;
 using pool_test::HeldThreadTest;
 using pool_test::named;
+using testing::ScopedEnv;
 
 CompileJob job(const std::string& name, Priority p = Priority::kNormal) {
   CompileJob j;
@@ -236,26 +237,6 @@ TEST(Executors, AvailableCoresFollowsTheAffinityMask) {
   ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
   EXPECT_EQ(available_cores(), CPU_COUNT(&set));
 }
-
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 TEST(Executors, ChosenByOptionsThenEnvironment) {
   {

@@ -33,6 +33,7 @@ namespace kiln {
 namespace {
 
 using pool_test::EventLog;
+using testing::ScopedEnv;
 using pool_test::FakeCompiler;
 using pool_test::named;
 using Kind = PoolEvent::Kind;
@@ -429,6 +430,64 @@ TEST(ProcessPool, WorkersAreRecycledAfterTheirJobLimit) {
   EXPECT_EQ(pids.size(), 4u);  // 3 + 3 + 3 + 1
   EXPECT_EQ(pool->stats().recycled, 3u);
   EXPECT_EQ(pool->stats().crashes, 0u);
+}
+
+// The CPUs `pid` may run on.
+std::set<int> cpus_of(int pid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::set<int> out;
+  if (::sched_getaffinity(pid, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.insert(c);
+  }
+  return out;
+}
+
+TEST(ProcessPool, PinnedWorkersSpreadOverTheHostsCpus) {
+  const std::set<int> host = cpus_of(0);
+  ASSERT_FALSE(host.empty());
+  const int workers = 3;
+  EventLog log;
+  ProcessPoolOptions o;
+  o.pin_workers = true;
+  o.max_jobs_per_worker = 2;  // replacements are pinned too, to the CPU their predecessor left
+  auto pool = ready_pool(log, workers, o);
+  ASSERT_TRUE(pool);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Submission> subs;
+    for (int i = 0; i < 2 * workers; ++i) subs.push_back(pool->submit(echo(fmt::format("pin{}_{}", round, i))));
+    for (auto& s : subs) KILN_ASSERT_OK(s.future.get());
+    ASSERT_TRUE(pool->wait_ready(std::chrono::seconds(60)));
+    std::map<int, int> users;  // CPU -> live workers pinned to it
+    for (int pid : pool->worker_pids()) {
+      const std::set<int> mine = cpus_of(pid);
+      ASSERT_EQ(mine.size(), 1u) << "worker " << pid << " is not pinned";
+      EXPECT_TRUE(host.count(*mine.begin())) << "pinned outside the host's CPUs";
+      ++users[*mine.begin()];
+    }
+    // As evenly as the host's CPUs allow: no CPU holds two workers while another holds none.
+    const int most = std::max_element(users.begin(), users.end(), [](auto& a, auto& b) { return a.second < b.second; })->second;
+    EXPECT_LE(most, (workers + static_cast<int>(host.size()) - 1) / static_cast<int>(host.size()));
+  }
+  EXPECT_GT(pool->stats().recycled, 0u);
+}
+
+TEST(ProcessPool, UnpinnedWorkersKeepTheHostsCpus) {
+  EventLog log;
+  ProcessPoolOptions o;
+  o.pin_workers = false;
+  auto pool = ready_pool(log, 2, o);
+  ASSERT_TRUE(pool);
+  for (int pid : pool->worker_pids()) EXPECT_EQ(cpus_of(pid), cpus_of(0));
+}
+
+TEST(ProcessPool, ABadPinSettingIsAnError) {
+  ScopedEnv pin("KILN_POOL_PIN", "yes");
+  auto pool = ProcessPool::start({});
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(pool.status().message().find("KILN_POOL_PIN"), std::string::npos) << pool.status().to_string();
 }
 
 TEST(ProcessPool, MissingWorkerExecutableIsAnError) {

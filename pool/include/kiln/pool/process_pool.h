@@ -14,6 +14,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ struct ProcessPoolOptions {
   bool enable_test_faults = false;
   /// Extra "NAME=value" environment entries for the workers (they inherit the host's environment).
   std::vector<std::string> worker_env;
+  /// Pins each worker to one CPU of the host's affinity set (the least used by live workers), so that a compile
+  /// keeps its core's caches. Unset: $KILN_POOL_PIN ("1" pins), else off. Best effort: a CPU the kernel
+  /// refuses leaves the worker unpinned.
+  std::optional<bool> pin_workers;
 };
 
 struct ProcessPoolStats {
