@@ -115,9 +115,12 @@ double quantile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
 }
 
-// Scores every template of `truth` (the exhaustive tune of the problem) under a scheme.
+// Scores every template of `truth` (the exhaustive tune of the problem) under a scheme, in score order. With
+// `predicted`, also each one's prediction as the tuner makes it for extern-first pruning (perf_model.cpp rank():
+// its own ratio nearby, else the lower of its family's nearby and the fit).
 std::vector<std::pair<double, const Timing*>> scored(const Tune& truth, const std::vector<Neighbour>& near,
-                                                     Scheme scheme, const DevicePeaks& peaks) {
+                                                     Scheme scheme, const DevicePeaks& peaks,
+                                                     std::map<const Timing*, double>* predicted = nullptr) {
   std::vector<NeighbourTiming> timings;
   std::vector<double> ratios;
   for (const auto& nb : near) {
@@ -156,6 +159,11 @@ std::vector<std::pair<double, const Timing*>> scored(const Tune& truth, const st
     auto own = cal.find(t.name);
     if (own != cal.end() && scheme != Scheme::kNoPerChoice) factor = own->second;
     out.push_back({e.us * factor, &t});
+    if (predicted != nullptr) {
+      double p = local != cal.end() ? std::min(fitted, local->second) : fitted;
+      if (own != cal.end()) p = own->second;
+      (*predicted)[&t] = e.us * p;
+    }
   }
   std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   return out;
@@ -167,7 +175,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Replay the tuner's neighbour calibration over recorded suite reports (no GPU)"};
   std::vector<std::string> files;
   int keep = 10, keep_top = 0;
-  bool verbose = false;
+  bool verbose = false, show_misses = false;
   std::string show;
   double latency = 0, stage_latency = 0;
   std::string dump;
@@ -175,6 +183,7 @@ int main(int argc, char** argv) {
   app.add_option("--keep", keep, "templates a plan keeps")->check(CLI::Range(1, 1000));
   app.add_option("--keep-top", keep_top, "with one per variant first: the first N by rank before the variants (EffortPolicy::keep_top)")
       ->check(CLI::Range(0, 1000));
+  app.add_flag("--misses", show_misses, "name each problem the default plan with neighbours, cut extern-first, misses by 1%");
   app.add_flag("--verbose", verbose, "one line per problem where the schemes differ");
   app.add_option("--show", show, "print the first 2K of this problem's order under each scheme, and its neighbours");
   app.add_option("--latency", latency, "DevicePeaks::memory_latency_us to replay with (default: the library's)")
@@ -195,7 +204,7 @@ int main(int argc, char** argv) {
     double worst = 1, log_sum = 0;
   };
   std::map<Scheme, Tally> tally;
-  Tally alone, alone_diverse, alone_cut;
+  Tally alone, alone_diverse, alone_cut, tuner_cut;
   std::FILE* dump_file = nullptr;
   if (!dump.empty()) {
     dump_file = std::fopen(dump.c_str(), "w");
@@ -236,64 +245,82 @@ int main(int argc, char** argv) {
       if (near.size() > 8) near.resize(8);
       double fastest = 1e30;
       for (const auto& t : truth.templates) fastest = std::min(fastest, t.median_us);
+      const double ext = truth.best_extern_us, fastest_all = ext > 0 ? std::min(fastest, ext) : fastest;
+      // The default effort's plan: the first keep_top by rank, the best-ranked of each other structural variant,
+      // then by rank up to `keep`.
+      auto plan = [&](const std::vector<std::pair<double, const Timing*>>& order, bool diverse) {
+        std::vector<const Timing*> kept;
+        std::set<std::string> variants;
+        for (size_t r = 0; diverse && r < order.size() && kept.size() < static_cast<size_t>(std::min(keep, keep_top)); ++r) {
+          kept.push_back(order[r].second);
+          variants.insert(structure_class(order[r].second->kind, order[r].second->parameters));
+        }
+        for (size_t r = 0; diverse && r < order.size() && kept.size() < static_cast<size_t>(keep); ++r) {
+          if (std::find(kept.begin(), kept.end(), order[r].second) != kept.end()) continue;
+          if (variants.insert(structure_class(order[r].second->kind, order[r].second->parameters)).second) {
+            kept.push_back(order[r].second);
+          }
+        }
+        for (size_t r = 0; r < order.size() && kept.size() < static_cast<size_t>(keep); ++r) {
+          if (std::find(kept.begin(), kept.end(), order[r].second) == kept.end()) kept.push_back(order[r].second);
+        }
+        return kept;
+      };
+      // That plan as the default effort then cuts it extern-first (EffortPolicy: margin 15%, compute-bound
+      // templates 2% faster, the model's first 5 not compute-bound protected) against the best extern measured in
+      // full: the best left of it and the externs, over the fastest of all.
+      auto plan_cut = [&](const std::vector<std::pair<double, const Timing*>>& order,
+                          const std::map<const Timing*, double>& predicted) {
+        std::set<const Timing*> protect;
+        for (size_t r = 0; r < order.size() && r < 5; ++r) {
+          if (estimate(truth.problem, order[r].second->kind, order[r].second->parameters, peaks).bound != "compute") {
+            protect.insert(order[r].second);
+          }
+        }
+        double best = ext > 0 ? ext : 1e30;
+        for (const Timing* k : plan(order, true)) {
+          const bool compute = estimate(truth.problem, k->kind, k->parameters, peaks).bound == "compute";
+          const bool cut = ext > 0 && !protect.count(k) && predicted.at(k) > ext * (compute ? 0.98 : 1.15);
+          if (!cut) best = std::min(best, k->median_us);
+        }
+        return best / fastest_all;
+      };
+      auto count = [](Tally& t, double ratio) {
+        ++t.problems;
+        t.best_kept += ratio == 1.0;
+        t.within1 += ratio <= 1.01;
+        t.within3 += ratio <= 1.03;
+        t.worst = std::max(t.worst, ratio);
+        t.log_sum += std::log(ratio);
+      };
       {
         // The model alone (its family fits, nothing measured nearby), on every problem: the first `keep` by rank,
         // and as the default effort plans, the best-ranked of each structural variant first.
-        const auto order = scored(truth, {}, Scheme::kMain, peaks);
+        std::map<const Timing*, double> predicted;
+        const auto order = scored(truth, {}, Scheme::kMain, peaks, &predicted);
         for (bool diverse : {false, true}) {
-          std::vector<const Timing*> kept;
-          std::set<std::string> variants;
-          for (size_t r = 0; diverse && r < order.size() && kept.size() < static_cast<size_t>(std::min(keep, keep_top)); ++r) {
-            kept.push_back(order[r].second);
-            variants.insert(structure_class(order[r].second->kind, order[r].second->parameters));
-          }
-          for (size_t r = 0; diverse && r < order.size() && kept.size() < static_cast<size_t>(keep); ++r) {
-            if (std::find(kept.begin(), kept.end(), order[r].second) != kept.end()) continue;
-            if (variants.insert(structure_class(order[r].second->kind, order[r].second->parameters)).second) {
-              kept.push_back(order[r].second);
-            }
-          }
-          for (size_t r = 0; r < order.size() && kept.size() < static_cast<size_t>(keep); ++r) {
-            if (std::find(kept.begin(), kept.end(), order[r].second) == kept.end()) kept.push_back(order[r].second);
-          }
           double best = 1e30;
-          for (const Timing* t : kept) best = std::min(best, t->median_us);
-          if (diverse) {
-            // As the default effort then cuts extern-first (EffortPolicy: margin 15%, compute-bound templates 2%
-            // faster, the model's first 5 not compute-bound protected), against the best extern measured in full.
-            const double ext = truth.best_extern_us;
-            std::set<const Timing*> protect;
-            for (size_t r = 0; r < order.size() && r < 5; ++r) {
-              if (estimate(truth.problem, order[r].second->kind, order[r].second->parameters, peaks).bound != "compute") {
-                protect.insert(order[r].second);
-              }
-            }
-            double best_cut = ext > 0 ? ext : 1e30, fastest_all = ext > 0 ? std::min(fastest, ext) : fastest;
-            for (const Timing* k : kept) {
-              double predicted = 0;
-              for (const auto& [score, t] : order) {
-                if (t == k) predicted = score;
-              }
-              const bool compute = estimate(truth.problem, k->kind, k->parameters, peaks).bound == "compute";
-              const bool cut = ext > 0 && !protect.count(k) && predicted > ext * (compute ? 0.98 : 1.15);
-              if (!cut) best_cut = std::min(best_cut, k->median_us);
-            }
-            auto& c = alone_cut;
-            ++c.problems;
-            c.best_kept += best_cut == fastest_all;
-            c.within1 += best_cut / fastest_all <= 1.01;
-            c.within3 += best_cut / fastest_all <= 1.03;
-            c.worst = std::max(c.worst, best_cut / fastest_all);
-            c.log_sum += std::log(best_cut / fastest_all);
-          }
-          auto& t = diverse ? alone_diverse : alone;
-          ++t.problems;
-          t.best_kept += best == fastest;
-          t.within1 += best / fastest <= 1.01;
-          t.within3 += best / fastest <= 1.03;
-          t.worst = std::max(t.worst, best / fastest);
-          t.log_sum += std::log(best / fastest);
+          for (const Timing* t : plan(order, diverse)) best = std::min(best, t->median_us);
+          count(diverse ? alone_diverse : alone, best / fastest);
         }
+        count(alone_cut, plan_cut(order, predicted));
+        // As the tuner ranks, with what its earlier neighbours measured.
+        std::map<const Timing*, double> predicted_near;
+        const auto order_near = scored(truth, near, Scheme::kMain, peaks, &predicted_near);
+        if (truth.id == show) {
+          const auto kept = plan(order_near, true);
+          fmt::print("{} as the tuner ranks it (fastest template {:.1f} us, best extern {:.1f} us; * planned):\n", truth.id,
+                     fastest, ext);
+          for (size_t r = 0; r < order_near.size() && r < static_cast<size_t>(2 * keep); ++r) {
+            const Timing* t = order_near[r].second;
+            fmt::print("  {:>3}{} {:<62} score {:7.1f} predicted {:7.1f} measured {:7.1f}\n", r,
+                       std::find(kept.begin(), kept.end(), t) != kept.end() ? '*' : ' ', t->name, order_near[r].first,
+                       predicted_near.at(t), t->median_us);
+          }
+        }
+        const double ratio = plan_cut(order_near, predicted_near);
+        count(tuner_cut, ratio);
+        if (show_misses && ratio > 1.01) fmt::print("plan+cut miss {:<28} {:.3f}\n", truth.id, ratio);
       }
       if (near.empty()) continue;  // nothing to calibrate with: every scheme ranks alike
       std::string line;
@@ -345,6 +372,9 @@ int main(int argc, char** argv) {
   fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "  then extern-first cut", alone_cut.problems,
              alone_cut.best_kept, alone_cut.within1, alone_cut.within3, alone_cut.worst,
              std::exp(alone_cut.log_sum / std::max(1, alone_cut.problems)));
+  fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "with neighbours, cut", tuner_cut.problems,
+             tuner_cut.best_kept, tuner_cut.within1, tuner_cut.within3, tuner_cut.worst,
+             std::exp(tuner_cut.log_sum / std::max(1, tuner_cut.problems)));
   for (Scheme s : schemes) {
     const auto& t = tally[s];
     fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", scheme_name(s), t.problems, t.best_kept,

@@ -169,16 +169,7 @@ ModelEstimate gemm_estimate(const GemmProblem& p, const GemmTile& g, const Devic
   // (1x1280x8192: modelled 6.5 us, measured 13.3; the winner, a cluster split, 12.1 us at rank 61). Over the twelve
   // H200 suite runs' exhaustive reports of 29 Nov (1,332 GEMM tunes, bench_calibration_replay), the model alone's
   // first ten held a template within 1% of the fastest on 1,134 instead of 963 (one per variant first: 1,076, 1,041).
-  //
-  // Only where the split tiles are the whole grid, or the grid is compute-bound: in a memory-bound grid of a wave or
-  // more the finisher's waits overlap the other SMs' streaming, and DRAM is the critical path. Priced there too, a
-  // persistent stream-K tile read 4-25 us dearer than its plain twin in the model where it measured 2-25 us cheaper
-  // (the H200 suite's exhaustive reports, 16 files of 29 Nov-1 Dec), and the decode GEMM 1x36864x7168 lost its
-  // fastest template (swap-AB 128x8 stream-K, 5 pieces: 127.3 us against 129.4 for cuBLASLt) to extern-first
-  // pruning in 5 runs of 6. Replayed over those reports (bench_calibration_replay), the model alone's first 8 held
-  // a template within 1% of the fastest on 792 of 888 GEMM tunes instead of 765 (first 10: 802 instead of 788).
-  const bool waits_hidden = e.waves >= 1.0 && e.bound == "memory";
-  if (sk_pieces > 1 && !waits_hidden) {
+  if (sk_pieces > 1) {
     e.us += 2.0 + (2.0 + 0.7 * static_cast<double>(g.bm * g.bn) / 16384.0) * static_cast<double>(sk_pieces - 1);
   }
   if (subgraph_slices > 1 || unfused) e.us += d.launch_us;
@@ -375,10 +366,10 @@ double fitted_calibration(const std::string& family, const DevicePeaks& peaks) {
   // against 86 (84) with the stacking, the DRAM load's latency for the ring and the 26 Nov fit.
   static const std::map<std::string, double> h200{
       {"wgmma/tile/compute", 1.231},      {"wgmma/tile/memory", 1.577},
-      {"wgmma/persistent/compute", 1.163}, {"wgmma/persistent/memory", 1.145},
+      {"wgmma/persistent/compute", 1.163}, {"wgmma/persistent/memory", 1.126},
       {"wgmma/swap_ab/compute", 1.034},    {"wgmma/swap_ab/memory", 1.054},
       {"wgmma/cluster_k/compute", 1.357},  {"wgmma/cluster_k/memory", 1.415},
-      {"", 1.139}};
+      {"", 1.136}};
   const auto& fitted = hbm3e(peaks) ? h200 : h100;
   if (auto it = fitted.find(family); it != fitted.end()) return it->second;
   return fitted.at("");  // every recorded wgmma candidate: the model's overall bias on the device
