@@ -244,9 +244,11 @@ std::string suite_method(int exhaustive_configs, int retime_rounds) {
 struct SuiteOptions {
   bool default_only = false;
   bool plan_ahead = true;
-  // Rounds of the side-by-side re-time (10 runs each): 6 read one kernel against itself beyond +-1% on 9-11 of 120
-  // problems (H200, 29 Nov, 95bdbe2 and cfd5bc9), 12 on 1 (91b80e2).
-  int retime_rounds = 12;
+  // Rounds of the side-by-side re-time (12 runs each; the self re-time's 10): 6 read one kernel against itself
+  // beyond +-1% on 9-11 of 120 problems (H200, 29 Nov, 95bdbe2 and cfd5bc9), 12 on 1 (91b80e2) but on 4-7 in the
+  // three runs of 1 Dec (520e023, 7af7bd2, ca414f2: four operand sets, power-capped hosts), 24 on 1 the same day
+  // (ca414f2, ~5 s more per part).
+  int retime_rounds = 24;
 };
 
 int phase_suite(const std::string& part_text, const std::string& filter, const std::string& workload,
@@ -860,7 +862,7 @@ int main(int argc, char** argv) {
   suite->add_flag("--default-only", options.default_only, "tune the default effort only (no exhaustive reference, "
                                                              "no re-times): an experiment on its tune time");
   suite->add_option("--retime-rounds", options.retime_rounds, "rounds of 12 runs in the side-by-side re-time of "
-                                                                 "both efforts' picks (default 12)")
+                                                                 "both efforts' picks (default 24)")
       ->check(CLI::Range(1, 1000));
   suite->add_flag("--l2-flush-by-writing", g_measuring.flush_l2_by_writing,
                   "flush L2 between timed runs with a memset, as kiln did before 29 Nov 2026 (leaves dirty lines)");
