@@ -9,6 +9,13 @@
 // picks, shares, widenings and extern-first pruning are not replayed, so the figures compare schemes with each
 // other and do not predict a run.
 //
+// Two rows come nearer the default effort: its plan (the first --keep-top by rank, one per structural variant,
+// --keep in all) cut extern-first against the best extern the exhaustive tune measured, by the model alone and
+// with the neighbours' calibration. Still not a run: shared swaps, cached extras and widenings are left out, the
+// plan is judged by the exhaustive tune's readings, and the model's ties break as this program sorts them (on
+// 1 Dec it read a stream-K pricing change as neutral that lost four decode GEMMs on the device). --dump writes
+// every exhaustive timing beside the model's estimate, for fitting the model.
+//
 //   bench_calibration_replay --keep 10 bench/results/tuning-reports-nvidia-h200-2026-11-29-9456867-part-*.jsonl.xz
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -185,7 +192,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   app.add_flag("--misses", show_misses, "name each problem the default plan with neighbours, cut extern-first, misses by 1%");
   app.add_flag("--verbose", verbose, "one line per problem where the schemes differ");
-  app.add_option("--show", show, "print the first 2K of this problem's order under each scheme, and its neighbours");
+  app.add_option("--show", show, "print the first 2K of this problem's order as the tuner ranks it (its plan marked) and "
+                                  "under each scheme, and its neighbours");
   app.add_option("--latency", latency, "DevicePeaks::memory_latency_us to replay with (default: the library's)")
       ->check(CLI::Range(0.05, 20.0));
   app.add_option("--stage-latency", stage_latency, "DevicePeaks::stage_latency_us to replay with (default: the library's)")

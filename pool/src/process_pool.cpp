@@ -239,7 +239,8 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     workers.push_back(std::move(w));
   }
 
-  // The CPU of the host's affinity set that the fewest live workers are pinned to; -1 if none could be set.
+  // Pins `pid` to the CPU of the host's affinity set that the fewest workers in service (not dead, not retiring)
+  // are pinned to; returns it, or -1 if it could not be set.
   int pin_to_cpu(int pid) {
     cpu_set_t mine;
     CPU_ZERO(&mine);
@@ -248,7 +249,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
       if (!CPU_ISSET(cpu, &mine)) continue;
       int users = 0;
-      for (const auto& w : workers) users += w->cpu == cpu;
+      for (const auto& w : workers) users += w->cpu == cpu && !w->dead && w->state != WorkerState::kRetiring;
       if (best < 0 || users < best_users) best = cpu, best_users = users;
     }
     if (best < 0) return -1;

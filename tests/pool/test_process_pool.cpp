@@ -451,7 +451,7 @@ TEST(ProcessPool, PinnedWorkersSpreadOverTheHostsCpus) {
   EventLog log;
   ProcessPoolOptions o;
   o.pin_workers = true;
-  o.max_jobs_per_worker = 2;  // replacements are pinned too, to the CPU their predecessor left
+  o.max_jobs_per_worker = 2;  // replacements are pinned too, among the workers still in service
   auto pool = ready_pool(log, workers, o);
   ASSERT_TRUE(pool);
   for (int round = 0; round < 2; ++round) {
