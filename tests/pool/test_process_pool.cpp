@@ -451,26 +451,39 @@ TEST(ProcessPool, PinnedWorkersSpreadOverTheHostsCpus) {
   EventLog log;
   ProcessPoolOptions o;
   o.pin_workers = true;
-  o.max_jobs_per_worker = 2;  // replacements are pinned too, among the workers still in service
   auto pool = ready_pool(log, workers, o);
   ASSERT_TRUE(pool);
-  for (int round = 0; round < 2; ++round) {
-    std::vector<Submission> subs;
-    for (int i = 0; i < 2 * workers; ++i) subs.push_back(pool->submit(echo(fmt::format("pin{}_{}", round, i))));
-    for (auto& s : subs) KILN_ASSERT_OK(s.future.get());
-    ASSERT_TRUE(pool->wait_ready(std::chrono::seconds(60)));
-    std::map<int, int> users;  // CPU -> live workers pinned to it
-    for (int pid : pool->worker_pids()) {
-      const std::set<int> mine = cpus_of(pid);
-      ASSERT_EQ(mine.size(), 1u) << "worker " << pid << " is not pinned";
-      EXPECT_TRUE(host.count(*mine.begin())) << "pinned outside the host's CPUs";
-      ++users[*mine.begin()];
-    }
-    // As evenly as the host's CPUs allow: no CPU holds two workers while another holds none.
-    const int most = std::max_element(users.begin(), users.end(), [](auto& a, auto& b) { return a.second < b.second; })->second;
-    EXPECT_LE(most, (workers + static_cast<int>(host.size()) - 1) / static_cast<int>(host.size()));
+  const std::vector<int> pids = pool->worker_pids();
+  ASSERT_EQ(pids.size(), static_cast<size_t>(workers));
+  std::map<int, int> users;  // CPU -> workers pinned to it
+  for (int pid : pids) {
+    const std::set<int> mine = cpus_of(pid);
+    ASSERT_EQ(mine.size(), 1u) << "worker " << pid << " is not pinned";
+    EXPECT_TRUE(host.count(*mine.begin())) << "pinned outside the host's CPUs";
+    ++users[*mine.begin()];
   }
-  EXPECT_GT(pool->stats().recycled, 0u);
+  // As evenly as the host's CPUs allow: no CPU holds two workers while another holds none.
+  const int most = std::max_element(users.begin(), users.end(), [](auto& a, auto& b) { return a.second < b.second; })->second;
+  EXPECT_LE(most, (workers + static_cast<int>(host.size()) - 1) / static_cast<int>(host.size()));
+}
+
+TEST(ProcessPool, ReplacementWorkersArePinnedToo) {
+  EventLog log;
+  ProcessPoolOptions o;
+  o.pin_workers = true;
+  o.max_jobs_per_worker = 1;
+  auto pool = ready_pool(log, 1, o);
+  ASSERT_TRUE(pool);
+  std::set<int> seen;
+  for (int i = 0; i < 3; ++i) {
+    Submission s = pool->submit(echo("replaced" + std::to_string(i)));
+    KILN_ASSERT_OK(s.future.get());
+    seen.insert(log.wait_sent(s.id));
+    // Whatever workers are alive now (the retiring one may not be reaped yet) were pinned when they started.
+    for (int pid : pool->worker_pids()) EXPECT_EQ(cpus_of(pid).size(), 1u) << "worker " << pid << " is not pinned";
+  }
+  EXPECT_EQ(seen.size(), 3u);  // each job ran in a fresh worker
+  EXPECT_GE(pool->stats().recycled, 2u);
 }
 
 TEST(ProcessPool, UnpinnedWorkersKeepTheHostsCpus) {
