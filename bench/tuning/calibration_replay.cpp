@@ -213,6 +213,15 @@ int main(int argc, char** argv) {
   };
   std::map<Scheme, Tally> tally;
   Tally alone, alone_diverse, alone_cut, tuner_cut;
+  // A problem's best kept (or left by the cut) over the fastest: 1 when the fastest is kept.
+  auto count = [](Tally& t, double ratio) {
+    ++t.problems;
+    t.best_kept += ratio == 1.0;
+    t.within1 += ratio <= 1.01;
+    t.within3 += ratio <= 1.03;
+    t.worst = std::max(t.worst, ratio);
+    t.log_sum += std::log(ratio);
+  };
   std::FILE* dump_file = nullptr;
   if (!dump.empty()) {
     dump_file = std::fopen(dump.c_str(), "w");
@@ -293,14 +302,6 @@ int main(int argc, char** argv) {
         }
         return best / fastest_all;
       };
-      auto count = [](Tally& t, double ratio) {
-        ++t.problems;
-        t.best_kept += ratio == 1.0;
-        t.within1 += ratio <= 1.01;
-        t.within3 += ratio <= 1.03;
-        t.worst = std::max(t.worst, ratio);
-        t.log_sum += std::log(ratio);
-      };
       {
         // The model alone (its family fits, nothing measured nearby), on every problem: the first `keep` by rank,
         // and as the default effort plans, the best-ranked of each structural variant first.
@@ -347,19 +348,11 @@ int main(int argc, char** argv) {
           }
         }
         double best = 1e30;
-        bool kept = false;
         for (size_t r = 0; r < order.size() && r < static_cast<size_t>(keep); ++r) {
           best = std::min(best, order[r].second->median_us);
-          kept |= order[r].second->median_us == fastest;
         }
         const double ratio = best / fastest;
-        auto& t = tally[s];
-        ++t.problems;
-        t.best_kept += kept;
-        t.within1 += ratio <= 1.01;
-        t.within3 += ratio <= 1.03;
-        t.worst = std::max(t.worst, ratio);
-        t.log_sum += std::log(ratio);
+        count(tally[s], ratio);
         ratios.insert(std::round(ratio * 1000) / 1000);
         line += fmt::format(" {:.3f}", ratio);
       }
@@ -372,21 +365,14 @@ int main(int argc, char** argv) {
   }
   fmt::print("\n{:<24} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8}\n", "scheme", "problems", "best kept", "within 1%",
              "within 3%", "worst", "geomean");
-  fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "model alone (every GEMM)", alone.problems,
-             alone.best_kept, alone.within1, alone.within3, alone.worst, std::exp(alone.log_sum / std::max(1, alone.problems)));
-  fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "  one per variant first", alone_diverse.problems,
-             alone_diverse.best_kept, alone_diverse.within1, alone_diverse.within3, alone_diverse.worst,
-             std::exp(alone_diverse.log_sum / std::max(1, alone_diverse.problems)));
-  fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "  then extern-first cut", alone_cut.problems,
-             alone_cut.best_kept, alone_cut.within1, alone_cut.within3, alone_cut.worst,
-             std::exp(alone_cut.log_sum / std::max(1, alone_cut.problems)));
-  fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", "with neighbours, cut", tuner_cut.problems,
-             tuner_cut.best_kept, tuner_cut.within1, tuner_cut.within3, tuner_cut.worst,
-             std::exp(tuner_cut.log_sum / std::max(1, tuner_cut.problems)));
-  for (Scheme s : schemes) {
-    const auto& t = tally[s];
-    fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", scheme_name(s), t.problems, t.best_kept,
-               t.within1, t.within3, t.worst, std::exp(t.log_sum / std::max(1, t.problems)));
-  }
+  auto row = [](const char* name, const Tally& t) {
+    fmt::print("{:<24} {:>8} {:>10} {:>10} {:>10} {:>8.3f} {:>8.4f}\n", name, t.problems, t.best_kept, t.within1,
+               t.within3, t.worst, std::exp(t.log_sum / std::max(1, t.problems)));
+  };
+  row("model alone (every GEMM)", alone);
+  row("  one per variant first", alone_diverse);
+  row("  then extern-first cut", alone_cut);
+  row("with neighbours, cut", tuner_cut);
+  for (Scheme s : schemes) row(scheme_name(s), tally[s]);
   return 0;
 }
