@@ -229,7 +229,9 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "bench_calibration_replay: cannot write {}\n", dump);
       return 1;
     }
-    fmt::print(dump_file, "run,problem,name,structure,bound,waves,blocks,occupancy,model_us,compute_us,memory_us,measured_us\n");
+    // fputs, not fmt::print: fmt throws on a failed write (a full disk), and the failure is reported at the close.
+    std::fputs("run,problem,name,structure,bound,waves,blocks,occupancy,model_us,compute_us,memory_us,measured_us\n",
+               dump_file);
   }
   for (const auto& path : files) {
     Part part;
@@ -249,9 +251,11 @@ int main(int argc, char** argv) {
         if (dump_file == nullptr) break;
         const ModelEstimate e = estimate(truth.problem, t.kind, t.parameters, peaks);
         if (!e.known) continue;
-        fmt::print(dump_file, "{},{},{},{},{},{:.4f},{},{},{:.3f},{:.3f},{:.3f},{:.3f}\n", path, truth.id, t.name,
-                   structure_class(t.kind, t.parameters), e.bound, e.waves, e.blocks, e.occupancy, e.us, e.compute_us,
-                   e.memory_us, t.median_us);
+        std::fputs(fmt::format("{},{},{},{},{},{:.4f},{},{},{:.3f},{:.3f},{:.3f},{:.3f}\n", path, truth.id, t.name,
+                               structure_class(t.kind, t.parameters), e.bound, e.waves, e.blocks, e.occupancy, e.us,
+                               e.compute_us, e.memory_us, t.median_us)
+                       .c_str(),
+                   dump_file);
       }
       // The tuner's neighbours: measured earlier in this part, each size within 2x, the nearest 8.
       std::vector<Neighbour> near;
@@ -359,9 +363,12 @@ int main(int argc, char** argv) {
       if (verbose && ratios.size() > 1) fmt::print("{:<28}{}\n", truth.id, line);
     }
   }
-  if (dump_file != nullptr && std::fclose(dump_file) != 0) {
-    fmt::print(stderr, "bench_calibration_replay: writing {} failed\n", dump);
-    return 1;
+  if (dump_file != nullptr) {
+    const bool failed = std::ferror(dump_file) != 0;
+    if (std::fclose(dump_file) != 0 || failed) {
+      fmt::print(stderr, "bench_calibration_replay: writing {} failed\n", dump);
+      return 1;
+    }
   }
   fmt::print("\n{:<24} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8}\n", "scheme", "problems", "best kept", "within 1%",
              "within 3%", "worst", "geomean");
