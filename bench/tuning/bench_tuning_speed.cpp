@@ -249,6 +249,17 @@ struct SuiteOptions {
   // three runs of 1 Dec (520e023, 7af7bd2, ca414f2: four operand sets, power-capped hosts), 24 on 1 the same day
   // (ca414f2, ~5 s more per part).
   int retime_rounds = 24;
+  // A second exhaustive tune on its own empty cache after the first, its pick re-timed against the first's and
+  // the default's: how often the reference agrees with itself within 1% says how much of the default's
+  // distance from it is the reference's own noise (an experiment: ~100 s more per part).
+  bool second_reference = false;
+};
+
+// One tune of the suite's problems: the effort, its label in the JSON and the reports, and its sample bound.
+struct Side {
+  std::string label;
+  Effort effort;
+  int configs = 0;
 };
 
 int phase_suite(const std::string& part_text, const std::string& filter, const std::string& workload,
@@ -263,15 +274,18 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
   auto executor = bench::must(make_executor(), "executor");
   fmt::print("tuning speed: {} problems (part {}/{}), default and exhaustive effort, {} compile workers ({})\n",
              problems.size(), part.index, part.count, executor->concurrency(), executor->kind());
-  std::map<Effort, std::vector<Tuned>> tuned;
-  std::map<Effort, std::unique_ptr<Tuner>> tuners;
-  std::map<Effort, double> totals;
-  std::map<Effort, json> gates;
-  std::vector<Effort> efforts{Effort::kDefault};
-  if (!options.default_only) efforts.push_back(Effort::kExhaustive);
-  for (Effort effort : efforts) {
-    const std::string dir = fmt::format("{}/{}-{}", cache_root, effort_name(effort), part.index);
-    auto tuner = tuner_for(fresh_cache(dir), executor, effort, effort == Effort::kExhaustive ? exhaustive_configs : 0);
+  std::map<std::string, std::vector<Tuned>> tuned;
+  std::map<std::string, std::unique_ptr<Tuner>> tuners;
+  std::map<std::string, double> totals;
+  std::map<std::string, json> gates;
+  const std::string kDef = "default", kExh = "exhaustive", kExh2 = "exhaustive2";
+  std::vector<Side> sides{{kDef, Effort::kDefault, 0}};
+  if (!options.default_only) sides.push_back({kExh, Effort::kExhaustive, exhaustive_configs});
+  if (!options.default_only && options.second_reference) sides.push_back({kExh2, Effort::kExhaustive, exhaustive_configs});
+  for (const Side& side : sides) {
+    const std::string& effort = side.label;
+    const std::string dir = fmt::format("{}/{}-{}", cache_root, side.label, part.index);
+    auto tuner = tuner_for(fresh_cache(dir), executor, side.effort, side.configs);
     const auto start = Clock::now();
     auto planned = options.plan_ahead ? precompile_planned(*tuner, problems)
                                          : std::vector<std::vector<Future<Binaries>>>(problems.size());
@@ -292,7 +306,7 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
       else t.status = sel.status();
       tuned[effort].push_back(std::move(t));
       // t= (seconds since the run began) lines the problem up with a clock/power log taken beside the run.
-      fmt::print(stderr, "t={:.3f} {} {}: {:.3f} s{}\n", seconds_since(run_start), effort_name(effort), p.id,
+      fmt::print(stderr, "t={:.3f} {} {}: {:.3f} s{}\n", seconds_since(run_start), effort, p.id,
                  tuned[effort].back().seconds,
                  sel.ok() ? " " + (*sel)->choice_name() : " FAILED " + sel.status().to_string());
     }
@@ -312,14 +326,14 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
                          {"compiles", g.compiles}, {"compiled", g.compiled}, {"failed", g.failed},
                          {"distinct_measured_choices", measured_kernels}};
     fmt::print(stderr, "{} gate: {} requests, {} compiles submitted ({} compiled, {} failed), {} distinct compiled "
-               "choices measured\n", effort_name(effort), g.requests, g.compiles, g.compiled, g.failed,
+               "choices measured\n", effort, g.requests, g.compiles, g.compiled, g.failed,
                measured_kernels);
     tuners[effort] = std::move(tuner);
   }
   json rows = json::array();
   bench::Table table({"problem", "default s", "exhaustive s", "default us", "exhaustive us", "ratio", "pruned", "chosen (default)"});
   for (size_t i = 0; options.default_only && i < problems.size(); ++i) {
-    const Tuned& d = tuned[Effort::kDefault][i];
+    const Tuned& d = tuned[kDef][i];
     json row{{"problem", problems[i].id}, {"default_s", d.seconds}};
     if (d.selection) {
       row["default_choice"] = d.selection->report().chosen;
@@ -330,15 +344,15 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     rows.push_back(row);
   }
   for (size_t i = 0; !options.default_only && i < problems.size(); ++i) {
-    const Tuned& d = tuned[Effort::kDefault][i];
-    const Tuned& x = tuned[Effort::kExhaustive][i];
+    const Tuned& d = tuned[kDef][i];
+    const Tuned& x = tuned[kExh][i];
     json row{{"problem", problems[i].id}, {"default_s", d.seconds}, {"exhaustive_s", x.seconds}};
     if (!d.selection || !x.selection) {
       row["error"] = (!d.selection ? d.status : x.status).to_string();
       rows.push_back(row);
       continue;
     }
-    const SideBySide both = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection,
+    const SideBySide both = side_by_side(*tuners[kDef], problems[i].problem, *d.selection,
                                          *x.selection, options.retime_rounds);
     const double dus = both.a, xus = both.b;
     const TuneReport& dr = d.selection->report();
@@ -347,11 +361,11 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     row["exhaustive_us"] = xus;
     row["default_pooled_us"] = both.a_pooled;
     row["exhaustive_pooled_us"] = both.b_pooled;
-    const SideBySide self = side_by_side(*tuners[Effort::kDefault], problems[i].problem, *d.selection, *d.selection,
+    const SideBySide self = side_by_side(*tuners[kDef], problems[i].problem, *d.selection, *d.selection,
                                          options.retime_rounds, 10, true);
     row["default_self_us"] = {self.a, self.b};
     row["default_self_pooled_us"] = {self.a_pooled, self.b_pooled};
-    row["default_measured_again_us"] = measured_again(*tuners[Effort::kDefault], problems[i].problem, *d.selection);
+    row["default_measured_again_us"] = measured_again(*tuners[kDef], problems[i].problem, *d.selection);
     for (const auto& c : dr.choices) {
       if (c.name == dr.chosen) row["default_tuned_us"] = c.median_us;
     }
@@ -365,6 +379,22 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     row["default_cached_candidates"] = dr.cached_candidates;
     row["default_widenings"] = dr.widenings;
     row["exhaustive_chosen_model_rank"] = xr.chosen_model_rank;
+    if (options.second_reference) {
+      const Tuned& y = tuned[kExh2][i];
+      row["second_exhaustive_s"] = y.seconds;
+      if (y.selection) {
+        row["second_exhaustive_choice"] = y.selection->report().chosen;
+        // [first, second] and [default, second]: each pair re-timed side by side like the main pair.
+        const SideBySide refs = side_by_side(*tuners[kDef], problems[i].problem, *x.selection, *y.selection,
+                                             options.retime_rounds);
+        row["reference_pair_us"] = {refs.a, refs.b};
+        const SideBySide def2 = side_by_side(*tuners[kDef], problems[i].problem, *d.selection, *y.selection,
+                                             options.retime_rounds);
+        row["default_vs_second_us"] = {def2.a, def2.b};
+      } else {
+        row["second_exhaustive_error"] = y.status.to_string();
+      }
+    }
     rows.push_back(row);
     table.add({problems[i].id.substr(0, 44), fmt::format("{:.3f}", d.seconds), fmt::format("{:.3f}", x.seconds),
                fmt::format("{:.2f}", dus), fmt::format("{:.2f}", xus), fmt::format("{:.3f}", dus / xus),
@@ -375,23 +405,25 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     // calibration on this device reads (one JSON object per line).
     std::ofstream reports(reports_path);
     for (size_t i = 0; i < problems.size(); ++i) {
-      for (Effort effort : efforts) {
-        const Tuned& t = tuned[effort][i];
+      for (const Side& side : sides) {
+        const Tuned& t = tuned[side.label][i];
         if (!t.selection) continue;
-        reports << json{{"problem", problems[i].id}, {"effort", effort_name(effort)},
+        reports << json{{"problem", problems[i].id}, {"effort", side.label},
                         {"report", json::parse(t.selection->report().json())}}.dump() << "\n";
       }
     }
     if (!reports) bench::fail(make_error(ErrorCode::kIoError, fmt::format("cannot write '{}'", reports_path)));
   }
   fmt::print("{}", table.str());
-  fmt::print("part totals: default {:.1f} s, exhaustive {:.1f} s for {} problems\nmethod: {}\n", totals[Effort::kDefault],
-             totals[Effort::kExhaustive], problems.size(), suite_method(exhaustive_configs, options.retime_rounds));
+  fmt::print("part totals: default {:.1f} s, exhaustive {:.1f} s for {} problems\nmethod: {}\n", totals[kDef],
+             totals[kExh], problems.size(), suite_method(exhaustive_configs, options.retime_rounds));
   json out{{"environment", bench::environment()}, {"part", fmt::format("{}/{}", part.index, part.count)},
-           {"default_total_s", totals[Effort::kDefault]}, {"exhaustive_total_s", totals[Effort::kExhaustive]},
+           {"default_total_s", totals[kDef]}, {"exhaustive_total_s", totals[kExh]},
            {"exhaustive_configs", exhaustive_configs}, {"method", suite_method(exhaustive_configs, options.retime_rounds)},
-           {"default_gate", gates[Effort::kDefault]}, {"exhaustive_gate", gates[Effort::kExhaustive]},
-           {"experiment", {{"default_only", options.default_only}, {"plan_ahead", options.plan_ahead}}},
+           {"default_gate", gates[kDef]}, {"exhaustive_gate", gates[kExh]},
+           {"second_exhaustive_total_s", totals[kExh2]},
+           {"experiment", {{"default_only", options.default_only}, {"plan_ahead", options.plan_ahead},
+                           {"second_reference", options.second_reference}}},
            {"problems", rows}};
   return json_path.empty() || bench::write_json(json_path, out) ? 0 : 1;
 }
@@ -559,7 +591,24 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
                : std::nullopt;
   };
   double sum_default = 0, max_ratio = 0;
+  // With --second-reference: the reference against itself (each exhaustive pick judged against the other, as the
+  // default's is against the first) and the default against the second.
+  int refs_n = 0, second_within1 = 0, first_within1 = 0, default_within1_second = 0;
+  auto ratio_of = [](const json& r, const char* field) -> std::optional<double> {
+    const auto it = r.find(field);
+    if (it == r.end() || !it->is_array() || it->size() != 2 || !(*it)[0].is_number() || !(*it)[1].is_number())
+      return std::nullopt;
+    const double a = (*it)[0].get<double>(), b = (*it)[1].get<double>();
+    if (!std::isfinite(a) || !std::isfinite(b) || a <= 0 || b <= 0) return std::nullopt;
+    return a / b;
+  };
   for (const auto& r : merged) {
+    if (const auto ab = ratio_of(r, "reference_pair_us"), db = ratio_of(r, "default_vs_second_us"); ab && db) {
+      ++refs_n;
+      first_within1 += *ab <= 1.01;
+      second_within1 += 1 / *ab <= 1.01;
+      default_within1_second += *db <= 1.01;
+    }
     if (!r.contains("default_us")) {
       ++errors;
       continue;
@@ -610,6 +659,12 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
                            {"self_retimed", pooled_self_timed},
                            {"self_beyond_1pct", pooled_self_beyond1}}},
                {"targets", {{"mean_default_s", 0.15}, {"fraction_within_1pct", 0.95}, {"max_ratio", 1.03}}}};
+  if (refs_n > 0) {
+    summary["second_reference"] = {{"problems", refs_n},
+                                   {"second_within_1pct_of_first", double(second_within1) / refs_n},
+                                   {"first_within_1pct_of_second", double(first_within1) / refs_n},
+                                   {"default_within_1pct_of_second", double(default_within1_second) / refs_n}};
+  }
   std::string device = env.value("machine", std::string());
   if (device.empty()) device = "device";
   std::string date = env.value("date", std::string("date"));
@@ -627,6 +682,13 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
     fmt::print("by pooled medians (the figure before 1 Dec): within 1% {:.1f}%, the pick against itself beyond "
                "+-1% on {} of {}\n",
                100.0 * pooled_within1 / pooled_n, pooled_self_beyond1, pooled_self_timed);
+  }
+  if (refs_n > 0) {
+    fmt::print("the reference against itself ({} problems): the second exhaustive pick within 1% of the first's on "
+               "{:.1f}%, the first within 1% of the second's on {:.1f}%; the default within 1% of the second's on "
+               "{:.1f}%\n",
+               refs_n, 100.0 * second_within1 / refs_n, 100.0 * first_within1 / refs_n,
+               100.0 * default_within1_second / refs_n);
   }
   json out{{"environment", env}, {"method", method}, {"summary", summary}, {"problems", merged}};
   return bench::write_json(path, out) ? (fmt::print("wrote {}\n", path), 0) : 1;
@@ -861,6 +923,9 @@ int main(int argc, char** argv) {
   SuiteOptions options;
   suite->add_flag("--default-only", options.default_only, "tune the default effort only (no exhaustive reference, "
                                                              "no re-times): an experiment on its tune time");
+  suite->add_flag("--second-reference", options.second_reference,
+                  "tune the exhaustive effort twice (own caches) and re-time the two picks side by side, and the "
+                  "default's against the second: the reference's agreement with itself");
   suite->add_option("--retime-rounds", options.retime_rounds, "rounds of 12 runs in the side-by-side re-time of "
                                                                  "both efforts' picks (default 24)")
       ->check(CLI::Range(1, 1000));
