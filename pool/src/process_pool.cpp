@@ -120,6 +120,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
   std::string worker_path;
   int target = 1;
   bool pin = false;  // ProcessPoolOptions::pin_workers, resolved
+  int nice = 0;      // ProcessPoolOptions::worker_nice, resolved
   uint64_t pch_dirs = 0;  // workers named a PCH folder so far (on the I/O thread)
   std::unique_ptr<Executor> host;  // the host arena, used until ready and when the pool cannot start workers
   std::shared_ptr<TaskRunner> callbacks;
@@ -217,7 +218,9 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     env.push_back(opt.enable_test_faults ? "KILN_WORKER_TEST_FAULTS=1" : "KILN_WORKER_TEST_FAULTS=0");
     if (!has_env(env, "GLIBC_TUNABLES") && std::getenv("GLIBC_TUNABLES") == nullptr) env.push_back(kWorkerMalloc);
     w->pch_dir = (temp_dir() / fmt::format("{}{}-{}", kPchPrefix, ::getpid(), ++pch_dirs)).string();
-    auto started = spawn_worker_process(worker_path, env, {"--pch-dir", w->pch_dir});
+    std::vector<std::string> args{"--pch-dir", w->pch_dir};
+    if (nice > 0) args.insert(args.end(), {"--nice", std::to_string(nice)});
+    auto started = spawn_worker_process(worker_path, env, args);
     if (!started.ok()) {
       start_failed(started.status().message());
       return;
@@ -720,6 +723,22 @@ Result<std::unique_ptr<ProcessPool>> ProcessPool::start(ProcessPoolOptions optio
       return make_error(ErrorCode::kInvalidArgument, fmt::format("KILN_POOL_PIN is '{}' (give 0 or 1)", v));
     }
     impl->pin = std::string_view(v) == "1";
+  }
+  impl->nice = kDefaultWorkerNice;
+  if (options.worker_nice) {
+    impl->nice = *options.worker_nice;
+    if (impl->nice < 0 || impl->nice > 19) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("ProcessPoolOptions::worker_nice is {} (give 0-19)", impl->nice));
+    }
+  } else if (const char* v = std::getenv("KILN_POOL_NICE"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(v, &end, 10);
+    if (*end != '\0' || errno != 0 || n < 0 || n > 19) {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("KILN_POOL_NICE is '{}' (give 0-19)", v));
+    }
+    impl->nice = static_cast<int>(n);
   }
   impl->callbacks = options.callbacks ? options.callbacks : default_task_runner();
   if (options.stderr_tail_bytes == 0) options.stderr_tail_bytes = 1;

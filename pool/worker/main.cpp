@@ -11,6 +11,7 @@
 // after N million steps of integer work without compiling (spin:N, for the pool's scaling apart from NVRTC);
 // KILN_WORKER_TEST_HELLO_GATE=<fifo> holds the hello until a byte arrives there.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -114,6 +115,12 @@ kiln::Result<std::optional<std::string>> serve(const kiln::codec::Frame& frame, 
 
 int main(int argc, char** argv) {
   const kiln::WorkerArgs args = kiln::parse_worker_args(argc, argv);
+  // --nice (ProcessPoolOptions::worker_nice) first, while this is the only thread: threads inherit it, and a
+  // thread started before would keep the host's priority. Best effort: a value refused leaves the host's.
+  if (auto it = args.other.find("--nice"); it != args.other.end()) {
+    const int n = std::atoi(it->second.c_str());
+    if (n > 0 && n <= 19) (void)::setpriority(PRIO_PROCESS, 0, n);
+  }
   if (!kiln::attach_to_host(args)) return 0;
   if (auto it = args.other.find("--pch-dir"); it != args.other.end()) g_pch_dir = it->second;
   const char* faults_env = std::getenv("KILN_WORKER_TEST_FAULTS");

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -501,6 +503,64 @@ TEST(ProcessPool, ABadPinSettingIsAnError) {
   ASSERT_FALSE(pool.ok());
   EXPECT_EQ(pool.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(pool.status().message().find("KILN_POOL_PIN"), std::string::npos) << pool.status().to_string();
+}
+
+// The nice value of process (main thread) `pid`.
+int nice_of(int pid) {
+  errno = 0;
+  const int n = ::getpriority(PRIO_PROCESS, static_cast<id_t>(pid));
+  return errno == 0 ? n : -100;
+}
+
+TEST(ProcessPool, WorkersRunAtTheNiceValueAsked) {
+  const int host = nice_of(0);
+  if (host > 7) GTEST_SKIP() << "this process runs at nice " << host << ": a worker cannot go back to 7";
+  EventLog log;
+  ProcessPoolOptions o;
+  o.worker_nice = 7;
+  o.max_jobs_per_worker = 2;
+  auto pool = ready_pool(log, 1, o);
+  ASSERT_TRUE(pool);
+  for (int pid : pool->worker_pids()) EXPECT_EQ(nice_of(pid), 7) << "worker " << pid;
+  EXPECT_EQ(nice_of(0), host) << "the host's own priority must not change";
+  // The third job runs in the replacement of the worker retired after two, which starts at the same priority
+  // (and stays alive: it has done one job of two).
+  std::vector<int> ran;
+  for (int i = 0; i < 3; ++i) {
+    Submission s = pool->submit(echo("renice" + std::to_string(i)));
+    KILN_ASSERT_OK(s.future.get());
+    ran.push_back(log.wait_sent(s.id));
+  }
+  ASSERT_EQ(ran[0], ran[1]);
+  ASSERT_NE(ran[2], ran[0]) << "the third job should have gone to a fresh worker";
+  EXPECT_EQ(nice_of(ran[2]), 7) << "replacement worker " << ran[2];
+}
+
+TEST(ProcessPool, NiceZeroKeepsTheHostsPriority) {
+  ScopedEnv nice("KILN_POOL_NICE", "0");
+  EventLog log;
+  auto pool = ready_pool(log, 1, {});
+  ASSERT_TRUE(pool);
+  for (int pid : pool->worker_pids()) EXPECT_EQ(nice_of(pid), nice_of(0));
+}
+
+TEST(ProcessPool, ABadNiceSettingIsAnError) {
+  for (const char* bad : {"high", "20", "-1", "5x", ""}) {
+    ScopedEnv nice("KILN_POOL_NICE", bad);
+    auto pool = ProcessPool::start({});
+    if (std::string_view(bad).empty()) {  // unset in effect: the default
+      EXPECT_TRUE(pool.ok()) << pool.status().to_string();
+      continue;
+    }
+    ASSERT_FALSE(pool.ok()) << "KILN_POOL_NICE=" << bad;
+    EXPECT_EQ(pool.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(pool.status().message().find("KILN_POOL_NICE"), std::string::npos) << pool.status().to_string();
+  }
+  ProcessPoolOptions o;
+  o.worker_nice = 25;
+  auto pool = ProcessPool::start(o);
+  ASSERT_FALSE(pool.ok());
+  EXPECT_NE(pool.status().message().find("worker_nice"), std::string::npos) << pool.status().to_string();
 }
 
 TEST(ProcessPool, MissingWorkerExecutableIsAnError) {

@@ -74,7 +74,12 @@ struct ProcessPoolOptions {
   /// keeps its core's caches. Unset: $KILN_POOL_PIN ("1" pins), else off. Best effort: a CPU the kernel
   /// refuses leaves the worker unpinned.
   std::optional<bool> pin_workers;
+  /// The workers' CPU priority: each worker sets this nice value (0-19) on itself before anything else, so that
+  /// the process that started the pool (a tune measuring on the GPU while the pool compiles on every core) gets
+  /// a CPU as soon as it wakes. Unset: $KILN_POOL_NICE, else kDefaultWorkerNice. 0 leaves the host's.
+  std::optional<int> worker_nice;
 };
+inline constexpr int kDefaultWorkerNice = 0;
 
 struct ProcessPoolStats {
   int workers_alive = 0;
