@@ -658,5 +658,21 @@ TEST(SelectionRule, ReMeasureRoundsAlternateTheirOrder) {
   EXPECT_NE(detail::round_order(2, 0).front(), detail::round_order(2, 1).front());
 }
 
+TEST(SelectionRule, ANearTieGoesOnOnlyWhileTheTwoFastestAreUndecided) {
+  // One round tells nothing about the noise: decided (the fixed tie_rounds come first anyway).
+  EXPECT_FALSE(detail::tie_unresolved({20.0}, {20.1}, 20.0, 20.1));
+  // The runner-up 1% behind in every round, give or take 0.05 us: decided.
+  EXPECT_FALSE(detail::tie_unresolved({20.0, 20.1, 19.9}, {20.2, 20.35, 20.1}, 20.0, 20.2));
+  // The same mean gap, but the rounds disagree on the order: undecided.
+  EXPECT_TRUE(detail::tie_unresolved({20.0, 20.6, 19.8}, {20.5, 20.1, 20.4}, 20.13, 20.33));
+  // As undecided, but 2% apart over all rounds: beyond kCloseTie, decided whatever the noise.
+  EXPECT_FALSE(detail::tie_unresolved({20.0, 20.6, 19.8}, {20.5, 20.1, 20.4}, 20.0, 20.0 * (1 + detail::kCloseTie) + 0.01));
+  // Identical readings: a draw, nothing more to learn.
+  EXPECT_FALSE(detail::tie_unresolved({20.0, 20.0}, {20.0, 20.0}, 20.0, 20.0));
+  // Rounds of unequal counts pair the first ones; no leader time: decided.
+  EXPECT_TRUE(detail::tie_unresolved({20.0, 20.6, 19.8, 21.0}, {20.5, 20.1, 20.4}, 20.13, 20.33));
+  EXPECT_FALSE(detail::tie_unresolved({20.0, 20.6}, {20.5, 20.1}, 0, 20.3));
+}
+
 }  // namespace
 }  // namespace kiln::runtime

@@ -64,8 +64,8 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
   bw::End e;
   e.seq = 0x0102030405060708ull;
   std::string bytes = frame(e);
-  // magic "KBW1", version 7, type 6 (end), length 8, then the seq, all little-endian.
-  EXPECT_EQ(bytes, std::string("KBW1\x07\x00\x06\x00\x08\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01", 20));
+  // magic "KBW1", version 8, type 6 (end), length 8, then the seq, all little-endian.
+  EXPECT_EQ(bytes, std::string("KBW1\x08\x00\x06\x00\x08\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01", 20));
   KILN_ASSERT_OK_AND_ASSIGN(codec::FrameHeader h, codec::parse_header(bw::kProtocol, bytes));
   EXPECT_EQ(h.type, static_cast<uint16_t>(bw::Type::kEnd));
   EXPECT_EQ(h.length, 8u);
@@ -75,7 +75,7 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
   EXPECT_EQ(codec::parse_header(bw::kProtocol, wrong_magic).status().code(), ErrorCode::kCorrupt);
   std::string wrong_version = bytes;
   wrong_version[4] = 1;
-  EXPECT_NE(codec::parse_header(bw::kProtocol, wrong_version).status().message().find("version 1 (this build speaks 7)"),
+  EXPECT_NE(codec::parse_header(bw::kProtocol, wrong_version).status().message().find("version 1 (this build speaks 8)"),
             std::string::npos);
   std::string wrong_type = bytes;
   wrong_type[6] = 9;

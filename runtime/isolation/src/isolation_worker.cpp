@@ -207,7 +207,7 @@ class BenchWorker {
   static bool same(const BenchmarkOptions& a, const BenchmarkOptions& b) {
     return a.budget_ms == b.budget_ms && a.min_reps == b.min_reps && a.max_reps == b.max_reps &&
            a.fixed_reps == b.fixed_reps && a.drop_factor == b.drop_factor && a.tie_fraction == b.tie_fraction &&
-           a.tie_rounds == b.tie_rounds && a.flush_l2 == b.flush_l2 &&
+           a.tie_rounds == b.tie_rounds && a.tie_rounds_max == b.tie_rounds_max && a.flush_l2 == b.flush_l2 &&
            a.flush_l2_by_writing == b.flush_l2_by_writing && a.graph_below_us == b.graph_below_us &&
            a.adaptive == b.adaptive && a.precision == b.precision && a.abandon_factor == b.abandon_factor &&
            a.placements == b.placements && a.placement_bytes == b.placement_bytes;

@@ -82,6 +82,7 @@ std::string TuneReport::json() const {
   j["check_seconds"] = check_seconds;
   j["measure_seconds"] = measure_seconds;
   j["remeasure_seconds"] = remeasure_seconds;
+  j["extra_tie_rounds"] = extra_tie_rounds;
   j["load_seconds"] = load_seconds;
   j["generate_seconds"] = generate_seconds;
   j["plan_seconds"] = plan_seconds;

@@ -80,6 +80,20 @@ std::vector<size_t> round_order(size_t n, int round) {
   return order;
 }
 
+bool tie_unresolved(const std::vector<double>& leader, const std::vector<double>& runner_up, double leader_us,
+                    double runner_up_us) {
+  const size_t n = std::min(leader.size(), runner_up.size());
+  if (n < 2 || !(leader_us > 0) || runner_up_us > leader_us * (1 + kCloseTie)) return false;
+  double mean = 0;
+  for (size_t i = 0; i < n; ++i) mean += runner_up[i] - leader[i];
+  mean /= static_cast<double>(n);
+  double var = 0;
+  for (size_t i = 0; i < n; ++i) var += (runner_up[i] - leader[i] - mean) * (runner_up[i] - leader[i] - mean);
+  var /= static_cast<double>(n - 1);
+  const double se = std::sqrt(var / static_cast<double>(n));
+  return std::abs(mean) < 2 * se;
+}
+
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
                 double tie_fraction) {
   const int best = best_complete(results);

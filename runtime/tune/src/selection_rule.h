@@ -54,6 +54,15 @@ std::vector<size_t> revoked_partials(const std::vector<ChoiceResult>& results, d
 /// (ABBA, as the side-by-side re-time of bench_tuning_speed does it).
 std::vector<size_t> round_order(size_t n, int round);
 
+/// Whether a near-tie re-measure should go on after its rounds so far: `leader` and `runner_up` are each round's
+/// median of the two choices fastest over all rounds (in round order, one per round). Undecided: at least two
+/// rounds, their medians over all rounds (`leader_us`, `runner_up_us`) within kCloseTie of the leader's, and the
+/// mean of their per-round differences under twice its standard error. A gap beyond kCloseTie is decided
+/// whatever the noise (the tie rule and the one percent that matters lie well inside it).
+inline constexpr double kCloseTie = 0.015;
+bool tie_unresolved(const std::vector<double>& leader, const std::vector<double>& runner_up, double leader_us,
+                    double runner_up_us);
+
 /// The winner among `results` (any order): the fastest successful, complete measurement; among the choices
 /// within tie_window() of it, the lowest `rank`; among those, the fastest, then the lowest name. -1 when none
 /// succeeded.

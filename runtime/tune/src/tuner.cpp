@@ -767,9 +767,24 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   auto remeasure = [&](const Tied& tied) -> Status {
     const auto t_remeasure = Clock::now();
     std::map<std::string, Samples> again;
+    std::map<std::string, std::vector<double>> round_medians;  // each round's median, by choice
     ReplayGraphs graphs;  // one capture per tied choice for all rounds
     const int per_round = std::max(3, options.bench.min_reps);
-    for (int round = 0; round < options.bench.tie_rounds; ++round) {
+    const int most_rounds = std::max(options.bench.tie_rounds, options.bench.tie_rounds_max);
+    for (int round = 0; round < most_rounds; ++round) {
+      if (round >= options.bench.tie_rounds) {  // more only while the two fastest are still undecided
+        std::vector<std::pair<double, std::string>> by_time;
+        for (const auto& [name, samples] : again) {
+          if (!samples.us.empty()) by_time.push_back({summarize(samples).median, name});
+        }
+        std::sort(by_time.begin(), by_time.end());
+        if (by_time.size() < 2 ||
+            !detail::tie_unresolved(round_medians[by_time[0].second], round_medians[by_time[1].second],
+                                    by_time[0].first, by_time[1].first)) {
+          break;
+        }
+        ++report.extra_tie_rounds;
+      }
       for (size_t k : detail::round_order(tied.size(), round)) {
         const auto& [c, r] = tied[k];
         Result<Samples> samples = make_error(ErrorCode::kInternal, "not measured");
@@ -779,7 +794,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
           samples = bench->time_runs(*c, operand_args, workspace.ptr(), per_round, r->graph, &graphs,
                                      again[r->name].us.size());
         }
-        if (samples.ok()) again[r->name].append(*samples);
+        if (samples.ok()) {
+          again[r->name].append(*samples);
+          round_medians[r->name].push_back(summarize(samples->us).median);
+        }
       }
     }
     for (const auto& [c, r] : tied) {

@@ -79,7 +79,11 @@ struct ProcessPoolOptions {
   /// a CPU as soon as it wakes. Unset: $KILN_POOL_NICE, else kDefaultWorkerNice. 0 leaves the host's.
   std::optional<int> worker_nice;
 };
-inline constexpr int kDefaultWorkerNice = 0;
+/// 19: on the H200 machine (16 cores, Linux 6.18; 1 Dec 2026, bench/tuning/nice_ab.sh, two passes of the
+/// suite's default tunes) the first half of the suite tuned in 0.125 s a problem against 0.138-0.157 with the
+/// workers at the host's priority, and its measuring took 0.6-0.8 s less; the compile-bound second half was
+/// unchanged (0.163-0.166 s). The workers still take every CPU nobody else wants.
+inline constexpr int kDefaultWorkerNice = 19;
 
 struct ProcessPoolStats {
   int workers_alive = 0;

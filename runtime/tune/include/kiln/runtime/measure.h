@@ -35,6 +35,13 @@ struct BenchmarkOptions {
   /// whose first measurement lies clearly (this fraction) above the best stops early. Default 2% and 3 rounds.
   double tie_fraction = 0.02;
   int tie_rounds = 3;
+  /// Near-ties still undecided after tie_rounds (detail::tie_unresolved: the leader and the runner-up within
+  /// kCloseTie of each other and their per-round difference inside its noise) get more rounds, up to this many in
+  /// all. Why: a round is 5 runs per choice, and on the H200 suite (1 Dec, db69ba1) a kernel's runs spread
+  /// 6-10% between p10 and p90 during a tune, so three rounds put the difference of two medians at ~1% of
+  /// noise; a second exhaustive tune agreed with the first within 1% on 110 problems of 120, the misses near-ties
+  /// read the wrong way round. Equal to tie_rounds: no more rounds. Default 8.
+  int tie_rounds_max = 8;
   /// After the re-measure, what stays within this fraction of the best (or the best median's confidence
   /// interval, if wider) goes to the lower tie_rank() (templates first), and among equal ranks to the fastest.
   /// Default 0.5%: at 2% (the tie fraction, before 27 Nov) six of the H200 suite's ten misses were a template
