@@ -667,6 +667,8 @@ TEST(SelectionRule, ANearTieGoesOnOnlyWhileTheTwoFastestAreUndecided) {
   EXPECT_TRUE(detail::tie_unresolved({20.0, 20.6, 19.8}, {20.5, 20.1, 20.4}, 20.13, 20.33));
   // As undecided, but 2% apart over all rounds: beyond kCloseTie, decided whatever the noise.
   EXPECT_FALSE(detail::tie_unresolved({20.0, 20.6, 19.8}, {20.5, 20.1, 20.4}, 20.0, 20.0 * (1 + detail::kCloseTie) + 0.01));
+  // Undecided in order, but 0.1% apart give or take 0.1%: whichever is picked costs under kTieDoesNotMatter.
+  EXPECT_FALSE(detail::tie_unresolved({20.0, 20.04, 19.98}, {20.03, 20.02, 20.01}, 20.0, 20.02));
   // Identical readings: a draw, nothing more to learn.
   EXPECT_FALSE(detail::tie_unresolved({20.0, 20.0}, {20.0, 20.0}, 20.0, 20.0));
   // Rounds of unequal counts pair the first ones; no leader time: decided.

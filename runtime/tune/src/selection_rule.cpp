@@ -91,7 +91,7 @@ bool tie_unresolved(const std::vector<double>& leader, const std::vector<double>
   for (size_t i = 0; i < n; ++i) var += (runner_up[i] - leader[i] - mean) * (runner_up[i] - leader[i] - mean);
   var /= static_cast<double>(n - 1);
   const double se = std::sqrt(var / static_cast<double>(n));
-  return std::abs(mean) < 2 * se;
+  return std::abs(mean) < 2 * se && std::abs(mean) + 2 * se > kTieDoesNotMatter * leader_us;
 }
 
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,

@@ -771,6 +771,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     ReplayGraphs graphs;  // one capture per tied choice for all rounds
     const int per_round = std::max(3, options.bench.min_reps);
     const int most_rounds = std::max(options.bench.tie_rounds, options.bench.tie_rounds_max);
+    std::set<std::string> two;  // past tie_rounds only the two fastest go on: they are what is undecided
     for (int round = 0; round < most_rounds; ++round) {
       if (round >= options.bench.tie_rounds) {  // more only while the two fastest are still undecided
         std::vector<std::pair<double, std::string>> by_time;
@@ -783,10 +784,12 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
                                     by_time[0].first, by_time[1].first)) {
           break;
         }
+        two = {by_time[0].second, by_time[1].second};
         ++report.extra_tie_rounds;
       }
       for (size_t k : detail::round_order(tied.size(), round)) {
         const auto& [c, r] = tied[k];
+        if (!two.empty() && two.count(r->name) == 0) continue;
         Result<Samples> samples = make_error(ErrorCode::kInternal, "not measured");
         if (isolated && isolated->covers(*c)) {  // Isolation: re-measured where it was measured
           KILN_ASSIGN_OR_RETURN(samples, isolated->time_runs(*c, per_round, r->graph));
