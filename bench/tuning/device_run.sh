@@ -15,7 +15,8 @@
 # `bench_tuning_speed plan --part 0/2 --exhaustive-configs 256` estimates a part's call without a GPU. --deadline
 # 560 stops tuning new problems before the call's limit and reports the rest as not run, so a part that runs
 # long still brings back what it measured (rerun the missing ones with --shapes). SUITE_ARGS adds options to the
-# suite's command line (e.g. --l2-flush-by-writing for the flush kiln used before 29 Nov 2026).
+# suite's command line (e.g. --l2-flush-by-writing for the flush kiln used before 29 Nov 2026, or --second-reference
+# to tune the exhaustive effort twice and judge it against itself: ~245 s a part with DEADLINE=330).
 source "$(dirname "$0")/../support/device_env.sh" "${PACK:-.device-ts}"
 export KILN_MACHINE=${KILN_MACHINE:-nvidia-h200}
 step=${1:-headline}
