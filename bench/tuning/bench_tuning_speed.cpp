@@ -584,23 +584,24 @@ int phase_merge(const std::vector<std::string>& parts, const std::string& out_di
   int n = 0, within1 = 0, within3 = 0, errors = 0, self_timed = 0, self_beyond1 = 0;
   // The same from the pooled medians (parts written before 1 Dec have only those, as default_us).
   int pooled_n = 0, pooled_within1 = 0, pooled_self_timed = 0, pooled_self_beyond1 = 0;
-  auto beyond1 = [](const json& pair) {
-    return pair.is_array() && pair.size() == 2 && pair[0].is_number() && pair[1].is_number() &&
-                   pair[1].get<double>() > 0
-               ? std::optional<bool>(std::abs(pair[0].get<double>() / pair[1].get<double>() - 1) > 0.01)
-               : std::nullopt;
+  // A [a, b] pair of times as a / b; nothing when it is not two positive finite numbers.
+  auto pair_ratio = [](const json& pair) -> std::optional<double> {
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number() || !pair[1].is_number()) return std::nullopt;
+    const double a = pair[0].get<double>(), b = pair[1].get<double>();
+    if (!std::isfinite(a) || !std::isfinite(b) || a <= 0 || b <= 0) return std::nullopt;
+    return a / b;
+  };
+  auto beyond1 = [&](const json& pair) -> std::optional<bool> {
+    const auto r = pair_ratio(pair);
+    return r ? std::optional<bool>(std::abs(*r - 1) > 0.01) : std::nullopt;
   };
   double sum_default = 0, max_ratio = 0;
   // With --second-reference: the reference against itself (each exhaustive pick judged against the other, as the
   // default's is against the first) and the default against the second.
   int refs_n = 0, second_within1 = 0, first_within1 = 0, default_within1_second = 0;
-  auto ratio_of = [](const json& r, const char* field) -> std::optional<double> {
+  auto ratio_of = [&](const json& r, const char* field) -> std::optional<double> {
     const auto it = r.find(field);
-    if (it == r.end() || !it->is_array() || it->size() != 2 || !(*it)[0].is_number() || !(*it)[1].is_number())
-      return std::nullopt;
-    const double a = (*it)[0].get<double>(), b = (*it)[1].get<double>();
-    if (!std::isfinite(a) || !std::isfinite(b) || a <= 0 || b <= 0) return std::nullopt;
-    return a / b;
+    return it == r.end() ? std::nullopt : pair_ratio(*it);
   };
   for (const auto& r : merged) {
     if (const auto ab = ratio_of(r, "reference_pair_us"), db = ratio_of(r, "default_vs_second_us"); ab && db) {
