@@ -114,6 +114,16 @@ TEST_F(TuneGpu, GemmPicksACheckedChoiceAndRecordsEverything) {
   EXPECT_GT(r.setup_seconds, 0.0);
   EXPECT_LE(r.generate_seconds + r.plan_seconds + r.setup_seconds + r.compile_wait_seconds + r.benchmark_seconds,
             r.total_seconds + 1e-6);
+  // The measuring's phases: every timed run counted; the runs inside their batches' GPU spans, the phases inside
+  // the time spent measuring.
+  const MeasureCosts& m = r.measure_costs;
+  int runs = 0;
+  for (const auto& c : r.choices) runs += c.status.ok() ? c.reps : 0;
+  EXPECT_GE(m.runs, runs);  // (estimates that did not stop a choice are not among its reps)
+  EXPECT_GT(m.batches, 0);
+  EXPECT_GT(m.timed_s, 0.0);
+  EXPECT_LE(m.timed_s, m.gpu_span_s);
+  EXPECT_LE(m.warmup_s + m.capture_s + m.queue_s + m.wait_s, r.measure_seconds + r.remeasure_seconds + 1e-6);
   // Every timing and the decision are in the cache.
   const auto timings = t->cache().timings(r.key);
   EXPECT_EQ(timings.size(), static_cast<size_t>(measured));

@@ -120,6 +120,18 @@ constexpr auto kRunTimeout = std::chrono::seconds(20);
 
 }  // namespace
 
+MeasureCosts& MeasureCosts::operator-=(const MeasureCosts& o) {
+  warmup_s -= o.warmup_s;
+  capture_s -= o.capture_s;
+  queue_s -= o.queue_s;
+  wait_s -= o.wait_s;
+  gpu_span_s -= o.gpu_span_s;
+  timed_s -= o.timed_s;
+  runs -= o.runs;
+  batches -= o.batches;
+  return *this;
+}
+
 Summary summarize(std::vector<double> us) {
   Summary s;
   if (us.empty()) return s;
@@ -178,6 +190,7 @@ Result<std::unique_ptr<BenchRunner>> BenchRunner::create(const BenchmarkOptions&
     KILN_ASSIGN_OR_RETURN(Event e, Event::create());
     r->events_.push_back(std::move(e));
   }
+  KILN_ASSIGN_OR_RETURN(r->batch_start_, Event::create());
   return r;
 }
 
@@ -307,6 +320,7 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const std::vector<c
   std::vector<std::unique_ptr<Graph>> own(sets.size());
   std::vector<const Graph*> g(sets.size(), nullptr);
   bool graphed = graph;
+  const auto t_capture = std::chrono::steady_clock::now();
   for (size_t s = 0; graphed && s < sets.size(); ++s) {
     const std::unique_ptr<Graph>* kept = nullptr;
     if (keep) {
@@ -322,11 +336,14 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const std::vector<c
     }
     graphed = g[s] != nullptr;
   }
+  const auto t_queue = std::chrono::steady_clock::now();
+  costs_.capture_s += std::chrono::duration<double>(t_queue - t_capture).count();
   Samples out;
   out.graph = graphed;
   n = std::clamp(n, 1, static_cast<int>(events_.size() / 2));
   for (int first = 0; first < n; first += kRunsPerHold) {
     KILN_ASSIGN_OR_RETURN(StreamHold hold, StreamHold::hold(stream_.get()));
+    if (first == 0) KILN_RETURN_IF_ERROR(batch_start_.record(stream_.get()));
     for (int i = first; i < std::min(n, first + kRunsPerHold); ++i) {
       const size_t s = (first_run + static_cast<size_t>(i)) % sets.size();
       KILN_RETURN_IF_ERROR(flush());
@@ -336,16 +353,23 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const std::vector<c
       KILN_RETURN_IF_ERROR(events_[2 * i + 1].record(stream_.get()));
     }
     hold.release();
+    ++costs_.batches;
   }
+  const auto t_wait = std::chrono::steady_clock::now();
+  costs_.queue_s += std::chrono::duration<double>(t_wait - t_queue).count();
   if (Status s = synchronize(); !s.ok()) {
     if (sticky(s) || s.code() == ErrorCode::kTimeout) context_lost_ = true;
     return s;
   }
+  costs_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
   for (int i = 0; i < n; ++i) {
     KILN_ASSIGN_OR_RETURN(float ms, events_[2 * i + 1].elapsed_ms_since(events_[2 * i]));
     out.us.push_back(ms * 1e3);
     out.placement.push_back(static_cast<uint32_t>((first_run + static_cast<size_t>(i)) % sets.size()));
+    costs_.timed_s += ms * 1e-3;
   }
+  if (auto span = events_[2 * n - 1].elapsed_ms_since(batch_start_); span.ok()) costs_.gpu_span_s += *span * 1e-3;
+  costs_.runs += n;
   return out;
 }
 
@@ -410,9 +434,11 @@ Result<Samples> BenchRunner::measure(const Choice& choice, const std::vector<con
                                      double best_us) {
   if (args.empty()) return make_error(ErrorCode::kInvalidArgument, "measure: no operand set");
   // Warm-up: caches, clocks and lazily loaded code settle before anything counts (each set once).
+  const auto t_warmup = std::chrono::steady_clock::now();
   for (size_t i = 0; i < std::max<size_t>(2, args.size()); ++i) {
     KILN_RETURN_IF_ERROR(choice.run(*args[i % args.size()], ws, stream_.get()));
   }
+  costs_.warmup_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_warmup).count();
   KILN_ASSIGN_OR_RETURN(Samples estimate, time_runs(choice, args, ws, 3, false));
   const Summary est_summary = summarize(estimate.us);
   const double est = est_summary.median;

@@ -83,6 +83,12 @@ std::string TuneReport::json() const {
   j["measure_seconds"] = measure_seconds;
   j["remeasure_seconds"] = remeasure_seconds;
   j["extra_tie_rounds"] = extra_tie_rounds;
+  if (measure_costs.runs > 0) {
+    const MeasureCosts& m = measure_costs;
+    j["measure_costs"] = {{"warmup_s", m.warmup_s}, {"capture_s", m.capture_s}, {"queue_s", m.queue_s},
+                          {"wait_s", m.wait_s},     {"gpu_span_s", m.gpu_span_s}, {"timed_s", m.timed_s},
+                          {"runs", m.runs},         {"batches", m.batches}};
+  }
   j["load_seconds"] = load_seconds;
   j["generate_seconds"] = generate_seconds;
   j["plan_seconds"] = plan_seconds;

@@ -508,6 +508,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   }
   report.setup_seconds = seconds_since(setup_start) - compile_wait;
   const Clock::time_point bench_start = Clock::now();
+  const MeasureCosts costs_before = bench->costs();
   const double setup_compile_wait = compile_wait;
   // (An op whose own verify() does the checking may have no output regions.)
   const double tolerance = def->tolerance(std::get_if<GemmProblem>(&problem.desc)
@@ -866,6 +867,8 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     }
   }
   report.benchmark_seconds = seconds_since(bench_start) - (compile_wait - setup_compile_wait);
+  report.measure_costs = bench->costs();
+  report.measure_costs -= costs_before;
   report.compile_wait_seconds = compile_wait;
 
   // The winner: the fastest; what stays within the tie window of it goes to the lower tie rank, then name.

@@ -123,6 +123,21 @@ namespace detail {
 struct Graph;
 }
 
+/// Where a BenchRunner's host time goes, summed over its life (a tune reports the difference across it). Why:
+/// on the H200 suite (1 Dec, 55374c3) the default effort spent 10.5 s measuring 120 problems, of which the timed
+/// kernels were 3.9 s; these say what the rest is.
+struct MeasureCosts {
+  double warmup_s = 0;   // queuing the warm-up runs (a lazily loaded kernel loads on its first launch)
+  double capture_s = 0;  // capturing and instantiating CUDA graphs
+  double queue_s = 0;    // queuing timed runs behind a hold (the GPU waits meanwhile)
+  double wait_s = 0;     // from a hold's release until the stream is idle
+  double gpu_span_s = 0; // the GPU's time from a batch's first flush to its last run's end
+  double timed_s = 0;    // the timed runs themselves (between their events)
+  long runs = 0;         // timed runs
+  long batches = 0;      // holds released (each one waited for)
+  MeasureCosts& operator-=(const MeasureCosts& o);
+};
+
 /// Several sets of one problem's operands, each allocated apart (BenchmarkOptions::placements); the first is
 /// the one choices are checked on.
 struct OperandSets {
@@ -179,6 +194,8 @@ class BenchRunner {
                           double best_us);
   /// True once a run hit a sticky error or a timeout: nothing may run in this context any more.
   bool context_lost() const { return context_lost_; }
+  /// Host time by phase since this runner was created.
+  const MeasureCosts& costs() const { return costs_; }
   /// `n` timed runs of `choice` as measure() does them, with no estimate (near-tie re-measurement). With
   /// `graph` and `keep`, the choice's graph is taken from `keep` or captured into it.
   Result<Samples> time_runs(const Choice& choice, const OpArgs& args, CUdeviceptr workspace, int n, bool graph,
@@ -197,6 +214,8 @@ class BenchRunner {
   Stream stream_;
   DeviceBuffer flush_buffer_;
   std::vector<Event> events_;
+  Event batch_start_;  // recorded before a batch's first flush: the batch's GPU span
+  MeasureCosts costs_;
   std::vector<DeviceBuffer> reference_;
   std::vector<DeviceBuffer> initial_;  // per output; empty where the output is not restored
   bool context_lost_ = false;

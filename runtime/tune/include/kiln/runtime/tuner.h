@@ -238,6 +238,8 @@ struct TuneReport {
   double remeasure_seconds = 0;
   /// Near-tie re-measure rounds past BenchmarkOptions::tie_rounds, taken while the two fastest were undecided.
   int extra_tie_rounds = 0;
+  /// measure and remeasure by phase, in this process (BenchRunner::costs() across the tune).
+  MeasureCosts measure_costs;
   /// A cached decision: preparing the chosen choice (apart from fetching its binaries, compile_wait_seconds:
   /// a binary-cache hit): keeping the binaries when loads are deferred (TuneOptions::defer_loads), else the
   /// module loads.
