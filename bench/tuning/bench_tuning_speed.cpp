@@ -935,6 +935,9 @@ int main(int argc, char** argv) {
   suite->add_option("--placements", g_measuring.placements, "operand sets the tuners time over (BenchmarkOptions::"
                                                              "placements; 1: one, as before 30 Nov 2026)")
       ->check(CLI::Range(1, 16));
+  suite->add_flag("--hold-on-host", g_measuring.hold_on_host,
+                  "hold each batch of timed runs with a host function, as kiln did before 2 Dec 2026 (BenchmarkOptions::"
+                  "hold_on_host)");
   bool no_plan_ahead = false;
   suite->add_flag("--no-plan-ahead", no_plan_ahead, "do not compile every problem's planned choices in the "
                                                     "background from the start (each tune compiles what it needs)");

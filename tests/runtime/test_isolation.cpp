@@ -64,8 +64,8 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
   bw::End e;
   e.seq = 0x0102030405060708ull;
   std::string bytes = frame(e);
-  // magic "KBW1", version 8, type 6 (end), length 8, then the seq, all little-endian.
-  EXPECT_EQ(bytes, std::string("KBW1\x08\x00\x06\x00\x08\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01", 20));
+  // magic "KBW1", version 9, type 6 (end), length 8, then the seq, all little-endian.
+  EXPECT_EQ(bytes, std::string("KBW1\x09\x00\x06\x00\x08\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01", 20));
   KILN_ASSERT_OK_AND_ASSIGN(codec::FrameHeader h, codec::parse_header(bw::kProtocol, bytes));
   EXPECT_EQ(h.type, static_cast<uint16_t>(bw::Type::kEnd));
   EXPECT_EQ(h.length, 8u);
@@ -75,7 +75,7 @@ TEST(BenchWire, HeaderIsGoldenAndCorruptFramesFailCleanly) {
   EXPECT_EQ(codec::parse_header(bw::kProtocol, wrong_magic).status().code(), ErrorCode::kCorrupt);
   std::string wrong_version = bytes;
   wrong_version[4] = 1;
-  EXPECT_NE(codec::parse_header(bw::kProtocol, wrong_version).status().message().find("version 1 (this build speaks 8)"),
+  EXPECT_NE(codec::parse_header(bw::kProtocol, wrong_version).status().message().find("version 1 (this build speaks 9)"),
             std::string::npos);
   std::string wrong_type = bytes;
   wrong_type[6] = 9;
@@ -106,6 +106,7 @@ TEST(BenchWire, EveryMessageRoundTrips) {
   b.session.bench.precision = 0.02;
   b.session.bench.placements = 5;
   b.session.bench.placement_bytes = size_t{3} << 33;
+  b.session.bench.hold_on_host = true;
   b.session.max_template_configs = 5;
   b.session.split_k = false;
   b.session.reference = {"cublas_default", {}};
@@ -122,6 +123,7 @@ TEST(BenchWire, EveryMessageRoundTrips) {
   EXPECT_TRUE(b2.session.bench.flush_l2_by_writing);
   EXPECT_EQ(b2.session.bench.placements, 5);
   EXPECT_EQ(b2.session.bench.placement_bytes, size_t{3} << 33);
+  EXPECT_TRUE(b2.session.bench.hold_on_host);
   EXPECT_FALSE(b2.session.bench.adaptive);
   EXPECT_EQ(b2.session.bench.precision, 0.02);
   EXPECT_EQ(b2.session.max_template_configs, 5);

@@ -214,17 +214,25 @@ class SmallKernelChoice final : public Choice {
 };
 
 // A choice whose run() spends 3 ms on the host before it launches: the timed interval is the kernel's, not the
-// host's, because a batch of timed runs starts on the GPU only once all of it is queued.
+// host's, because a batch of timed runs starts on the GPU only once all of it is queued; with either hold.
 TEST_F(TuneGpu, HostWorkBeforeALaunchIsNotTimed) {
   KILN_ASSERT_OK_AND_ASSIGN(int ordinal, current_device());
   KILN_ASSERT_OK_AND_ASSIGN(DeviceInfo device, device_info(ordinal));
-  KILN_ASSERT_OK_AND_ASSIGN(auto runner, BenchRunner::create(BenchmarkOptions{}, device));
-  KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, DeviceBuffer::allocate(256 * sizeof(float)));
-  SmallKernelChoice choice("slow_host", buffer.ptr(), [](const OpArgs&) { usleep(3000); });
-  // 20 runs: two batches behind the stream hold (16 a batch).
-  KILN_ASSERT_OK_AND_ASSIGN(Samples s, runner->time_runs(choice, CustomArgs{}, 0, 20, false));
-  ASSERT_EQ(s.us.size(), 20u);
-  for (double us : s.us) EXPECT_LT(us, 500.0) << "a 3 ms host delay landed inside a timed run";
+  for (bool on_host : {false, true}) {
+    BenchmarkOptions options;
+    options.hold_on_host = on_host;
+    KILN_ASSERT_OK_AND_ASSIGN(auto runner, BenchRunner::create(options, device));
+    KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, DeviceBuffer::allocate(256 * sizeof(float)));
+    SmallKernelChoice choice("slow_host", buffer.ptr(), [](const OpArgs&) { usleep(3000); });
+    // 20 runs: two batches behind the stream hold (16 a batch), and 20 more: the release words' tickets go on.
+    for (int call = 0; call < 2; ++call) {
+      KILN_ASSERT_OK_AND_ASSIGN(Samples s, runner->time_runs(choice, CustomArgs{}, 0, 20, false));
+      ASSERT_EQ(s.us.size(), 20u);
+      for (double us : s.us) EXPECT_LT(us, 500.0) << "a 3 ms host delay landed inside a timed run (hold on host: " << on_host << ")";
+    }
+    EXPECT_EQ(runner->costs().batches, 4);
+    EXPECT_EQ(runner->costs().runs, 40);
+  }
 }
 
 // Timed runs rotate over operand sets allocated apart (BenchmarkOptions::placements), each with the same values;

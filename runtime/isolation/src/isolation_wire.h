@@ -41,11 +41,11 @@ void field(codec::Reader& r, Problem& p, std::string_view name);
 
 // Every field of BenchmarkOptions crosses the wire; a new field must join this list (and the protocol's
 // version be bumped) or the worker would silently measure with its default.
-static_assert(sizeof(BenchmarkOptions) == 112, "BenchmarkOptions changed: update the bench worker's encoding");
+static_assert(sizeof(BenchmarkOptions) == 120, "BenchmarkOptions changed: update the bench worker's encoding");
 KILN_CODEC_FIELDS(BenchmarkOptions, budget_ms, min_reps, max_reps, fixed_reps, drop_factor, tie_fraction, tie_rounds,
                   tie_rounds_max,
                   rank_tie_fraction, flush_l2, flush_l2_by_writing, graph_below_us, adaptive, precision, abandon_factor,
-                  placements, placement_bytes)
+                  placements, placement_bytes, hold_on_host)
 
 }  // namespace kiln::runtime
 
@@ -56,8 +56,8 @@ enum class Type : uint16_t { kHello = 1, kBegin = 2, kBegun = 3, kRun = 4, kRunR
 /// Bump the version when any message's layout changes; host and worker must agree exactly. Version 2:
 /// kiln::codec's encodings. Version 3: BenchmarkOptions' adaptive repetitions and early abandonment. Version 4:
 /// BenchmarkOptions' rank_tie_fraction. Version 5: flush_l2_by_writing. Version 6: placements, placement_bytes.
-/// Version 7: RunResult's placement of each run. Version 8: BenchmarkOptions' tie_rounds_max.
-inline constexpr codec::Protocol kProtocol{0x3157424Bu /* "KBW1" */, 8, static_cast<uint16_t>(Type::kEnd),
+/// Version 7: RunResult's placement of each run. Version 8: BenchmarkOptions' tie_rounds_max. Version 9: hold_on_host.
+inline constexpr codec::Protocol kProtocol{0x3157424Bu /* "KBW1" */, 9, static_cast<uint16_t>(Type::kEnd),
                                            "kiln bench worker"};
 constexpr const codec::Protocol& protocol(Type) { return kProtocol; }
 

@@ -52,6 +52,23 @@ extern "C" __global__ void kiln_flush_l2(const uint4* p, long long n, unsigned* 
   if (x == 0x9e3779b9u) *sink = x;
 }
 
+// The tuner's hold on its benchmark stream (BenchRunner::time_runs): one thread waits until the host, having queued
+// a whole batch of timed runs behind it, writes the batch's ticket (or a later one) to `released`, a word of
+// pinned host memory; or until `timeout_ns` has passed, so that a lost release only delays the batch. Tickets only
+// grow, so a word is never reset under a hold still reading it. A kernel resumes the stream within microseconds of
+// the write; a host function (cuLaunchHostFunc, the hold before 2 Dec 2026) returns through the driver's callback
+// thread, which on the H200 suite cost ~130 us a batch, 13,856 batches in one default-effort run.
+extern "C" __global__ void kiln_hold(const volatile unsigned long long* released, unsigned long long ticket,
+                                     unsigned long long timeout_ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  while (*released < ticket) {
+    __nanosleep(256);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start > timeout_ns) break;
+  }
+}
+
 // acc[0] += sum (out - ref)^2, acc[1] += sum ref^2, acc[2] += count of non-finite outputs, over a rows x cols
 // region of two row-major matrices with their own leading dimensions and dtypes.
 extern "C" __global__ void kiln_compare(const void* out, int out_dtype, long long ld_out, const void* ref,

@@ -1,11 +1,14 @@
 #include "kiln/runtime/measure.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -84,6 +87,42 @@ class StreamHold {
     (*state)->cv.wait_for(lock, std::chrono::seconds(10), [&] { return (*state)->released; });
   }
   std::shared_ptr<State> state_;
+};
+
+// One batch's hold: a StreamHold, or a kiln_hold kernel released by writing its ticket to pinned memory.
+// Released when it goes out of scope, so that an error while queuing never leaves the stream waiting.
+class BatchHold {
+ public:
+  static Result<BatchHold> on_host(CUstream stream) {
+    KILN_ASSIGN_OR_RETURN(StreamHold h, StreamHold::hold(stream));
+    BatchHold b;
+    b.host_.emplace(std::move(h));
+    return b;
+  }
+  static Result<BatchHold> on_gpu(uint64_t* word, CUdeviceptr word_device, uint64_t ticket, CUstream stream) {
+    KILN_RETURN_IF_ERROR(hold_stream(word_device, ticket, 10'000'000'000ull, stream));
+    BatchHold b;
+    b.word_ = word;
+    b.ticket_ = ticket;
+    return b;
+  }
+  BatchHold(BatchHold&& o) noexcept : host_(std::move(o.host_)), word_(std::exchange(o.word_, nullptr)), ticket_(o.ticket_) {
+    o.host_.reset();
+  }
+  BatchHold& operator=(BatchHold&&) = delete;
+  ~BatchHold() { release(); }
+  void release() {
+    if (host_) host_->release();
+    host_.reset();
+    if (word_) std::atomic_ref<uint64_t>(*word_).store(ticket_, std::memory_order_release);
+    word_ = nullptr;
+  }
+
+ private:
+  BatchHold() = default;
+  std::optional<StreamHold> host_;
+  uint64_t* word_ = nullptr;
+  uint64_t ticket_ = 0;
 };
 
 // Timed runs queued behind one hold: few enough that the queue never fills while the stream waits (a full
@@ -191,10 +230,33 @@ Result<std::unique_ptr<BenchRunner>> BenchRunner::create(const BenchmarkOptions&
     r->events_.push_back(std::move(e));
   }
   KILN_ASSIGN_OR_RETURN(r->batch_start_, Event::create());
+  if (!options.hold_on_host) {
+    // The GPU hold's release word; where it cannot be had, batches are held by host functions.
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    void* word = nullptr;
+    if (d->cuMemAllocHost(&word, 64) == CUDA_SUCCESS) {
+      *static_cast<uint64_t*>(word) = 0;
+      CUdeviceptr device = 0;
+      if (d->cuPointerGetAttribute(&device, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                   reinterpret_cast<CUdeviceptr>(word)) == CUDA_SUCCESS) {
+        r->released_ = static_cast<uint64_t*>(word);
+        r->released_device_ = device;
+      } else {
+        (void)d->cuMemFreeHost(word);
+      }
+    }
+  }
   return r;
 }
 
-BenchRunner::~BenchRunner() = default;
+BenchRunner::~BenchRunner() {
+  if (!released_) return;
+  auto d = driver();
+  if (!d.ok()) return;
+  // No hold may still read the word (each was released; a lost context has nothing running).
+  (void)(*d)->cuStreamSynchronize(stream_.get());
+  (void)(*d)->cuMemFreeHost(released_);
+}
 
 // Waits for the stream with a deadline, so a hung kernel is reported instead of blocking forever. Polling
 // is deliberate here: the driver has no timed wait. The first 2 ms poll with a yield, the rest with naps: a
@@ -342,7 +404,8 @@ Result<Samples> BenchRunner::time_runs(const Choice& choice, const std::vector<c
   out.graph = graphed;
   n = std::clamp(n, 1, static_cast<int>(events_.size() / 2));
   for (int first = 0; first < n; first += kRunsPerHold) {
-    KILN_ASSIGN_OR_RETURN(StreamHold hold, StreamHold::hold(stream_.get()));
+    KILN_ASSIGN_OR_RETURN(BatchHold hold, released_ ? BatchHold::on_gpu(released_, released_device_, ++tickets_, stream_.get())
+                                                    : BatchHold::on_host(stream_.get()));
     if (first == 0) KILN_RETURN_IF_ERROR(batch_start_.record(stream_.get()));
     for (int i = first; i < std::min(n, first + kRunsPerHold); ++i) {
       const size_t s = (first_run + static_cast<size_t>(i)) % sets.size();

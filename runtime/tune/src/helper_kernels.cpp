@@ -35,8 +35,9 @@ Result<const HelperKernels*> helper_kernels() {
   KILN_ASSIGN_OR_RETURN(Kernel norm, m.kernel("kiln_reference_norm"));
   KILN_ASSIGN_OR_RETURN(Kernel softmax, m.kernel("kiln_reference_softmax"));
   KILN_ASSIGN_OR_RETURN(Kernel flush, m.kernel("kiln_flush_l2"));
-  auto [it, _] = loaded->emplace(
-      ctx, HelperKernels{std::move(fill), std::move(cmp), std::move(norm), std::move(softmax), std::move(flush)});
+  KILN_ASSIGN_OR_RETURN(Kernel hold, m.kernel("kiln_hold"));
+  auto [it, _] = loaded->emplace(ctx, HelperKernels{std::move(fill), std::move(cmp), std::move(norm), std::move(softmax),
+                                                    std::move(flush), std::move(hold)});
   return &it->second;
 }
 
@@ -66,6 +67,16 @@ Status read_through_l2(CUdeviceptr buffer, size_t bytes, CUstream stream) {
   cfg.stream = stream;
   CUdeviceptr sink = buffer;
   return h->flush_l2(cfg, buffer, words, sink);
+}
+
+Status hold_stream(CUdeviceptr released, uint64_t ticket, uint64_t timeout_ns, CUstream stream) {
+  KILN_ASSIGN_OR_RETURN(const HelperKernels* h, helper_kernels());
+  LaunchConfig cfg;
+  cfg.block = {1};
+  cfg.grid = {1};
+  cfg.stream = stream;
+  unsigned long long t = ticket, timeout = timeout_ns;
+  return h->hold(cfg, released, t, timeout);
 }
 
 Result<Comparison> compare(CUdeviceptr out, DType out_dtype, int64_t ld_out, CUdeviceptr ref, DType ref_dtype,

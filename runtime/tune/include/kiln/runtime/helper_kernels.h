@@ -17,6 +17,7 @@ struct HelperKernels {
   Kernel reference_norm;
   Kernel reference_softmax;
   Kernel flush_l2;
+  Kernel hold;
 };
 
 /// The helpers loaded in the current context (loaded on first use per context, kept for the process).
@@ -28,6 +29,10 @@ Status fill_uniform(CUdeviceptr ptr, int64_t count, DType dtype, uint32_t seed, 
 /// Reads `bytes` (a multiple of 16, 16-byte aligned) at `buffer`, which holds one repeated 32-bit word: the L2 flush
 /// between timed runs, which leaves L2 holding clean lines (see BenchmarkOptions::flush_l2_by_writing).
 Status read_through_l2(CUdeviceptr buffer, size_t bytes, CUstream stream);
+
+/// Queues a kernel on `stream` that waits until the 64-bit word at `released` (pinned host memory the device can
+/// read) is at least `ticket`, or `timeout_ns` has passed: what follows it on the stream starts only then.
+Status hold_stream(CUdeviceptr released, uint64_t ticket, uint64_t timeout_ns, CUstream stream);
 
 /// ‖out − ref‖ / ‖ref‖ over a rows x cols region, and how many outputs are not finite. Synchronises `stream`.
 struct Comparison {

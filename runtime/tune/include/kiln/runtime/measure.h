@@ -76,6 +76,9 @@ struct BenchmarkOptions {
   /// move "within 1% of the exhaustive effort's choice" out of its run-to-run spread (90.0-95.8%).
   int placements = 3;
   size_t placement_bytes = size_t{1} << 30;
+  /// Hold each batch of timed runs with a host function (cuLaunchHostFunc) instead of a kernel waiting on a word of
+  /// pinned memory (kiln_hold). The host function was the hold before 2 Dec 2026; kept to compare. Default false.
+  bool hold_on_host = false;
 };
 
 /// The nonparametric 95% confidence interval of the median of `us` (order statistics n/2 -+ 0.98 sqrt(n)).
@@ -216,6 +219,10 @@ class BenchRunner {
   std::vector<Event> events_;
   Event batch_start_;  // recorded before a batch's first flush: the batch's GPU span
   MeasureCosts costs_;
+  // The GPU hold's release word (pinned host memory; null: holds are host functions) and the last ticket given.
+  uint64_t* released_ = nullptr;
+  CUdeviceptr released_device_ = 0;
+  uint64_t tickets_ = 0;
   std::vector<DeviceBuffer> reference_;
   std::vector<DeviceBuffer> initial_;  // per output; empty where the output is not restored
   bool context_lost_ = false;
