@@ -487,12 +487,30 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
       ws_bytes = std::max(ws_bytes, (*it)->workspace_bytes());
     }
     DeviceBuffer ws = bench::must(DeviceBuffer::allocate(ws_bytes));
+    // The host time of each choice's first runs after prepare(): what a tune's warm-up pays for it (1 Dec, bd19b73:
+    // ~1.4 ms per extern choice and problem, nothing for templates).
+    json first_runs = json::object();
+    {
+      std::string line = id + " first runs' host time, us:";
+      for (const ChoicePtr& c : picked) {
+        std::vector<double> host_us;
+        for (int i = 0; i < 3; ++i) {
+          const auto t0 = Clock::now();
+          bench::check(c->run(buffers.args, ws.ptr(), nullptr));
+          host_us.push_back(seconds_since(t0) * 1e6);
+        }
+        bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+        first_runs[c->name()] = host_us;
+        line += fmt::format(" {} {:.0f}/{:.0f}/{:.0f}", c->name(), host_us[0], host_us[1], host_us[2]);
+      }
+      fmt::print("{}\n", line);
+    }
     BenchmarkOptions o = g_measuring;
     o.adaptive = false;
     o.max_reps = 128;
     auto runner = bench::must(BenchRunner::create(o, tuner->context().device), "bench runner");
     auto tuner_runner = bench::must(BenchRunner::create(g_measuring, tuner->context().device), "bench runner");
-    json row{{"problem", id}};
+    json row{{"problem", id}, {"first_runs_host_us", first_runs}};
     // Placement: the same choices on `allocations` more sets of the problem's buffers (seed 1 each, all held,
     // so that each lands elsewhere in device memory; the last with seed 2), 64 runs each, interleaved.
     for (int a = 0; a < allocations; ++a) {
