@@ -954,7 +954,7 @@ int main(int argc, char** argv) {
                                                              "placements; 1: one, as before 30 Nov 2026)")
       ->check(CLI::Range(1, 16));
   suite->add_flag("--hold-on-host", g_measuring.hold_on_host,
-                  "hold each batch of timed runs with a host function, as kiln did before 2 Dec 2026 (BenchmarkOptions::"
+                  "hold each batch of timed runs with a host function, as kiln did until 1 Dec 2026 (BenchmarkOptions::"
                   "hold_on_host)");
   bool no_plan_ahead = false;
   suite->add_flag("--no-plan-ahead", no_plan_ahead, "do not compile every problem's planned choices in the "

@@ -228,7 +228,9 @@ TEST_F(TuneGpu, HostWorkBeforeALaunchIsNotTimed) {
     for (int call = 0; call < 2; ++call) {
       KILN_ASSERT_OK_AND_ASSIGN(Samples s, runner->time_runs(choice, CustomArgs{}, 0, 20, false));
       ASSERT_EQ(s.us.size(), 20u);
-      for (double us : s.us) EXPECT_LT(us, 500.0) << "a 3 ms host delay landed inside a timed run (hold on host: " << on_host << ")";
+      for (double us : s.us) {
+        EXPECT_LT(us, 500.0) << "a 3 ms host delay landed inside a timed run (hold on host: " << on_host << ")";
+      }
     }
     EXPECT_EQ(runner->costs().batches, 4);
     EXPECT_EQ(runner->costs().runs, 40);

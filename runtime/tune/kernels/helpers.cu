@@ -56,8 +56,8 @@ extern "C" __global__ void kiln_flush_l2(const uint4* p, long long n, unsigned* 
 // a whole batch of timed runs behind it, writes the batch's ticket (or a later one) to `released`, a word of
 // pinned host memory; or until `timeout_ns` has passed, so that a lost release only delays the batch. Tickets only
 // grow, so a word is never reset under a hold still reading it. A kernel resumes the stream within microseconds of
-// the write; a host function (cuLaunchHostFunc, the hold before 2 Dec 2026) returns through the driver's callback
-// thread, which on the H200 suite cost ~130 us a batch, 13,856 batches in one default-effort run.
+// the write; a host function (cuLaunchHostFunc, the hold until 1 Dec 2026, bd19b73) returns through the driver's
+// callback thread: ~50 us more a batch on the H200 suite, ~13,800 batches in a default-effort run of it.
 extern "C" __global__ void kiln_hold(const volatile unsigned long long* released, unsigned long long ticket,
                                      unsigned long long timeout_ns) {
   unsigned long long start, now;

@@ -106,7 +106,8 @@ class BatchHold {
     b.ticket_ = ticket;
     return b;
   }
-  BatchHold(BatchHold&& o) noexcept : host_(std::move(o.host_)), word_(std::exchange(o.word_, nullptr)), ticket_(o.ticket_) {
+  BatchHold(BatchHold&& o) noexcept
+      : host_(std::move(o.host_)), word_(std::exchange(o.word_, nullptr)), ticket_(o.ticket_) {
     o.host_.reset();
   }
   BatchHold& operator=(BatchHold&&) = delete;

@@ -77,7 +77,8 @@ struct BenchmarkOptions {
   int placements = 3;
   size_t placement_bytes = size_t{1} << 30;
   /// Hold each batch of timed runs with a host function (cuLaunchHostFunc) instead of a kernel waiting on a word of
-  /// pinned memory (kiln_hold). The host function was the hold before 2 Dec 2026; kept to compare. Default false.
+  /// pinned memory (kiln_hold). The host function was the hold until 1 Dec 2026 (bd19b73); kept to compare.
+  /// Default false.
   bool hold_on_host = false;
 };
 
