@@ -104,6 +104,11 @@ std::shared_ptr<cache::TuningCache> fresh_cache(const std::string& dir) {
   return bench::must(cache::TuningCache::open(cache::TuneMode::kTune, store), "opening the cache");
 }
 
+// Waits for everything queued in the current context; a failure ends the bench naming the CUDA error.
+void sync_context(const DriverApi* d) {
+  bench::check(to_status(d->cuCtxSynchronize(), "cuCtxSynchronize", __FILE__, __LINE__));
+}
+
 // How every tuner and re-time of this run measures (the defaults, or --l2-flush-by-writing).
 BenchmarkOptions g_measuring;
 
@@ -171,7 +176,7 @@ SideBySide side_by_side(const Tuner& tuner, const Problem& problem, const Select
   OperandSets operands = bench::must(make_operand_sets(*def, problem, 1, kRetimePlacements, size_t{4} << 30), "buffers");
   const std::vector<const OpArgs*> sets = operands.args();
   auto d = bench::must(driver());
-  bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+  sync_context(d);
   DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>({a.choice()->workspace_bytes(),
                                                                           b.choice()->workspace_bytes(), 256})));
   BenchmarkOptions o = g_measuring;
@@ -212,7 +217,7 @@ double measured_again(const Tuner& tuner, const Problem& problem, const Selectio
   OperandSets operands = bench::must(make_operand_sets(*def, problem, 1, g_measuring.placements,
                                                        g_measuring.placement_bytes), "buffers");
   auto d = bench::must(driver());
-  bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+  sync_context(d);
   DeviceBuffer ws = bench::must(DeviceBuffer::allocate(std::max<size_t>(s.choice()->workspace_bytes(), 256)));
   auto runner = bench::must(BenchRunner::create(g_measuring, tuner.context().device), "bench runner");
   auto m = runner->measure(*s.choice(), operands.args(), ws.ptr(), 0);
@@ -474,7 +479,7 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
     auto def = bench::must(tuner->ops().find(problem.op));
     auto choices = bench::must(def->choices(problem, tuner->context()), "choices");
     OpBuffers buffers = bench::must(def->buffers(problem, 1), "buffers");
-    bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+    sync_context(d);
     std::vector<ChoicePtr> picked;
     std::list<OpBuffers> held;
     size_t ws_bytes = 256;
@@ -499,7 +504,7 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
           bench::check(c->run(buffers.args, ws.ptr(), nullptr));
           host_us.push_back(seconds_since(t0) * 1e6);
         }
-        bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+        sync_context(d);
         first_runs[c->name()] = host_us;
         line += fmt::format(" {} {:.0f}/{:.0f}/{:.0f}", c->name(), host_us[0], host_us[1], host_us[2]);
       }
@@ -515,7 +520,7 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
     // so that each lands elsewhere in device memory; the last with seed 2), 64 runs each, interleaved.
     for (int a = 0; a < allocations; ++a) {
       OpBuffers& more = held.emplace_back(bench::must(def->buffers(problem, a + 1 == allocations ? 2 : 1), "buffers"));
-      bench::check(d->cuCtxSynchronize() == CUDA_SUCCESS ? Status() : make_error(ErrorCode::kInternal, "sync"));
+      sync_context(d);
       std::string line = fmt::format("{} allocation {}{}:", id, a, a + 1 == allocations ? " (seed 2)" : "");
       json medians = json::object();
       for (int round = 0; round < 2; ++round) {
