@@ -459,6 +459,70 @@ TEST(EffortPlan, TheModelsFirstChoicesAreNeverSwapped) {
   EXPECT_EQ(effort_policy(Effort::kQuick).keep_top, 0);
 }
 
+// stream_k_pick: a memory-bound decode grid of several waves keeps its best-ranked stream-K tile past the cut-off,
+// on top of what the plan keeps (nothing else moves); a grid under a wave, a compute-bound one, or stream-K two per
+// SM get nothing.
+TEST(EffortPlan, AMemoryBoundGridOfSeveralWavesKeepsItsBestStreamKTile) {
+  auto decode_choices = [](bool two_per_sm) {
+    std::vector<ChoicePtr> choices;
+    for (int i = 0; i < 6; ++i) {
+      choices.push_back(std::make_shared<FakeChoice>("plain" + std::to_string(i), ChoiceKind::kTemplate,
+                                                     wgmma(64, 8, 1, 6 + i, 1, true, false, 1, 1 + i)));
+    }
+    Params sk = wgmma(64, 8, 1, 8, 1, true, true, two_per_sm ? 2 : 1);
+    sk["stream_k"] = "true";
+    choices.push_back(std::make_shared<FakeChoice>("sk", ChoiceKind::kTemplate, sk));
+    choices.push_back(std::make_shared<FakeChoice>("cublas_default", ChoiceKind::kExtern, Params{}));
+    return choices;
+  };
+  const Problem decode = gemm(1, 36864, 7168);  // 576 tiles of 64 rows: 4.4 waves of 132 SMs
+  const auto choices = decode_choices(false);
+  const auto order = rank(decode, choices, kH100);
+  int sk_rank = -1, r = 0;
+  for (const auto& o : order) {
+    if (!o.estimate.known) continue;
+    if (choices[o.index]->name() == "sk") {
+      sk_rank = r;
+      EXPECT_EQ(o.estimate.bound, "memory");
+      EXPECT_GT(o.estimate.waves, 1.0);
+    }
+    ++r;
+  }
+  const int keep = 3;
+  ASSERT_GE(sk_rank, keep) << "the model prices the stream-K tile behind its plain twins (the fixture's premise)";
+  const auto without = detail::plan_choices(choices, order, "cublas_default", keep, {}, 0, true, keep);
+  EXPECT_FALSE(names(without.first).count("sk"));
+  EXPECT_TRUE(without.stream_k_pick.empty());
+  const auto with = detail::plan_choices(choices, order, "cublas_default", keep, {}, 0, true, keep, true);
+  EXPECT_TRUE(names(with.first).count("sk"));
+  EXPECT_EQ(with.stream_k_pick, "sk");
+  EXPECT_EQ(with.kept_ranked, keep + 1) << "one more, none displaced";
+  for (const auto& c : without.first) EXPECT_TRUE(names(with.first).count(c->name())) << c->name();
+  EXPECT_EQ(with.variant_picks, 0);
+  EXPECT_EQ(with.shared_swaps, 0);
+  ASSERT_NE(detail::stream_k_candidate(order), nullptr);
+  EXPECT_EQ(choices[detail::stream_k_candidate(order)->index]->name(), "sk");
+  // Already kept: nothing is added and nothing is reported.
+  const auto all = detail::plan_choices(choices, order, "cublas_default", 7, {}, 0, true, 7, true);
+  EXPECT_TRUE(names(all.first).count("sk"));
+  EXPECT_TRUE(all.stream_k_pick.empty());
+  // Under one wave (64 tiles), two per SM, or compute-bound: no candidate.
+  EXPECT_EQ(detail::stream_k_candidate(rank(gemm(1, 4096, 4096), choices, kH100)), nullptr);
+  const auto two = decode_choices(true);
+  EXPECT_EQ(detail::stream_k_candidate(rank(decode, two, kH100)), nullptr);
+  std::vector<ChoicePtr> square;
+  Params big = wgmma(128, 128, 2, 4, 1, false, true);
+  big["stream_k"] = "true";
+  square.push_back(std::make_shared<FakeChoice>("sk_big", ChoiceKind::kTemplate, big));
+  const auto square_order = rank(gemm(4096, 4096, 4096), square, kH100);
+  ASSERT_EQ(square_order.size(), 1u);
+  EXPECT_EQ(square_order[0].estimate.bound, "compute");
+  EXPECT_EQ(detail::stream_k_candidate(square_order), nullptr);
+  EXPECT_TRUE(effort_policy(Effort::kDefault).stream_k_pick);
+  EXPECT_FALSE(effort_policy(Effort::kQuick).stream_k_pick);
+  EXPECT_FALSE(effort_policy(Effort::kExhaustive).stream_k_pick);
+}
+
 // Widening goes around the fastest measured choice of each of the fastest variants: only model-ranked choices
 // count, a variant behind the best extern counts within the near-extern margin only, and a choice widened around
 // once is not widened around again (a widening that found no new best stops there).

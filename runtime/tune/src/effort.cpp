@@ -86,7 +86,7 @@ EffortPolicy effort_policy(Effort effort) {
     case Effort::kDefault: return {.measure = true, .keep = 8, .keep_rows = 32, .widen = 2, .max_widenings = 2, .sample_per_template = 64,
                                    .extern_margin = kExternMargin, .extern_margin_compute = kExternMarginCompute,
                                    .extern_protect = 5, .extern_margin_cached = kExternMarginCached,
-                                   .share_margin = kShareMargin, .diverse = true, .keep_top = 3};
+                                   .share_margin = kShareMargin, .diverse = true, .keep_top = 3, .stream_k_pick = true};
     case Effort::kExhaustive: return {.measure = true, .keep = 0, .widen = 0, .max_widenings = 0, .sample_per_template = 100000};
   }
   return {};
@@ -100,9 +100,17 @@ int keep_for(const EffortPolicy& policy, const Problem& problem) {
 
 namespace detail {
 
+const RankedChoice* stream_k_candidate(const std::vector<RankedChoice>& ranked) {
+  for (const RankedChoice& r : ranked) {  // (in model order: the first that qualifies)
+    if (!r.estimate.known || r.estimate.bound != "memory" || !(r.estimate.waves > 1)) continue;
+    if (r.structure == "wgmma/swab/sk/p/b1" || r.structure == "wgmma/tile/sk/p/b1") return &r;
+  }
+  return nullptr;
+}
+
 TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
                       const std::string& reference, int keep, const std::set<std::string>& planned,
-                      double share_margin, bool diverse, int keep_top) {
+                      double share_margin, bool diverse, int keep_top, bool stream_k_pick) {
   // Which model-ranked choices are kept: the first `keep` by rank, except that with a share margin only the
   // first quarter of those slots (at least one) is fixed by rank, and with `diverse` the first `keep_top` by rank
   // and then the best-ranked of each other structural variant instead; the others go first to shared choices
@@ -156,6 +164,11 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     }
   }
   TunePlan plan;
+  if (stream_k_pick && keep > 0) {
+    if (const RankedChoice* sk = stream_k_candidate(ranked); sk != nullptr && kept.insert(sk).second) {
+      plan.stream_k_pick = choices[sk->index]->name();
+    }
+  }
   int rank = 0;
   for (const RankedChoice& r : ranked) {
     const ChoicePtr& c = choices[r.index];
@@ -168,7 +181,9 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     if (kept.count(&r) || c->name() == reference) {
       plan.first.push_back(c);
       ++plan.kept_ranked;
-      if (kept.count(&r) && rank >= static_cast<int>(k)) ++(variant_best.count(&r) ? plan.variant_picks : plan.shared_swaps);
+      if (kept.count(&r) && rank >= static_cast<int>(k) && c->name() != plan.stream_k_pick) {
+        ++(variant_best.count(&r) ? plan.variant_picks : plan.shared_swaps);
+      }
     } else if (r.cached) {
       // No compile to wait for: measured whatever its rank, unless extern-first pruning cuts it.
       plan.first.push_back(c);

@@ -37,6 +37,10 @@ std::string TuneReport::table(int top) const {
       out += fmt::format("    {} candidates past the model's cut-off kept as the best-ranked of their structural variant\n",
                          variant_picks);
     }
+    if (!stream_k_pick.empty()) {
+      out += fmt::format("    {} kept past the model's cut-off as its best stream-K tile of a memory-bound grid\n",
+                         stream_k_pick);
+    }
   }
   double best = 0;
   for (const auto& c : choices) {
@@ -108,6 +112,7 @@ std::string TuneReport::json() const {
   j["cached_candidates"] = cached_candidates;
   j["shared_swaps"] = shared_swaps;
   j["variant_picks"] = variant_picks;
+  j["stream_k_pick"] = stream_k_pick;
   j["neighbour_timings"] = neighbour_timings;
   j["widenings"] = widenings;
   j["revived"] = revived;

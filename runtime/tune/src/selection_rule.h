@@ -89,13 +89,18 @@ struct TunePlan {
   int shared_swaps = 0;            // ranked below `keep` but kept for sharing (share_margin) in place of another
   int variant_picks = 0;           // ranked below `keep` but kept as the best of its structural variant (diverse)
   std::map<std::string, std::string> structure;  // by name, for the model-ranked choices: structure_class()
+  std::string stream_k_pick;       // kept past `keep` as the best-ranked stream-K tile (EffortPolicy::stream_k_pick)
 };
 /// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything. `planned`: names of choices planned for
 /// other problems (their kernels compile anyway); with `share_margin` > 0 see EffortPolicy::share_margin, with
-/// `diverse` EffortPolicy::diverse and EffortPolicy::keep_top.
+/// `diverse` EffortPolicy::diverse and EffortPolicy::keep_top, with `stream_k_pick` EffortPolicy::stream_k_pick.
 TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<RankedChoice>& ranked,
                       const std::string& reference, int keep, const std::set<std::string>& planned = {},
-                      double share_margin = 0, bool diverse = false, int keep_top = 0);
+                      double share_margin = 0, bool diverse = false, int keep_top = 0, bool stream_k_pick = false);
+
+/// The choice EffortPolicy::stream_k_pick adds: the best-ranked persistent stream-K tile of one block per SM
+/// (swap-AB or not) where the model calls it memory-bound over more than one wave; null if there is none.
+const RankedChoice* stream_k_candidate(const std::vector<RankedChoice>& ranked);
 
 /// A tune's diverse widening: the next `n` choices of `variant` in model order among `reserve` and `cached`
 /// (the cached extras, measured already), each taken out of its list; returns those of the reserve, the ones

@@ -110,7 +110,8 @@ struct Tuner::Impl {
   detail::TunePlan plan(const Problem& problem, const std::vector<ChoicePtr>& choices,
                         const std::vector<RankedChoice>& order, const std::string& reference) {
     detail::TunePlan p = detail::plan_choices(choices, order, reference, keep_for(policy, problem), planned_names(),
-                                              policy.share_margin, policy.diverse, policy.keep_top);
+                                              policy.share_margin, policy.diverse, policy.keep_top,
+                                              policy.stream_k_pick);
     note_planned(p);
     return p;
   }
@@ -431,6 +432,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   detail::TunePlan plan = this->plan(problem, choices, order, report.reference);
   report.shared_swaps = plan.shared_swaps;
   report.variant_picks = plan.variant_picks;
+  report.stream_k_pick = plan.stream_k_pick;
   std::set<const Choice*> first;
   for (const auto& c : plan.first) first.insert(c.get());
   std::map<const Choice*, const RankedChoice*> model_of;  // the model-ranked choices
@@ -655,6 +657,10 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     const std::vector<bool> keep = detail::extern_protected(bounds, policy.extern_protect);
     for (size_t i = 0; i < keep.size(); ++i) {
       if (keep[i]) protected_from_cut.insert(ranked[i]);
+    }
+    // The stream-K pick is there because the model misprices it: its prediction cannot cut it either.
+    for (const auto& c : choices) {
+      if (!plan.stream_k_pick.empty() && c->name() == plan.stream_k_pick) protected_from_cut.insert(c.get());
     }
   }
   // Cuts `list` (and its futures, when given: cancelled, so a queued compile nobody else wants never runs).
@@ -1016,7 +1022,7 @@ Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Prob
   if (!policy.diverse) {
     for (const DevicePeaks& peaks : parts) {
       detail::TunePlan plan = detail::plan_choices(choices, rank(problem, choices, peaks), reference, keep, {}, 0,
-                                                   false);
+                                                   false, 0, policy.stream_k_pick);
       for (const auto& c : plan.first) take(c);
       // What a tune may reach by widening: the next ranks of every widening.
       const size_t extra = std::min<size_t>(
@@ -1038,7 +1044,8 @@ Result<std::vector<ChoicePtr>> precompile_plan(const OpRegistry& ops, const Prob
         if (!c->kernels().empty()) cached.insert(c->name());
       }
       const auto order = rank(problem, choices, peaks, {}, cached);
-      detail::TunePlan plan = detail::plan_choices(choices, order, reference, keep, {}, 0, true, policy.keep_top);
+      detail::TunePlan plan =
+          detail::plan_choices(choices, order, reference, keep, {}, 0, true, policy.keep_top, policy.stream_k_pick);
       for (const auto& c : plan.first) take(c);
       std::set<std::string> variants;
       for (const auto& c : plan.first) {

@@ -124,6 +124,14 @@ struct EffortPolicy {
   /// or within `widen_near_extern` of it (a template 2% behind cuBLAS may have a sibling 2% ahead of it).
   int widen_variants = 1;
   double widen_near_extern = 0;
+  /// Also keep (and never cut extern-first) the best-ranked persistent stream-K tile of one block per SM where
+  /// the model calls it memory-bound over more than one wave. Why: the model prices stream-K's piece protocol
+  /// (~2 us a piece) but not the memory-bound grid's partial last wave that it removes, so in decode GEMMs such
+  /// tiles rank 20-50 places behind their plain twins or are cut against cuBLASLt, and are the exhaustive
+  /// effort's choice there (1x36864x7168, 1x37888x3584: 1.1-2.8% ahead of the default's pick in 7 of 12 H200
+  /// suite parts, 29 Nov-1 Dec). Pricing it in the model instead reordered the other decode tiles and lost four
+  /// problems on the device (1 Dec); one extra choice reorders nothing (5 more compiles a suite part).
+  bool stream_k_pick = false;
 };
 EffortPolicy effort_policy(Effort effort);
 /// The policy's keep for `problem`: keep_rows for a norm or softmax problem where it is set, else keep.
@@ -220,6 +228,8 @@ struct TuneReport {
   /// Candidates ranked past the model's cut-off but kept as the best-ranked of their structural variant
   /// (EffortPolicy::diverse).
   int variant_picks = 0;
+  /// The stream-K tile kept past the cut-off (EffortPolicy::stream_k_pick); empty if none was added.
+  std::string stream_k_pick;
   int widenings = 0;                  // times the kept set grew (near the end of the ranks, or around the best's variant)
   /// Choices dropped early as clearly slower, measured in full after all because the best read slower when
   /// re-measured (detail::revoked_partials).
