@@ -510,13 +510,19 @@ TEST(EffortPlan, AMemoryBoundGridOfSeveralWavesKeepsItsBestStreamKTile) {
   EXPECT_EQ(detail::stream_k_candidate(rank(gemm(1, 4096, 4096), choices, kH100)), nullptr);
   const auto two = decode_choices(true);
   EXPECT_EQ(detail::stream_k_candidate(rank(decode, two, kH100)), nullptr);
+  // 4096^3: the best-ranked stream-K tile is compute-bound; a narrow one ranked below it is memory-bound (it
+  // reloads the operands for every 8 columns) and must not be taken for the problem's.
   std::vector<ChoicePtr> square;
-  Params big = wgmma(128, 128, 2, 4, 1, false, true);
-  big["stream_k"] = "true";
-  square.push_back(std::make_shared<FakeChoice>("sk_big", ChoiceKind::kTemplate, big));
+  for (auto [bm, bn, name] : {std::tuple{128, 128, "sk_big"}, std::tuple{128, 8, "sk_narrow"}}) {
+    Params t = wgmma(bm, bn, 2, 4, 1, false, true);
+    t["stream_k"] = "true";
+    square.push_back(std::make_shared<FakeChoice>(name, ChoiceKind::kTemplate, t));
+  }
   const auto square_order = rank(gemm(4096, 4096, 4096), square, kH100);
-  ASSERT_EQ(square_order.size(), 1u);
+  ASSERT_EQ(square_order.size(), 2u);
+  EXPECT_EQ(square[square_order[0].index]->name(), "sk_big");
   EXPECT_EQ(square_order[0].estimate.bound, "compute");
+  EXPECT_EQ(square_order[1].estimate.bound, "memory") << "the fixture's narrow tile";
   EXPECT_EQ(detail::stream_k_candidate(square_order), nullptr);
   EXPECT_TRUE(effort_policy(Effort::kDefault).stream_k_pick);
   EXPECT_FALSE(effort_policy(Effort::kQuick).stream_k_pick);
