@@ -510,20 +510,59 @@ TEST(EffortPlan, AMemoryBoundGridOfSeveralWavesKeepsItsBestStreamKTile) {
   EXPECT_EQ(detail::stream_k_candidate(rank(gemm(1, 4096, 4096), choices, kH100)), nullptr);
   const auto two = decode_choices(true);
   EXPECT_EQ(detail::stream_k_candidate(rank(decode, two, kH100)), nullptr);
-  // 4096^3: the best-ranked stream-K tile is compute-bound; a narrow one ranked below it is memory-bound (it
-  // reloads the operands for every 8 columns) and must not be taken for the problem's.
+  // 4096^3: the model's first choice is compute-bound; a narrow swap-AB stream-K tile ranked below it is
+  // memory-bound (it reloads the operands for every 8 columns) and is no reason to measure anything.
   std::vector<ChoicePtr> square;
-  for (auto [bm, bn, name] : {std::tuple{128, 128, "sk_big"}, std::tuple{128, 8, "sk_narrow"}}) {
-    Params t = wgmma(bm, bn, 2, 4, 1, false, true);
-    t["stream_k"] = "true";
+  for (auto [bm, bn, swab, name] : {std::tuple{128, 128, false, "big"}, std::tuple{128, 8, true, "sk_narrow"}}) {
+    Params t = wgmma(bm, bn, 2, 4, 1, swab, true);
+    if (swab) t["stream_k"] = "true";
     square.push_back(std::make_shared<FakeChoice>(name, ChoiceKind::kTemplate, t));
   }
   const auto square_order = rank(gemm(4096, 4096, 4096), square, kH100);
   ASSERT_EQ(square_order.size(), 2u);
-  EXPECT_EQ(square[square_order[0].index]->name(), "sk_big");
+  EXPECT_EQ(square[square_order[0].index]->name(), "big");
   EXPECT_EQ(square_order[0].estimate.bound, "compute");
   EXPECT_EQ(square_order[1].estimate.bound, "memory") << "the fixture's narrow tile";
+  EXPECT_GT(square_order[1].estimate.waves, 1.0);
   EXPECT_EQ(detail::stream_k_candidate(square_order), nullptr);
+  // Only swap-AB tiles: an unswapped stream-K tile (memory-bound, several waves) is never the pick.
+  auto with_tile_sk = [](std::vector<ChoicePtr> list) {
+    Params tile_sk = wgmma(64, 256, 2, 4, 1, false, true);
+    tile_sk["stream_k"] = "true";
+    list.push_back(std::make_shared<FakeChoice>("tile_sk", ChoiceKind::kTemplate, tile_sk));
+    return list;
+  };
+  const Problem wide = gemm(1, 65536, 4096);
+  const auto both = with_tile_sk(choices);
+  const auto both_order = rank(wide, both, kH100);
+  ASSERT_NE(detail::stream_k_candidate(both_order), nullptr);
+  EXPECT_EQ(both[detail::stream_k_candidate(both_order)->index]->name(), "sk");
+  std::vector<ChoicePtr> plain_and_tile;
+  for (const auto& c : both) {
+    if (c->name() != "sk") plain_and_tile.push_back(c);
+  }
+  const auto tile_order = rank(wide, plain_and_tile, kH100);
+  bool tile_qualifies = false;
+  for (const auto& o : tile_order) {
+    if (plain_and_tile[o.index]->name() == "tile_sk") tile_qualifies = o.estimate.bound == "memory" && o.estimate.waves > 1;
+  }
+  ASSERT_TRUE(tile_qualifies) << "the fixture's unswapped tile is memory-bound over several waves";
+  EXPECT_EQ(detail::stream_k_candidate(tile_order), nullptr);
+  // A swap-AB stream-K tile whose grid is one wave or less is passed over for the next one in the order.
+  std::vector<ChoicePtr> waves = choices;
+  Params one_wave = wgmma(256, 8, 1, 4, 1, true, true);
+  one_wave["stream_k"] = "true";
+  waves.push_back(std::make_shared<FakeChoice>("sk_one_wave", ChoiceKind::kTemplate, one_wave));
+  const Problem w28672 = gemm(1, 28672, 4096);  // 256-row tiles: 112 blocks; 64-row tiles: 448 (3.4 waves)
+  const auto waves_order = rank(w28672, waves, kH100);
+  std::vector<std::string> sk_in_order;
+  for (const auto& o : waves_order) {
+    const std::string n = waves[o.index]->name();
+    if (n.rfind("sk", 0) == 0) sk_in_order.push_back(n);
+  }
+  ASSERT_EQ(sk_in_order, (std::vector<std::string>{"sk_one_wave", "sk"})) << "the one-wave tile ranks first";
+  ASSERT_NE(detail::stream_k_candidate(waves_order), nullptr);
+  EXPECT_EQ(waves[detail::stream_k_candidate(waves_order)->index]->name(), "sk");
   EXPECT_TRUE(effort_policy(Effort::kDefault).stream_k_pick);
   EXPECT_FALSE(effort_policy(Effort::kQuick).stream_k_pick);
   EXPECT_FALSE(effort_policy(Effort::kExhaustive).stream_k_pick);

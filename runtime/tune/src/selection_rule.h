@@ -98,8 +98,9 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
                       const std::string& reference, int keep, const std::set<std::string>& planned = {},
                       double share_margin = 0, bool diverse = false, int keep_top = 0, bool stream_k_pick = false);
 
-/// The choice EffortPolicy::stream_k_pick adds: the best-ranked persistent stream-K tile of one block per SM
-/// (swap-AB or not) where the model calls it memory-bound over more than one wave; null if there is none.
+/// The choice EffortPolicy::stream_k_pick adds: where the model's first choice is memory-bound, the best-ranked
+/// swap-AB persistent stream-K tile of one block per SM that it calls memory-bound over more than one wave;
+/// null if there is none.
 const RankedChoice* stream_k_candidate(const std::vector<RankedChoice>& ranked);
 
 /// A tune's diverse widening: the next `n` choices of `variant` in model order among `reserve` and `cached`

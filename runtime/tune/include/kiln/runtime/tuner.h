@@ -124,13 +124,14 @@ struct EffortPolicy {
   /// or within `widen_near_extern` of it (a template 2% behind cuBLAS may have a sibling 2% ahead of it).
   int widen_variants = 1;
   double widen_near_extern = 0;
-  /// Also keep (and never cut extern-first) the best-ranked persistent stream-K tile of one block per SM where
-  /// the model calls it memory-bound over more than one wave. Why: the model prices stream-K's piece protocol
-  /// (~2 us a piece) but not the memory-bound grid's partial last wave that it removes, so in decode GEMMs such
-  /// tiles rank 20-50 places behind their plain twins or are cut against cuBLASLt, and are the exhaustive
-  /// effort's choice there (1x36864x7168, 1x37888x3584: 1.1-2.8% ahead of the default's pick in 7 of 12 H200
-  /// suite parts, 29 Nov-1 Dec). Pricing it in the model instead reordered the other decode tiles and lost four
-  /// problems on the device (1 Dec); one extra choice reorders nothing (5 more compiles a suite part).
+  /// Also keep (and never cut extern-first), where the model's first choice is memory-bound, the best-ranked
+  /// swap-AB persistent stream-K tile of one block per SM that it calls memory-bound over more than one wave.
+  /// Why: the model prices stream-K's piece protocol (~2 us a piece) but not the memory-bound grid's partial last
+  /// wave that it removes, so in decode GEMMs such tiles rank 20-50 places behind their plain twins or are cut
+  /// against cuBLASLt, and are the exhaustive effort's choice there (1x36864x7168, 1x37888x3584: untimed and 1-3%
+  /// ahead of the default's pick in 9 of 16 H200 suite parts, 29 Nov-1 Dec; replayed, the pick is within 1% of the
+  /// best in all 9, for ~6 more compiles a part). Pricing it in the model instead reordered the other decode tiles
+  /// and lost four problems on the device (1 Dec); one extra choice reorders nothing.
   bool stream_k_pick = false;
 };
 EffortPolicy effort_policy(Effort effort);
