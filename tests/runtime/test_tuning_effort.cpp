@@ -502,10 +502,13 @@ TEST(EffortPlan, AMemoryBoundGridOfSeveralWavesKeepsItsBestStreamKTile) {
   EXPECT_EQ(with.shared_swaps, 0);
   ASSERT_NE(detail::stream_k_candidate(order), nullptr);
   EXPECT_EQ(choices[detail::stream_k_candidate(order)->index]->name(), "sk");
-  // Already kept: nothing is added and nothing is reported.
+  // Already kept: nothing is added, but it is named (the tune must not cut it extern-first).
+  const auto all_without = detail::plan_choices(choices, order, "cublas_default", 7, {}, 0, true, 7);
   const auto all = detail::plan_choices(choices, order, "cublas_default", 7, {}, 0, true, 7, true);
   EXPECT_TRUE(names(all.first).count("sk"));
-  EXPECT_TRUE(all.stream_k_pick.empty());
+  EXPECT_EQ(all.stream_k_pick, "sk");
+  EXPECT_EQ(all.kept_ranked, all_without.kept_ranked);
+  EXPECT_EQ(names(all.first), names(all_without.first));
   // Under one wave (64 tiles), two per SM, or compute-bound: no candidate.
   EXPECT_EQ(detail::stream_k_candidate(rank(gemm(1, 4096, 4096), choices, kH100)), nullptr);
   const auto two = decode_choices(true);
@@ -563,6 +566,20 @@ TEST(EffortPlan, AMemoryBoundGridOfSeveralWavesKeepsItsBestStreamKTile) {
   ASSERT_EQ(sk_in_order, (std::vector<std::string>{"sk_one_wave", "sk"})) << "the one-wave tile ranks first";
   ASSERT_NE(detail::stream_k_candidate(waves_order), nullptr);
   EXPECT_EQ(waves[detail::stream_k_candidate(waves_order)->index]->name(), "sk");
+  // Scored far behind the first (a 128x8 tile over 77 rows, 3x): no pick.
+  std::vector<ChoicePtr> skinny;
+  skinny.push_back(std::make_shared<FakeChoice>("ck2", ChoiceKind::kTemplate, wgmma(64, 80, 1, 8, 2, true)));
+  Params narrow = wgmma(128, 8, 1, 5, 1, true, true);
+  narrow["stream_k"] = "true";
+  skinny.push_back(std::make_shared<FakeChoice>("sk_narrow", ChoiceKind::kTemplate, narrow));
+  const auto skinny_order = rank(gemm(77, 4096, 14336), skinny, kH100);
+  ASSERT_EQ(skinny_order.size(), 2u);
+  ASSERT_EQ(skinny[skinny_order[1].index]->name(), "sk_narrow");
+  ASSERT_EQ(skinny_order[0].estimate.bound, "memory");
+  ASSERT_EQ(skinny_order[1].estimate.bound, "memory");
+  ASSERT_GT(skinny_order[1].estimate.waves, 1.0);
+  ASSERT_GT(skinny_order[1].score_us, 1.15 * skinny_order[0].score_us) << "the fixture's premise";
+  EXPECT_EQ(detail::stream_k_candidate(skinny_order), nullptr);
   EXPECT_TRUE(effort_policy(Effort::kDefault).stream_k_pick);
   EXPECT_FALSE(effort_policy(Effort::kQuick).stream_k_pick);
   EXPECT_FALSE(effort_policy(Effort::kExhaustive).stream_k_pick);
@@ -777,7 +794,7 @@ TEST(EffortPlan, APrecompiledCacheLeavesTheDefaultTuneNothingToCompileOnEveryPar
       // measured whatever their rank), then every widening round around any variant it measured.
       const auto order = rank(p, *all, peaks, {}, precompiled);
       detail::TunePlan plan = detail::plan_choices(*all, order, (*def)->reference(p), keep_for(policy, p), {}, 0,
-                                                   policy.diverse, policy.keep_top);
+                                                   policy.diverse, policy.keep_top, policy.stream_k_pick);
       std::set<std::string> variants;
       for (const auto& c : plan.first) {
         if (c->kernels().empty()) continue;  // externs: nothing to compile
@@ -827,7 +844,7 @@ TEST(EffortPlan, RowOpsKeepMoreOfTheModelsOrderThanGemms) {
     ASSERT_TRUE(def.ok());
     const auto order = rank(p, *all, kH100);
     detail::TunePlan plan = detail::plan_choices(*all, order, (*def)->reference(p), keep_for(policy, p), {}, 0,
-                                                 policy.diverse, policy.keep_top);
+                                                 policy.diverse, policy.keep_top, policy.stream_k_pick);
     int modelled = 0;
     for (const auto& r : order) modelled += r.estimate.known ? 1 : 0;
     ASSERT_GT(modelled, 32) << p.describe();

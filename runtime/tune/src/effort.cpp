@@ -100,6 +100,11 @@ int keep_for(const EffortPolicy& policy, const Problem& problem) {
 
 namespace detail {
 
+// How far behind the model's first choice the stream-K pick may be scored: over eight H200 suite runs (raw model,
+// bench_calibration_replay --dump), 10-15% keeps every pick that was the exhaustive effort's choice and drops
+// those that measured 1.5-3x the fastest template (a 128x8 tile in 77x4096x14336, scored 3x the first).
+constexpr double kStreamKPickMargin = 0.15;
+
 const RankedChoice* stream_k_candidate(const std::vector<RankedChoice>& ranked) {
   // Where the model's first choice is compute-bound the problem is: narrow tiles that are memory-bound there
   // (4096^3 has such, measured at 2.8x cuBLAS) are no reason to measure anything. Swap-AB only: the unswapped
@@ -113,7 +118,9 @@ const RankedChoice* stream_k_candidate(const std::vector<RankedChoice>& ranked) 
       top = &r;
       if (r.estimate.bound != "memory") return nullptr;
     }
-    if (r.structure == "wgmma/swab/sk/p/b1" && r.estimate.bound == "memory" && r.estimate.waves > 1) return &r;
+    if (r.structure == "wgmma/swab/sk/p/b1" && r.estimate.bound == "memory" && r.estimate.waves > 1) {
+      return r.score_us <= top->score_us * (1 + kStreamKPickMargin) ? &r : nullptr;
+    }
   }
   return nullptr;
 }
@@ -174,8 +181,11 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     }
   }
   TunePlan plan;
+  // (Named even when the plan kept it already: the tune must not cut it extern-first either.)
+  bool stream_k_added = false;
   if (stream_k_pick && keep > 0) {
-    if (const RankedChoice* sk = stream_k_candidate(ranked); sk != nullptr && kept.insert(sk).second) {
+    if (const RankedChoice* sk = stream_k_candidate(ranked); sk != nullptr) {
+      stream_k_added = kept.insert(sk).second;
       plan.stream_k_pick = choices[sk->index]->name();
     }
   }
@@ -191,7 +201,7 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
     if (kept.count(&r) || c->name() == reference) {
       plan.first.push_back(c);
       ++plan.kept_ranked;
-      if (kept.count(&r) && rank >= static_cast<int>(k) && c->name() != plan.stream_k_pick) {
+      if (kept.count(&r) && rank >= static_cast<int>(k) && !(stream_k_added && c->name() == plan.stream_k_pick)) {
         ++(variant_best.count(&r) ? plan.variant_picks : plan.shared_swaps);
       }
     } else if (r.cached) {

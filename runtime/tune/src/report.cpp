@@ -38,7 +38,7 @@ std::string TuneReport::table(int top) const {
                          variant_picks);
     }
     if (!stream_k_pick.empty()) {
-      out += fmt::format("    {} kept past the model's cut-off as its best stream-K tile of a memory-bound grid\n",
+      out += fmt::format("    {} kept as the best-ranked stream-K tile of a memory-bound grid (never cut extern-first)\n",
                          stream_k_pick);
     }
   }

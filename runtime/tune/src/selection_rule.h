@@ -89,7 +89,7 @@ struct TunePlan {
   int shared_swaps = 0;            // ranked below `keep` but kept for sharing (share_margin) in place of another
   int variant_picks = 0;           // ranked below `keep` but kept as the best of its structural variant (diverse)
   std::map<std::string, std::string> structure;  // by name, for the model-ranked choices: structure_class()
-  std::string stream_k_pick;       // kept past `keep` as the best-ranked stream-K tile (EffortPolicy::stream_k_pick)
+  std::string stream_k_pick;       // EffortPolicy::stream_k_pick's choice (kept, added past `keep` if need be)
 };
 /// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything. `planned`: names of choices planned for
 /// other problems (their kernels compile anyway); with `share_margin` > 0 see EffortPolicy::share_margin, with
@@ -99,8 +99,8 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
                       double share_margin = 0, bool diverse = false, int keep_top = 0, bool stream_k_pick = false);
 
 /// The choice EffortPolicy::stream_k_pick adds: where the model's first choice is memory-bound, the best-ranked
-/// swap-AB persistent stream-K tile of one block per SM that it calls memory-bound over more than one wave;
-/// null if there is none.
+/// swap-AB persistent stream-K tile of one block per SM that it calls memory-bound over more than one wave, if
+/// scored within 15% of the first; null if there is none.
 const RankedChoice* stream_k_candidate(const std::vector<RankedChoice>& ranked);
 
 /// A tune's diverse widening: the next `n` choices of `variant` in model order among `reserve` and `cached`

@@ -125,7 +125,8 @@ struct EffortPolicy {
   int widen_variants = 1;
   double widen_near_extern = 0;
   /// Also keep (and never cut extern-first), where the model's first choice is memory-bound, the best-ranked
-  /// swap-AB persistent stream-K tile of one block per SM that it calls memory-bound over more than one wave.
+  /// swap-AB persistent stream-K tile of one block per SM that it calls memory-bound over more than one wave,
+  /// when it is scored within 15% of the first.
   /// Why: the model prices stream-K's piece protocol (~2 us a piece) but not the memory-bound grid's partial last
   /// wave that it removes, so in decode GEMMs such tiles rank 20-50 places behind their plain twins or are cut
   /// against cuBLASLt, and are the exhaustive effort's choice there (1x36864x7168, 1x37888x3584: untimed and 1-3%
@@ -229,7 +230,7 @@ struct TuneReport {
   /// Candidates ranked past the model's cut-off but kept as the best-ranked of their structural variant
   /// (EffortPolicy::diverse).
   int variant_picks = 0;
-  /// The stream-K tile kept past the cut-off (EffortPolicy::stream_k_pick); empty if none was added.
+  /// The stream-K tile kept and never cut extern-first (EffortPolicy::stream_k_pick); empty if none.
   std::string stream_k_pick;
   int widenings = 0;                  // times the kept set grew (near the end of the ranks, or around the best's variant)
   /// Choices dropped early as clearly slower, measured in full after all because the best read slower when
