@@ -3,20 +3,49 @@
 its reports' compile wait, measure and re-measure seconds.
 
   nice_row.py PART.json REPORTS.jsonl TAG
+
+A file that cannot be read, or is not what bench_tuning_speed writes, ends it with a message naming the file.
 """
 import json
 import sys
 
-rows = json.load(open(sys.argv[1]))["problems"]
-sums = {"compile_wait_seconds": 0.0, "measure_seconds": 0.0, "remeasure_seconds": 0.0, "benchmark_seconds": 0.0}
-for line in open(sys.argv[2]):
-    line = json.loads(line)
-    if line.get("effort") != "default":
-        continue
-    report = line["report"]
-    for k in sums:
-        sums[k] += report.get(k, 0.0)
-n = len(rows)
-tuned = [r["default_s"] for r in rows if "default_s" in r]
-print(f"{sys.argv[3]:<22} problems {n:3d}  mean {sum(tuned) / max(1, len(tuned)):.4f} s  "
-      + "  ".join(f"{k.replace('_seconds', '')} {v:7.3f}" for k, v in sums.items()), flush=True)
+
+def fail(msg):
+    sys.exit(f"nice_row.py: {msg}")
+
+
+def main():
+    if len(sys.argv) != 4:
+        fail("usage: nice_row.py PART.json REPORTS.jsonl TAG")
+    part, reports, tag = sys.argv[1:]
+    try:
+        with open(part) as f:
+            rows = json.load(f).get("problems")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        fail(f"cannot read {part}: {e}")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        fail(f"{part}: no 'problems' list (not a bench_tuning_speed suite JSON)")
+    sums = {"compile_wait_seconds": 0.0, "measure_seconds": 0.0, "remeasure_seconds": 0.0, "benchmark_seconds": 0.0}
+    try:
+        with open(reports) as f:
+            for n, text in enumerate(f, 1):
+                line = json.loads(text)
+                if not isinstance(line, dict) or line.get("effort") != "default":
+                    continue
+                report = line.get("report")
+                if not isinstance(report, dict):
+                    fail(f"{reports}:{n}: a default-effort line without a report")
+                for k in sums:
+                    v = report.get(k, 0.0)
+                    if isinstance(v, bool) or not isinstance(v, (int, float)):
+                        fail(f"{reports}:{n}: {k} is not a number")
+                    sums[k] += v
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail(f"cannot read {reports}: {e}")
+    tuned = [r["default_s"] for r in rows if isinstance(r.get("default_s"), (int, float))]
+    print(f"{tag:<22} problems {len(rows):3d}  mean {sum(tuned) / max(1, len(tuned)):.4f} s  "
+          + "  ".join(f"{k.replace('_seconds', '')} {v:7.3f}" for k, v in sums.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

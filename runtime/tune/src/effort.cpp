@@ -100,17 +100,18 @@ int keep_for(const EffortPolicy& policy, const Problem& problem) {
 
 namespace detail {
 
-// How far behind the model's first choice the stream-K pick may be scored: over eight H200 suite runs (raw model,
-// bench_calibration_replay --dump), 10-15% keeps every pick that was the exhaustive effort's choice and drops
-// those that measured 1.5-3x the fastest template (a 128x8 tile in 77x4096x14336, scored 3x the first).
+// How far behind the model's first choice the stream-K pick may be scored. Replayed over the six H200 suite runs'
+// reports in bench/results (scripts/replay_stream_k_pick.py, the model alone): at 10-15% every pick that was the
+// exhaustive effort's choice stays (7) and 0-1 of 120-126 picks measured beyond 1.5x the fastest template; at 25%,
+// 13 of 138; with no margin, 73 of 198 (a 128x8 tile in 77x4096x14336, scored 3x the first).
 constexpr double kStreamKPickMargin = 0.15;
 
 const RankedChoice* stream_k_candidate(const std::vector<RankedChoice>& ranked) {
   // Where the model's first choice is compute-bound the problem is: narrow tiles that are memory-bound there
   // (4096^3 has such, measured at 2.8x cuBLAS) are no reason to measure anything. Swap-AB only: the unswapped
-  // stream-K tiles of decode GEMMs pad M to 64 rows, and over eight H200 suite runs the first memory-bound one was
-  // more than 3x the fastest template on 186 of 504 problems, never within 1% where the swap-AB one was not. A
-  // grid of one wave or less has no partial wave for stream-K to remove: the next tile of the order is taken.
+  // stream-K tiles of decode GEMMs pad M to 64 rows; replayed with them (and no margin) 270 of 378 picks measured
+  // beyond 1.5x the fastest template, and none was within 1% where the swap-AB one was not. A grid of one wave or
+  // less has no partial wave for stream-K to remove: the next tile of the order is taken.
   const RankedChoice* top = nullptr;
   for (const RankedChoice& r : ranked) {
     if (!r.estimate.known) continue;

@@ -130,9 +130,11 @@ struct EffortPolicy {
   /// Why: the model prices stream-K's piece protocol (~2 us a piece) but not the memory-bound grid's partial last
   /// wave that it removes, so in decode GEMMs such tiles rank 20-50 places behind their plain twins or are cut
   /// against cuBLASLt, and are the exhaustive effort's choice there (1x36864x7168, 1x37888x3584: untimed and 1-3%
-  /// ahead of the default's pick in 9 of 16 H200 suite parts, 29 Nov-1 Dec; replayed, the pick is within 1% of the
-  /// best in all 9, for ~6 more compiles a part). Pricing it in the model instead reordered the other decode tiles
-  /// and lost four problems on the device (1 Dec); one extra choice reorders nothing.
+  /// ahead of the default's pick in 7 of the 12 H200 suite parts recorded 30 Nov-1 Dec; replayed, the pick is
+  /// within 1% of the best in all 7, for ~4 more compiles a part: scripts/replay_stream_k_pick.py). Pricing it in
+  /// the model instead reordered the other decode tiles and lost four problems on the device (1 Dec); one extra
+  /// choice reorders nothing. On the device (ca380e8) both were chosen right; the compile waits grew ~0.5 s over
+  /// the suite's 120 problems.
   bool stream_k_pick = false;
 };
 EffortPolicy effort_policy(Effort effort);
