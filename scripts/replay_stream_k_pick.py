@@ -17,6 +17,7 @@ import collections
 import csv
 import json
 import lzma
+import os
 import sys
 
 SWAB = ("wgmma/swab/sk/p/b1",)
@@ -28,13 +29,27 @@ def pick(rows, structures, margin):
     if not rows or rows[0]["bound"] != "memory":
         return None
     for r in rows:
-        if r["structure"] in structures and r["bound"] == "memory" and float(r["waves"]) > 1:
-            return r if margin < 0 or float(r["model_us"]) <= float(rows[0]["model_us"]) * (1 + margin) else None
+        if r["structure"] in structures and r["bound"] == "memory" and r["waves"] > 1:
+            return r if margin < 0 or r["model_us"] <= rows[0]["model_us"] * (1 + margin) else None
     return None
+
+
+def regular_file(path):
+    """Exits unless `path` is a regular file (a device such as /dev/zero would be read forever)."""
+    if not os.path.isfile(path):
+        sys.exit(f"cannot read {path}: not a regular file")
+
+
+def number(row, key, where):
+    try:
+        return float(row[key])
+    except (KeyError, TypeError, ValueError):
+        sys.exit(f"{where}: {key} is not a number: {row.get(key)!r}")
 
 
 def read_reports(path):
     """{(problem, effort): report} of one tuning-reports-*.jsonl[.xz]; exits naming the file if unreadable."""
+    regular_file(path)
     opener = lzma.open if path.endswith(".xz") else open
     out = {}
     try:
@@ -58,11 +73,15 @@ def main():
     args = ap.parse_args()
     structures = ANY if args.any_structure else SWAB
     estimates = collections.defaultdict(list)
+    regular_file(args.dump)
     try:
         with open(args.dump, newline="") as f:
-            for r in csv.DictReader(f):
-                estimates[(r["run"], r["problem"])].append(r)
-    except (OSError, KeyError, csv.Error) as e:
+            for n, r in enumerate(csv.DictReader(f), 2):
+                for key in ("waves", "model_us", "measured_us"):
+                    r[key] = number(r, key, f"{args.dump}:{n}")
+                # By file name: the dump names each report file as given to bench_calibration_replay.
+                estimates[(os.path.basename(r["run"]), r["problem"])].append(r)
+    except (OSError, KeyError, UnicodeDecodeError, csv.Error) as e:
         sys.exit(f"cannot read {args.dump}: {e}")
     count = collections.Counter()
     new_compiles = 0
@@ -71,26 +90,30 @@ def main():
         timed_in_part = set()
         for (_, effort), rep in reports.items():
             if effort == "default":
-                timed_in_part.update(c.get("name") for c in rep.get("choices", []) if c.get("runs", 0) > 0)
+                timed_in_part.update(c.get("name") for c in rep.get("choices", [])
+                                     if isinstance(c, dict) and isinstance(c.get("runs"), int) and c["runs"] > 0)
         picked = set()
         for (run, problem), rows in estimates.items():
-            if run != path:
+            if run != os.path.basename(path):
                 continue
             ex, de = reports.get((problem, "exhaustive")), reports.get((problem, "default"))
             if not ex or not de:
                 continue
-            measured = {c["name"]: c["median_us"] for c in ex.get("choices", []) if c.get("ok") and c.get("runs", 0) > 0}
+            measured = {c["name"]: c["median_us"] for c in ex.get("choices", [])
+                        if isinstance(c, dict) and c.get("ok") and isinstance(c.get("median_us"), (int, float))
+                        and isinstance(c.get("runs"), int) and c["runs"] > 0}
             if not measured:
                 continue
             best = min(measured.values())
-            timed = [measured[c["name"]] for c in de.get("choices", []) if c.get("runs", 0) > 0 and c["name"] in measured]
+            timed = [measured[c["name"]] for c in de.get("choices", [])
+                     if isinstance(c, dict) and isinstance(c.get("runs"), int) and c["runs"] > 0 and c.get("name") in measured]
             got = min(timed) if timed else float("inf")
-            p = pick(sorted(rows, key=lambda r: float(r["model_us"])), structures, args.margin)
+            p = pick(sorted(rows, key=lambda r: r["model_us"]), structures, args.margin)
             if p is None:
                 continue
             count["picks"] += 1
             picked.add(p["name"])
-            us = float(p["measured_us"])
+            us = p["measured_us"]
             count["pick beyond 1.5x the best"] += us > 1.5 * best
             if got <= 1.01 * best:
                 count["within 1% without it"] += 1

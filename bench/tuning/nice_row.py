@@ -7,6 +7,7 @@ its reports' compile wait, measure and re-measure seconds.
 A file that cannot be read, or is not what bench_tuning_speed writes, ends it with a message naming the file.
 """
 import json
+import os
 import sys
 
 
@@ -18,6 +19,9 @@ def main():
     if len(sys.argv) != 4:
         fail("usage: nice_row.py PART.json REPORTS.jsonl TAG")
     part, reports, tag = sys.argv[1:]
+    for path in (part, reports):
+        if not os.path.isfile(path):  # a device such as /dev/zero would be read forever
+            fail(f"cannot read {path}: not a regular file")
     try:
         with open(part) as f:
             rows = json.load(f).get("problems")
