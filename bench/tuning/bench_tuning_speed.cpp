@@ -126,25 +126,44 @@ std::unique_ptr<Tuner> tuner_for(std::shared_ptr<cache::TuningCache> c, std::sha
 
 // Starts the planned kernels of every problem compiling in the background, as `kiln tune` does; returns each
 // problem's requests so that they can be withdrawn once that problem is tuned (release_planned).
-std::vector<std::vector<Future<Binaries>>> precompile_planned(Tuner& tuner, const std::vector<Named>& problems) {
-  std::vector<std::vector<Future<Binaries>>> out(problems.size());
+struct Planned {
+  std::vector<std::string> names;
+  std::vector<Future<Binaries>> requests;
+  // The planned choices whose compiles had not finished when the problem's tune began.
+  std::vector<std::string> pending() const {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (!requests[i].ready()) out.push_back(names[i]);
+    }
+    return out;
+  }
+};
+std::vector<Planned> precompile_planned(Tuner& tuner, const std::vector<Named>& problems) {
+  std::vector<Planned> out(problems.size());
   for (size_t i = 0; i < problems.size(); ++i) {
     auto choices = tuner.planned_choices(problems[i].problem);
     if (!choices.ok()) continue;
-    for (const auto& c : *choices) out[i].push_back(c->precompile(tuner.gate(), Priority::kBackground));
+    for (const auto& c : *choices) {
+      out[i].names.push_back(c->name());
+      out[i].requests.push_back(c->precompile(tuner.gate(), Priority::kBackground));
+    }
   }
   return out;
 }
 // After a problem's tune its background requests are moot: what it measured it waited for itself, and what
 // extern-first pruning cut need not compile unless a later problem asks for it too (the gate's single flight
 // stops a compile only once every requester has withdrawn).
-void release_planned(std::vector<Future<Binaries>>& requests) {
-  for (auto& f : requests) f.cancel();
-  requests.clear();
+void release_planned(Planned& planned) {
+  for (auto& f : planned.requests) f.cancel();
+  planned.requests.clear();
 }
 
 struct Tuned {
   double seconds = 0;
+  // The choices planned ahead for this problem, and those of them still compiling when its tune began: with
+  // each choice's wait_s in the report, they say whether a compile wait was for a kernel planned late in the
+  // queue or for one no plan ahead named.
+  std::vector<std::string> planned_ahead, pending_at_start;
   std::shared_ptr<Selection> selection;
   Status status;
 };
@@ -258,6 +277,12 @@ struct SuiteOptions {
   // the default's: how often the reference agrees with itself within 1% says how much of the default's
   // distance from it is the reference's own noise (an experiment: ~100 s more per part).
   bool second_reference = false;
+  // Experiments on compile waits. keep_planned: a problem's background requests stand after its tune (not
+  // withdrawn), so what extern-first cut still compiles for later problems. replan_ahead K: after each tune the
+  // problem K places on is planned again, with what the cache now knows (the neighbours' timings refine the
+  // model), and what that plan adds starts compiling in the background.
+  bool keep_planned = false;
+  int replan_ahead = 0;
 };
 
 // One tune of the suite's problems: the effort, its label in the JSON and the reports, and its sample bound.
@@ -292,8 +317,7 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     const std::string dir = fmt::format("{}/{}-{}", cache_root, side.label, part.index);
     auto tuner = tuner_for(fresh_cache(dir), executor, side.effort, side.configs);
     const auto start = Clock::now();
-    auto planned = options.plan_ahead ? precompile_planned(*tuner, problems)
-                                         : std::vector<std::vector<Future<Binaries>>>(problems.size());
+    auto planned = options.plan_ahead ? precompile_planned(*tuner, problems) : std::vector<Planned>(problems.size());
     for (size_t i = 0; i < problems.size(); ++i) {
       const auto& p = problems[i];
       Tuned t;
@@ -303,10 +327,22 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
         tuned[effort].push_back(std::move(t));
         continue;
       }
+      t.planned_ahead = planned[i].names;
+      t.pending_at_start = planned[i].pending();
       const auto t0 = Clock::now();
       auto sel = tuner->tune(p.problem);
-      t.seconds = seconds_since(t0);
-      release_planned(planned[i]);
+      if (!options.keep_planned) release_planned(planned[i]);
+      if (options.replan_ahead > 0 && i + options.replan_ahead < problems.size()) {
+        Planned& later = planned[i + options.replan_ahead];
+        if (auto again = tuner->planned_choices(problems[i + options.replan_ahead].problem); again.ok()) {
+          for (const auto& c : *again) {
+            if (std::find(later.names.begin(), later.names.end(), c->name()) != later.names.end()) continue;
+            later.names.push_back(c->name());
+            later.requests.push_back(c->precompile(tuner->gate(), Priority::kBackground));
+          }
+        }
+      }
+      t.seconds = seconds_since(t0);  // the re-plan included: the workload's time pays for it
       if (sel.ok()) t.selection = *sel;
       else t.status = sel.status();
       tuned[effort].push_back(std::move(t));
@@ -413,8 +449,13 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
       for (const Side& side : sides) {
         const Tuned& t = tuned[side.label][i];
         if (!t.selection) continue;
-        reports << json{{"problem", problems[i].id}, {"effort", side.label},
-                        {"report", json::parse(t.selection->report().json())}}.dump() << "\n";
+        reports << json{{"problem", problems[i].id},
+                        {"effort", side.label},
+                        {"planned_ahead", t.planned_ahead},
+                        {"pending_at_start", t.pending_at_start},
+                        {"report", json::parse(t.selection->report().json())}}
+                       .dump()
+                << "\n";
       }
     }
     if (!reports) bench::fail(make_error(ErrorCode::kIoError, fmt::format("cannot write '{}'", reports_path)));
@@ -961,6 +1002,11 @@ int main(int argc, char** argv) {
   suite->add_flag("--hold-on-host", g_measuring.hold_on_host,
                   "hold each batch of timed runs with a host function, as kiln did until 1 Dec 2026 (BenchmarkOptions::"
                   "hold_on_host)");
+  suite->add_flag("--keep-planned", options.keep_planned,
+                  "experiment: leave each problem's background compile requests standing after its tune");
+  suite->add_option("--replan-ahead", options.replan_ahead,
+                    "experiment: after each tune, plan the problem K places on again and compile what it adds")
+      ->check(CLI::Range(0, 64));
   bool no_plan_ahead = false;
   suite->add_flag("--no-plan-ahead", no_plan_ahead, "do not compile every problem's planned choices in the "
                                                     "background from the start (each tune compiles what it needs)");

@@ -128,6 +128,7 @@ std::string TuneReport::json() const {
       cj["runs"] = c.reps;
       cj["partial"] = c.partial;
       cj["from_cache"] = c.from_cache;
+      if (c.wait_s > 0) cj["wait_s"] = c.wait_s;
       cj["graph"] = c.graph;
       cj["relative_error"] = c.error;
       if (c.model_rank >= 0) {

@@ -565,10 +565,12 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
   for (;;) {
     auto t = Clock::now();
     std::optional<size_t> next = completion.next();
-    compile_wait += seconds_since(t);
+    const double waited = seconds_since(t);
+    compile_wait += waited;
     if (!next) break;
     const ChoicePtr& c = batch[*next];
     ChoiceResult r;
+    r.wait_s = waited;
     r.name = c->name();
     r.kind = c->kind();
     r.parameters = c->parameters();

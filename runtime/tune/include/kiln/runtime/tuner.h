@@ -196,6 +196,9 @@ struct ChoiceResult {
   double error = 0;              // relative error against the reference
   int model_rank = -1;           // position in the performance model's order (-1: the model cannot judge it)
   double model_us = 0;           // the model's estimate (ordering only)
+  /// Seconds the tune sat waiting for this choice's binary with nothing else ready to measure (0: its compile
+  /// had finished, in the background or on another problem's behalf, before the tune could use it).
+  double wait_s = 0;
   std::map<std::string, std::string> parameters;
 };
 
