@@ -431,15 +431,6 @@ int run_tune(const TuneArgs& a) {
     fallback = std::move(made).value();
   }
   const auto start = Clock::now();
-  // Every problem's choices start compiling now, in the background: while one problem is benchmarked the
-  // next ones' kernels are being built (tune() raises what it waits for to normal priority).
-  for (const auto& p : w->problems) {
-    auto decided = cache->lookup_decision((*tuner)->key(p));
-    if (decided.ok() && *decided) continue;  // a warm start loads only the decided kernel
-    auto choices = (*tuner)->planned_choices(p);  // the effort's share: the model's kept set and the externs
-    if (!choices.ok()) continue;
-    for (const auto& c : *choices) (void)c->precompile((*tuner)->gate(), Priority::kBackground);
-  }
   fmt::print("tuning {} problems of '{}' on {} (cache {} in {} mode)\n", w->problems.size(), w->name,
              (*tuner)->context().device.name,
              cache->store() ? cache->store()->dir() : std::string("off"), cache::tune_mode_name(cache->mode()));
@@ -461,6 +452,18 @@ int run_tune(const TuneArgs& a) {
     }
     order = runtime::TuneBudget::order(items);
   }
+  // Every undecided problem's choices start compiling in the background, in tuning order, planned on a thread
+  // of their own: while one problem is benchmarked the next ones' kernels are being built (tune() raises what it
+  // waits for), and each problem is planned again a few tunes before its own (runtime::PlanAhead).
+  std::vector<runtime::Problem> ahead_problems;
+  std::vector<std::ptrdiff_t> ahead_index(w->problems.size(), -1);
+  for (size_t i : order) {
+    auto decided = cache->lookup_decision((*tuner)->key(w->problems[i]));
+    if (decided.ok() && *decided) continue;  // a warm start loads only the decided kernel
+    ahead_index[i] = static_cast<std::ptrdiff_t>(ahead_problems.size());
+    ahead_problems.push_back(w->problems[i]);
+  }
+  runtime::PlanAhead ahead(**tuner, ahead_problems, runtime::PlanAhead::Options{});
   std::vector<std::string> not_tuned;
   for (size_t i : order) {
     runtime::Tuner* use = tuner->get();
@@ -469,6 +472,7 @@ int run_tune(const TuneArgs& a) {
     }
     const auto t0 = Clock::now();
     auto sel = use->tune(w->problems[i]);
+    if (ahead_index[i] >= 0) ahead.tuned(static_cast<size_t>(ahead_index[i]));
     const double took = std::chrono::duration<double>(Clock::now() - t0).count();
     if (use == fallback.get() && sel.ok() && !(*sel)->report().decision_from_cache) {
       not_tuned.push_back(fmt::format("{} ({})", w->problems[i].describe(), w->labels[i]));

@@ -124,38 +124,11 @@ std::unique_ptr<Tuner> tuner_for(std::shared_ptr<cache::TuningCache> c, std::sha
   return bench::must(make_tuner(o), "make_tuner");
 }
 
-// Starts the planned kernels of every problem compiling in the background, as `kiln tune` does; returns each
-// problem's requests so that they can be withdrawn once that problem is tuned (release_planned).
-struct Planned {
-  std::vector<std::string> names;
-  std::vector<Future<Binaries>> requests;
-  // The planned choices whose compiles had not finished when the problem's tune began.
-  std::vector<std::string> pending() const {
-    std::vector<std::string> out;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      if (!requests[i].ready()) out.push_back(names[i]);
-    }
-    return out;
-  }
-};
-std::vector<Planned> precompile_planned(Tuner& tuner, const std::vector<Named>& problems) {
-  std::vector<Planned> out(problems.size());
-  for (size_t i = 0; i < problems.size(); ++i) {
-    auto choices = tuner.planned_choices(problems[i].problem);
-    if (!choices.ok()) continue;
-    for (const auto& c : *choices) {
-      out[i].names.push_back(c->name());
-      out[i].requests.push_back(c->precompile(tuner.gate(), Priority::kBackground));
-    }
-  }
+// The problems' Problem values, for PlanAhead.
+std::vector<Problem> problems_of(const std::vector<Named>& named) {
+  std::vector<Problem> out;
+  for (const auto& n : named) out.push_back(n.problem);
   return out;
-}
-// After a problem's tune its background requests are moot: what it measured it waited for itself, and what
-// extern-first pruning cut need not compile unless a later problem asks for it too (the gate's single flight
-// stops a compile only once every requester has withdrawn).
-void release_planned(Planned& planned) {
-  for (auto& f : planned.requests) f.cancel();
-  planned.requests.clear();
 }
 
 struct Tuned {
@@ -277,12 +250,9 @@ struct SuiteOptions {
   // the default's: how often the reference agrees with itself within 1% says how much of the default's
   // distance from it is the reference's own noise (an experiment: ~100 s more per part).
   bool second_reference = false;
-  // Experiments on compile waits. keep_planned: a problem's background requests stand after its tune (not
-  // withdrawn), so what extern-first cut still compiles for later problems. replan_ahead K: after each tune the
-  // problem K places on is planned again, with what the cache now knows (the neighbours' timings refine the
-  // model), and what that plan adds starts compiling in the background.
-  bool keep_planned = false;
-  int replan_ahead = 0;
+  // The workload's plan ahead (PlanAhead::Options): how far ahead a tune re-plans, and whether what a widening
+  // may reach compiles speculatively.
+  PlanAhead::Options ahead;
 };
 
 // One tune of the suite's problems: the effort, its label in the JSON and the reports, and its sample bound.
@@ -317,7 +287,8 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     const std::string dir = fmt::format("{}/{}-{}", cache_root, side.label, part.index);
     auto tuner = tuner_for(fresh_cache(dir), executor, side.effort, side.configs);
     const auto start = Clock::now();
-    auto planned = options.plan_ahead ? precompile_planned(*tuner, problems) : std::vector<Planned>(problems.size());
+    std::optional<PlanAhead> ahead;
+    if (options.plan_ahead) ahead.emplace(*tuner, problems_of(problems), options.ahead);
     for (size_t i = 0; i < problems.size(); ++i) {
       const auto& p = problems[i];
       Tuned t;
@@ -327,22 +298,14 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
         tuned[effort].push_back(std::move(t));
         continue;
       }
-      t.planned_ahead = planned[i].names;
-      t.pending_at_start = planned[i].pending();
+      if (ahead) {
+        t.planned_ahead = ahead->requested(i);
+        t.pending_at_start = ahead->pending(i);
+      }
       const auto t0 = Clock::now();
       auto sel = tuner->tune(p.problem);
-      if (!options.keep_planned) release_planned(planned[i]);
-      if (options.replan_ahead > 0 && i + options.replan_ahead < problems.size()) {
-        Planned& later = planned[i + options.replan_ahead];
-        if (auto again = tuner->planned_choices(problems[i + options.replan_ahead].problem); again.ok()) {
-          for (const auto& c : *again) {
-            if (std::find(later.names.begin(), later.names.end(), c->name()) != later.names.end()) continue;
-            later.names.push_back(c->name());
-            later.requests.push_back(c->precompile(tuner->gate(), Priority::kBackground));
-          }
-        }
-      }
-      t.seconds = seconds_since(t0);  // the re-plan included: the workload's time pays for it
+      if (ahead) ahead->tuned(i);
+      t.seconds = seconds_since(t0);
       if (sel.ok()) t.selection = *sel;
       else t.status = sel.status();
       tuned[effort].push_back(std::move(t));
@@ -807,7 +770,7 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
     named_of[i] = named.size();
     named.push_back({w.labels[i], w.problems[i]});
   }
-  auto planned = precompile_planned(*tuner, named);
+  PlanAhead ahead(*tuner, problems_of(named), PlanAhead::Options{});
   step("plan_s");
   int cached = 0, errors = 0;
   double compile_wait = 0, load = 0;
@@ -820,7 +783,7 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
     const auto t = Clock::now();
     auto sel = tuner->tune(w.problems[i]);
     const double tune_s = seconds_since(t);
-    if (auto it = named_of.find(i); it != named_of.end()) release_planned(planned[it->second]);
+    if (auto it = named_of.find(i); it != named_of.end()) ahead.tuned(it->second);
     if (!sel.ok()) {
       ++errors;
       continue;
@@ -1002,11 +965,12 @@ int main(int argc, char** argv) {
   suite->add_flag("--hold-on-host", g_measuring.hold_on_host,
                   "hold each batch of timed runs with a host function, as kiln did until 1 Dec 2026 (BenchmarkOptions::"
                   "hold_on_host)");
-  suite->add_flag("--keep-planned", options.keep_planned,
-                  "experiment: leave each problem's background compile requests standing after its tune");
-  suite->add_option("--replan-ahead", options.replan_ahead,
-                    "experiment: after each tune, plan the problem K places on again and compile what it adds")
+  suite->add_option("--replan-ahead", options.ahead.replan,
+                    "after each tune, plan the problem K places on again and compile what it adds (default 4; 0: "
+                    "never)")
       ->check(CLI::Range(0, 64));
+  suite->add_flag("--no-speculate", [&](int64_t) { options.ahead.speculate = false; },
+                  "do not compile what the tunes' first widenings may reach speculatively");
   bool no_plan_ahead = false;
   suite->add_flag("--no-plan-ahead", no_plan_ahead, "do not compile every problem's planned choices in the "
                                                     "background from the start (each tune compiles what it needs)");

@@ -16,8 +16,10 @@
 namespace kiln {
 
 std::string_view priority_name(Priority p) {
-  static constexpr std::array<EnumName<Priority>, 3> kNames{
-      {{Priority::kBackground, "background"}, {Priority::kNormal, "normal"}, {Priority::kOnDemand, "on-demand"}}};
+  static constexpr std::array<EnumName<Priority>, 4> kNames{{{Priority::kSpeculative, "speculative"},
+                                                               {Priority::kBackground, "background"},
+                                                               {Priority::kNormal, "normal"},
+                                                               {Priority::kOnDemand, "on-demand"}}};
   return name_in(kNames, p, "unknown");
 }
 

@@ -14,6 +14,7 @@
 #include "kiln/jit/driver.h"
 #include "kiln/pool/gate.h"
 #include "kiln/runtime/builtin.h"
+#include "kiln/runtime/plan_ahead.h"
 #include "kiln/runtime/workload.h"
 
 namespace kiln::py {
@@ -387,14 +388,17 @@ Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& pr
   std::mutex undecided_mu;
   std::vector<bool> undecided(problems.size(), false);
   const bool measures = t->cache().mode() == cache::TuneMode::kTune || t->cache().mode() == cache::TuneMode::kOff;
+  std::vector<runtime::Problem> ahead_problems;
+  std::vector<std::ptrdiff_t> ahead_index(problems.size(), -1);
   for (size_t i = 0; measures && i < problems.size(); ++i) {
     auto decision = t->cache().lookup_decision(t->key(problems[i]));
     undecided[i] = decision.ok() && *decision == nullptr;
     if (!undecided[i]) continue;
-    if (auto planned = t->planned_choices(problems[i]); planned.ok()) {
-      for (const auto& c : *planned) (void)c->precompile(t->gate(), Priority::kBackground);
-    }
+    ahead_index[i] = static_cast<std::ptrdiff_t>(ahead_problems.size());
+    ahead_problems.push_back(problems[i]);
   }
+  // Planned on a thread of its own, in order, each again a few tunes before its own (runtime::PlanAhead).
+  runtime::PlanAhead ahead(*t, ahead_problems, runtime::PlanAhead::Options{});
   std::mutex report_mu;
   Status fatal;
   std::atomic<size_t> next{0};
@@ -410,6 +414,14 @@ Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& pr
     }
     for (size_t i = next++; i < problems.size(); i = next++) {
       const runtime::Problem& p = problems[i];
+      // However this problem ends (tuned, loaded, taken over by an op call), its compiles ahead are moot.
+      struct Withdraw {
+        runtime::PlanAhead& ahead;
+        std::ptrdiff_t index;
+        ~Withdraw() {
+          if (index >= 0) ahead.tuned(static_cast<size_t>(index));
+        }
+      } withdraw{ahead, ahead_index[i]};
       auto key = key_of(p, device);
       if (!key.ok()) {
         std::lock_guard lock(report_mu);

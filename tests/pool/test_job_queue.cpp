@@ -50,6 +50,20 @@ TEST(JobQueue, LongestExpectedFirstWithinAPriority) {
   EXPECT_EQ(drain(q), (std::vector<JobId>{6, 2, 5, 4, 1, 3, 7}));
 }
 
+// A speculative compile (what a tune might widen into) runs only when nothing else waits, whatever its hint,
+// and a tune that turns out to need it raises it like a background one.
+TEST(JobQueue, SpeculativeJobsWaitForEverythingElse) {
+  JobQueue q;
+  q.push(job(1, Priority::kSpeculative, 9.0));
+  q.push(job(2, Priority::kBackground));
+  q.push(job(3, Priority::kSpeculative));
+  q.push(job(4, Priority::kBackground, 0.5));
+  q.push(job(5, Priority::kSpeculative, 1.0));
+  EXPECT_TRUE(q.raise(5, Priority::kNormal));
+  EXPECT_EQ(drain(q), (std::vector<JobId>{5, 4, 2, 1, 3}));
+  EXPECT_EQ(priority_name(Priority::kSpeculative), "speculative");
+}
+
 TEST(JobQueue, NonsenseHintsCountAsUnknown) {
   JobQueue q;
   q.push(job(1, Priority::kNormal, -3));

@@ -462,6 +462,35 @@ TEST(EffortPlan, TheModelsFirstChoicesAreNeverSwapped) {
 // stream_k_pick: a memory-bound decode grid of several waves keeps its best-ranked stream-K tile past the cut-off,
 // on top of what the plan keeps (nothing else moves); a grid under a wave, a compute-bound one, or stream-K two per
 // SM get nothing.
+// What a workload compiles speculatively for a tune's first widening (PlanAhead): the next ranks of every
+// variant the plan measures first, since only the measurements say around which the tune widens; a cached
+// extra among those ranks stands for itself (nothing to compile).
+TEST(EffortPlan, TheFirstWideningsAreTheNextRanksOfEachVariantPlanned) {
+  auto c = [](const std::string& n) { return std::make_shared<FakeChoice>(n, ChoiceKind::kTemplate, Params{}); };
+  detail::TunePlan plan;
+  const std::vector<std::string> order{"a0", "b0", "a1", "b1", "a2", "b2", "a3"};
+  for (size_t i = 0; i < order.size(); ++i) {
+    plan.model[order[i]] = {static_cast<int>(i), 10.0 + static_cast<double>(i)};
+    plan.structure[order[i]] = order[i].substr(0, 1);
+  }
+  plan.first = {c("a0"), c("b0"), std::make_shared<FakeChoice>("cublas_default", ChoiceKind::kExtern, Params{})};
+  for (size_t i = 2; i < order.size(); ++i) plan.reserve.push_back(c(order[i]));
+  EffortPolicy policy = effort_policy(Effort::kDefault);
+  ASSERT_TRUE(policy.diverse);
+  ASSERT_EQ(policy.widen, 2);
+  EXPECT_EQ(names(detail::first_widenings(plan, policy)), (std::set<std::string>{"a1", "a2", "b1", "b2"}));
+  EXPECT_EQ(plan.reserve.size(), 5u) << "the plan's own reserve is left as it was";
+  policy.diverse = false;
+  EXPECT_EQ(names(detail::first_widenings(plan, policy)), (std::set<std::string>{"a1", "b1"}));
+  policy.diverse = true;
+  // a1 measured already (a cached extra): the next two of variant a are a1 and a2, and only a2 compiles.
+  plan.reserve.erase(plan.reserve.begin());
+  plan.cached_extras = {c("a1")};
+  EXPECT_EQ(names(detail::first_widenings(plan, policy)), (std::set<std::string>{"a2", "b1", "b2"}));
+  EXPECT_TRUE(detail::first_widenings(plan, effort_policy(Effort::kExhaustive)).empty());
+  EXPECT_TRUE(detail::first_widenings(plan, effort_policy(Effort::kNone)).empty());
+}
+
 TEST(EffortPlan, AMemoryBoundGridOfSeveralWavesKeepsItsBestStreamKTile) {
   auto decode_choices = [](bool two_per_sm) {
     std::vector<ChoicePtr> choices;

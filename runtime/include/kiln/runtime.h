@@ -6,5 +6,6 @@
 #include "kiln/runtime/collective.h"
 #include "kiln/runtime/comm.h"
 #include "kiln/runtime/ops.h"
+#include "kiln/runtime/plan_ahead.h"
 #include "kiln/runtime/problem.h"
 #include "kiln/runtime/tuner.h"

@@ -247,6 +247,27 @@ std::vector<ChoicePtr> widen_variant(std::vector<ChoicePtr>& reserve, std::vecto
   return out;
 }
 
+std::vector<ChoicePtr> first_widenings(const TunePlan& plan, const EffortPolicy& policy) {
+  std::vector<ChoicePtr> out;
+  const size_t widen = static_cast<size_t>(std::max(0, policy.widen));
+  if (widen == 0 || policy.max_widenings <= 0) return out;
+  std::vector<ChoicePtr> reserve = plan.reserve;
+  if (!policy.diverse) {
+    out.assign(reserve.begin(), reserve.begin() + static_cast<std::ptrdiff_t>(std::min(widen, reserve.size())));
+    return out;
+  }
+  // A widening takes the next ranks of the variant of the tune's fastest model-ranked choice, which only the
+  // measurements name: each variant among the first choices stands for one.
+  std::vector<ChoicePtr> cached = plan.cached_extras;
+  std::set<std::string> variants;
+  for (const auto& c : plan.first) {
+    auto it = plan.structure.find(c->name());
+    if (it == plan.structure.end() || !variants.insert(it->second).second) continue;
+    for (auto& w : widen_variant(reserve, cached, plan, it->second, widen)) out.push_back(std::move(w));
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> variants_to_widen(
     const std::vector<std::pair<std::string, double>>& measured, const TunePlan& plan, double best_extern_us,
     int variants, double near_extern, const std::set<std::string>& widened_around) {

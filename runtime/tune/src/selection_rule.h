@@ -103,6 +103,11 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
 /// scored within 15% of the first; null if there is none.
 const RankedChoice* stream_k_candidate(const std::vector<RankedChoice>& ranked);
 
+/// What a tune's first widening may compile, before any measurement says around which choice it widens:
+/// diverse, the next `widen` of each variant among plan.first (widen_variant); by rank, the next `widen` of the
+/// reserve. Empty when the policy never widens.
+std::vector<ChoicePtr> first_widenings(const TunePlan& plan, const EffortPolicy& policy);
+
 /// A tune's diverse widening: the next `n` choices of `variant` in model order among `reserve` and `cached`
 /// (the cached extras, measured already), each taken out of its list; returns those of the reserve, the ones
 /// to compile. A cached extra among the next ranks stands for itself, so a cache `kiln precompile` filled

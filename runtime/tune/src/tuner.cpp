@@ -269,17 +269,25 @@ std::vector<RankedChoice> Tuner::Impl::ranked(const Problem& problem, const std:
 }
 
 Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) const {
+  KILN_ASSIGN_OR_RETURN(PlannedChoices planned, plan_ahead(problem));
+  return std::move(planned.first);
+}
+
+Result<PlannedChoices> Tuner::plan_ahead(const Problem& problem) const {
   impl_->compiles_coming();
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
   impl_->keep_generated(impl_->key_of(problem), choices);  // tune() takes them instead of generating again
   KILN_ASSIGN_OR_RETURN(auto def, impl_->services.ops->find(problem.op));
   const auto order = impl_->ranked(problem, choices);
+  PlannedChoices out;
   if (!impl_->policy.measure) {
-    ChoicePtr pick = detail::model_pick(choices, order, def->reference(problem));
-    if (!pick) return std::vector<ChoicePtr>{};
-    return std::vector<ChoicePtr>{pick};
+    if (ChoicePtr pick = detail::model_pick(choices, order, def->reference(problem))) out.first.push_back(pick);
+    return out;
   }
-  return impl_->plan(problem, choices, order, def->reference(problem)).first;
+  detail::TunePlan plan = impl_->plan(problem, choices, order, def->reference(problem));
+  out.widening = detail::first_widenings(plan, impl_->policy);
+  out.first = std::move(plan.first);
+  return out;
 }
 
 std::vector<TuneReport> Tuner::reports() const {

@@ -26,6 +26,9 @@ namespace kiln {
 /// Higher runs first among queued jobs; within a priority, a larger CompileJob::cost_hint first, then
 /// submission order. A running job is never preempted.
 enum class Priority : int {
+  // Compiles that may never be used (what a tune might widen into): run only when nothing else waits, and
+  // withdrawn once moot (a workload's plan ahead, PlanAhead).
+  kSpeculative = -1,
   kBackground = 0,  // warm-up batches, precompiling a whole tuning space
   kNormal = 1,
   kOnDemand = 2,    // a serving engine waiting for this kernel now

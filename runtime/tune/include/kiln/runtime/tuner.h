@@ -354,6 +354,12 @@ struct TuneServices {
   std::string library_versions;
 };
 
+/// Tuner::plan_ahead(): a tune's first choices and those its first widening may reach.
+struct PlannedChoices {
+  std::vector<ChoicePtr> first;
+  std::vector<ChoicePtr> widening;
+};
+
 class Tuner {
  public:
   /// Opens the cache and executor as the options say and loads the device's context (the caller's current
@@ -371,6 +377,9 @@ class Tuner {
   /// The choices a tune of `problem` at this tuner's effort compiles first, in the model's order (the
   /// extern library choices and the reference included): what a workload precompiles in the background.
   Result<std::vector<ChoicePtr>> planned_choices(const Problem& problem) const;
+  /// planned_choices() as `first`, and in `widening` what the tune's first widening may compile next: the
+  /// next ranks of each variant among `first` (a workload compiles those speculatively, PlanAhead).
+  Result<PlannedChoices> plan_ahead(const Problem& problem) const;
   /// The effort this tuner searches with.
   Effort effort() const;
   /// The performance model's device figures.
