@@ -614,5 +614,32 @@ TEST_F(TuneGpu, AStreamKChoiceServesLargerCallsFromItsFixedWorkspace) {
   EXPECT_TRUE(download(out) == eager) << "an eager run after the replays differs from the checked run";
 }
 
+// A workload plans on a thread of its own (PlanAhead), which has no current CUDA context: its plans must hold
+// cuBLASLt's algorithms as the tuning thread's do (on 2 Dec they held none, and the suite's tunes, which take
+// the planned choices, lost them), and the tune that takes them measures them.
+TEST_F(TuneGpu, AProblemPlannedOnAThreadWithoutAContextKeepsCublasLtsAlgorithms) {
+  auto t = tuner(cache::TuneMode::kTune);
+  const Problem p = gemm(64, 4096, 4096);
+  auto count_lt = [](const std::vector<ChoicePtr>& cs) {
+    int n = 0;
+    for (const auto& c : cs) n += c->name().rfind("cublaslt_", 0) == 0;
+    return n;
+  };
+  KILN_ASSERT_OK_AND_ASSIGN(PlannedChoices here, t->plan_ahead(p));
+  ASSERT_GT(count_lt(here.first), 0) << "the fixture's premise: this thread's plan has cuBLASLt algorithms";
+  PlanAhead ahead(*t, {p}, PlanAhead::Options{});
+  ahead.wait_idle();
+  EXPECT_EQ(ahead.failed_plans(), 0);
+  int lt = 0;
+  for (const auto& name : ahead.requested(0)) lt += name.rfind("cublaslt_", 0) == 0;
+  EXPECT_EQ(lt, count_lt(here.first));
+  KILN_ASSERT_OK_AND_ASSIGN(auto sel, t->tune(p));
+  ahead.tuned(0);
+  int measured = 0;
+  for (const auto& c : sel->report().choices) measured += c.name.rfind("cublaslt_", 0) == 0 && c.reps > 0;
+  EXPECT_GT(measured, 0) << "the tune took the planned choices without cuBLASLt's";
+  expect_correct(*sel);
+}
+
 }  // namespace
 }  // namespace kiln::runtime

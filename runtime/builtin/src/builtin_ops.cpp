@@ -2,9 +2,11 @@
 // cuBLAS and cuBLASLt), rmsnorm, layernorm and softmax (template configurations and a plain reference).
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "builtin_ops.h"
 #include "kiln/runtime/extern_choices.h"
@@ -244,6 +246,13 @@ Result<std::vector<ChoicePtr>> gemm_choices(const Problem& problem, const Choice
   if (!has_epilogue || cublaslt_can_fuse(p)) {
     if (auto algos = cublaslt_algorithms(p, true, p.epilogue.out, ctx.max_cublas_algos); algos.ok()) {
       for (const auto& a : *algos) out.push_back(make_cublaslt_choice(p, true, p.epilogue.out, a));
+    } else if (ctx.has_device) {
+      // The tune goes on without them, but not unnoticed: cuBLASLt's algorithms are often the ones to beat (a
+      // thread with no current context got none on 2 Dec, and the suite's tunes lost them silently).
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        spdlog::warn("kiln: cuBLASLt's algorithms are left out of the GEMM choices: {}", algos.status().to_string());
+      });
     }
   }
   if (has_epilogue) {

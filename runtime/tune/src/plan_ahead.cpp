@@ -10,13 +10,18 @@
 namespace kiln::runtime {
 
 PlanAhead::PlanAhead(PrecompileGate& gate, size_t problems, PlanFn plan, Options options)
-    : gate_(gate), plan_(std::move(plan)), options_(options), slots_(problems) {
-  thread_ = std::thread([this] { run(); });
-}
+    : PlanAhead([&gate]() -> PrecompileGate& { return gate; }, problems, std::move(plan), options) {}
 
+// The tuner's gate is asked for only once something is planned: a warm start, with every problem decided,
+// never starts the compile pool (its workers cost ~0.2 s to start).
 PlanAhead::PlanAhead(Tuner& tuner, const std::vector<Problem>& problems, Options options)
-    : PlanAhead(tuner.gate(), problems.size(),
+    : PlanAhead([&tuner]() -> PrecompileGate& { return tuner.gate(); }, problems.size(),
                 [&tuner, problems](size_t i) { return tuner.plan_ahead(problems[i]); }, options) {}
+
+PlanAhead::PlanAhead(std::function<PrecompileGate&()> gate, size_t problems, PlanFn plan, Options options)
+    : gate_(std::move(gate)), plan_(std::move(plan)), options_(options), slots_(problems) {
+  if (!slots_.empty()) thread_ = std::thread([this] { run(); });
+}
 
 PlanAhead::~PlanAhead() {
   {
@@ -24,7 +29,7 @@ PlanAhead::~PlanAhead() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
   for (Slot& s : slots_) {
     for (auto& f : s.requests) f.cancel();
   }
@@ -115,11 +120,12 @@ void PlanAhead::plan_one(size_t i) {
   }
   std::vector<std::string> names;
   std::vector<Future<Binaries>> requests;
+  PrecompileGate& gate = gate_();
   auto request = [&](const ChoicePtr& c, Priority priority) {
     if (!c || std::find(known.begin(), known.end(), c->name()) != known.end()) return;
     if (std::find(names.begin(), names.end(), c->name()) != names.end()) return;
     names.push_back(c->name());
-    requests.push_back(c->precompile(gate_, priority));
+    requests.push_back(c->precompile(gate, priority));
   };
   for (const auto& c : planned->first) request(c, Priority::kBackground);
   if (options_.speculate) {

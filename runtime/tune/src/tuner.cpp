@@ -274,6 +274,16 @@ Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) co
 }
 
 Result<PlannedChoices> Tuner::plan_ahead(const Problem& problem) const {
+  // The choices are generated in the tuner's context (cuBLASLt's heuristics run in it, and answer nothing
+  // without one): a thread with no current context, as PlanAhead's own, gets it. A thread with another
+  // context current keeps it.
+  if (impl_->context) {
+    KILN_ASSIGN_OR_RETURN(CUcontext current, current_context());
+    if (!current) {
+      KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+      KILN_CHECK(d->cuCtxSetCurrent(impl_->context));
+    }
+  }
   impl_->compiles_coming();
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
   impl_->keep_generated(impl_->key_of(problem), choices);  // tune() takes them instead of generating again

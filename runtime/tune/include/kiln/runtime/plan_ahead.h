@@ -63,10 +63,11 @@ class PlanAhead {
     std::vector<std::string> names;
     std::vector<Future<Binaries>> requests;
   };
+  PlanAhead(std::function<PrecompileGate&()> gate, size_t problems, PlanFn plan, Options options);
   void run();
   void plan_one(size_t i);
 
-  PrecompileGate& gate_;
+  std::function<PrecompileGate&()> gate_;
   PlanFn plan_;
   Options options_;
   mutable std::mutex mu_;
