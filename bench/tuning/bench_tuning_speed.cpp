@@ -3,7 +3,8 @@
 //            the public GEMM suite (bench/gemm suite_shapes) plus the Llama-3-8B workload's rmsnorm and softmax
 //            problems, tuned at default and at exhaustive effort in the same process, each effort from its own
 //            empty cache (compiles included; problems of one effort share that cache as `kiln tune` of a
-//            workload does, and the effort's planned kernels start compiling in the background up front). Then
+//            workload does, with its PlanAhead: the planned kernels compile in the background while the first
+//            problems tune, and the planning itself runs beside the tunes, inside the figures). Then
 //            the two chosen kernels of every problem are re-timed side by side, interleaved, on the same buffers:
 //            default_us / exhaustive_us. Per problem: problem, default_s, exhaustive_s, default_us,
 //            exhaustive_us (+ choices, pruned, widenings).
