@@ -10,18 +10,13 @@
 namespace kiln::runtime {
 
 PlanAhead::PlanAhead(PrecompileGate& gate, size_t problems, PlanFn plan, Options options)
-    : PlanAhead([&gate]() -> PrecompileGate& { return gate; }, problems, std::move(plan), options) {}
-
-// The tuner's gate is asked for only once something is planned: a warm start, with every problem decided,
-// never starts the compile pool (its workers cost ~0.2 s to start).
-PlanAhead::PlanAhead(Tuner& tuner, const std::vector<Problem>& problems, Options options)
-    : PlanAhead([&tuner]() -> PrecompileGate& { return tuner.gate(); }, problems.size(),
-                [&tuner, problems](size_t i) { return tuner.plan_ahead(problems[i]); }, options) {}
-
-PlanAhead::PlanAhead(std::function<PrecompileGate&()> gate, size_t problems, PlanFn plan, Options options)
-    : gate_(std::move(gate)), plan_(std::move(plan)), options_(options), slots_(problems) {
-  if (!slots_.empty()) thread_ = std::thread([this] { run(); });
+    : gate_(gate), plan_(std::move(plan)), options_(options), slots_(problems) {
+  if (!slots_.empty()) thread_ = std::thread([this] { run(); });  // a warm start plans nothing: no thread
 }
+
+PlanAhead::PlanAhead(Tuner& tuner, const std::vector<Problem>& problems, Options options)
+    : PlanAhead(tuner.gate(), problems.size(), [&tuner, problems](size_t i) { return tuner.plan_ahead(problems[i]); },
+                options) {}
 
 PlanAhead::~PlanAhead() {
   {
@@ -120,12 +115,11 @@ void PlanAhead::plan_one(size_t i) {
   }
   std::vector<std::string> names;
   std::vector<Future<Binaries>> requests;
-  PrecompileGate& gate = gate_();
   auto request = [&](const ChoicePtr& c, Priority priority) {
     if (!c || std::find(known.begin(), known.end(), c->name()) != known.end()) return;
     if (std::find(names.begin(), names.end(), c->name()) != names.end()) return;
     names.push_back(c->name());
-    requests.push_back(c->precompile(gate, priority));
+    requests.push_back(c->precompile(gate_, priority));
   };
   for (const auto& c : planned->first) request(c, Priority::kBackground);
   if (options_.speculate) {

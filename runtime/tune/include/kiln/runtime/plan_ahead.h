@@ -63,11 +63,10 @@ class PlanAhead {
     std::vector<std::string> names;
     std::vector<Future<Binaries>> requests;
   };
-  PlanAhead(std::function<PrecompileGate&()> gate, size_t problems, PlanFn plan, Options options);
   void run();
   void plan_one(size_t i);
 
-  std::function<PrecompileGate&()> gate_;
+  PrecompileGate& gate_;
   PlanFn plan_;
   Options options_;
   mutable std::mutex mu_;
