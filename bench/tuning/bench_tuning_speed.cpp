@@ -970,8 +970,9 @@ int main(int argc, char** argv) {
                     "after each tune, plan the problem K places on again and compile what it adds (default 4; 0: "
                     "never)")
       ->check(CLI::Range(0, 64));
-  suite->add_flag("--no-speculate", [&](int64_t) { options.ahead.speculate = false; },
-                  "do not compile what the tunes' first widenings may reach speculatively");
+  bool no_speculate = false;
+  suite->add_flag("--no-speculate", no_speculate, "do not compile what the tunes' first widenings may reach "
+                                                  "speculatively");
   bool no_plan_ahead = false;
   suite->add_flag("--no-plan-ahead", no_plan_ahead, "do not compile every problem's planned choices in the "
                                                     "background from the start (each tune compiles what it needs)");
@@ -994,6 +995,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const Effort effort = bench::must(parse_effort(effort_text));
   options.plan_ahead = !no_plan_ahead;
+  options.ahead.speculate = !no_speculate;
   if (suite->parsed()) {
     return phase_suite(part, filter, workload, cache_dir, exhaustive_configs, json_path, deadline_s, reports_path,
                        options);
