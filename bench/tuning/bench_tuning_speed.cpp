@@ -970,6 +970,10 @@ int main(int argc, char** argv) {
                     "after each tune, plan the problem K places on again and compile what it adds (default 4; 0: "
                     "never)")
       ->check(CLI::Range(0, 64));
+  suite->add_option("--promote-ahead", options.ahead.promote,
+                    "raise the queued compiles of the next K problems to normal priority, in problem order (default "
+                    "4; 0: never)")
+      ->check(CLI::Range(0, 64));
   bool no_speculate = false;
   suite->add_flag("--no-speculate", no_speculate, "do not compile what the tunes' first widenings may reach "
                                                   "speculatively");

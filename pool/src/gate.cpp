@@ -25,6 +25,7 @@ struct Flight {
   bool withdrawn = false;  // every request withdrew: the compile is being cancelled
   bool done = false;
   bool claimed = false;    // this process holds the key's build claim: released once the result is stored
+  bool wanted = false;     // a request above kSpeculative came (a raise() is not one)
 };
 
 // A request waiting for another process's build of its key (GateOptions::claims).
@@ -54,6 +55,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
   std::condition_variable idle;
   std::unordered_map<KernelKey, std::shared_ptr<Flight>> flights;
   std::unordered_set<KernelKey> compiled_here;  // keys this gate sent to the executor
+  std::unordered_set<KernelKey> speculative;    // of those, compiled for speculative requests only, not asked for since
   size_t active = 0;  // flights not yet completed (their hooks included)
   bool closed = false;
   GateCounters counters;
@@ -102,6 +104,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
       f->done = true;
       if (from_executor) {
         compiled_here.insert(key);
+        if (r.ok() && !f->wanted) speculative.insert(key);
         if (r.ok()) {
           ++counters.compiled;
         } else {
@@ -135,6 +138,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
     {
       std::lock_guard lock(mu);
       ++counters.requests;
+      if (priority > Priority::kSpeculative) speculative.erase(key);
       if (closed) {
         return make_ready_future<Binary>(
             make_error(ErrorCode::kShutdown, fmt::format("pool shut down before compiling '{}'", source.name)));
@@ -144,6 +148,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
         f = it->second;
         ++f->interest;
         ++counters.joined;
+        f->wanted = f->wanted || priority > Priority::kSpeculative;
         if (priority > f->priority) {
           f->priority = priority;
           raise_job = f->job;  // 0 while the leader is still looking it up; it reads f->priority before submitting
@@ -153,6 +158,7 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
         f->priority = priority;
         f->cost_hint = cost_hint;
         f->interest = 1;
+        f->wanted = priority > Priority::kSpeculative;
         flights[key] = f;
         ++active;
         leader = true;
@@ -198,6 +204,23 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
     }
     submit(f, key, source, target);
     return mine;
+  }
+
+  void raise(const KernelKey& key, Priority priority) {
+    JobId job = 0;
+    {
+      std::lock_guard lock(mu);
+      auto it = flights.find(key);
+      if (it == flights.end() || it->second->withdrawn || it->second->done || priority <= it->second->priority) return;
+      it->second->priority = priority;
+      job = it->second->job;  // 0 while its leader is still looking it up: the submit reads the priority
+    }
+    if (job != 0) opt.executor->raise_priority(job, priority);
+  }
+
+  bool speculative_only(const KernelKey& key) {
+    std::lock_guard lock(mu);
+    return speculative.count(key) > 0;
   }
 
   // Sends a flight's compile to the executor.
@@ -406,6 +429,10 @@ Batch PrecompileGate::precompile_batch(const std::vector<KernelSource>& sources,
   batch.all = when_all(batch.futures);
   return batch;
 }
+
+void PrecompileGate::raise(const KernelKey& key, Priority priority) { impl_->raise(key, priority); }
+
+bool PrecompileGate::speculative_only(const KernelKey& key) const { return impl_->speculative_only(key); }
 
 GateCounters PrecompileGate::counters() const {
   std::lock_guard lock(impl_->mu);

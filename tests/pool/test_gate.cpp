@@ -214,6 +214,44 @@ TEST_F(HeldGate, OnDemandRequestRaisesAQueuedBackgroundCompileOfTheSameKernel) {
   EXPECT_EQ(gate->counters().joined, 1u);
 }
 
+// raise() moves a queued compile up as a request would, behind what already waits at that priority, and adds no
+// request of its own: the compile still stops when its only requester withdraws.
+TEST_F(HeldGate, RaiseMovesAQueuedCompileUpWithoutRequestingIt) {
+  auto a = gate->precompile(named("a"), kTarget, Priority::kNormal);
+  auto spec = gate->precompile(named("spec"), kTarget, Priority::kSpeculative);
+  auto b = gate->precompile(named("b"), kTarget, Priority::kBackground);
+  auto gone = gate->precompile(named("gone"), kTarget, Priority::kSpeculative);
+  gate->raise(make_key(named("spec"), kTarget), Priority::kNormal);
+  gate->raise(make_key(named("gone"), kTarget), Priority::kNormal);
+  gate->raise(make_key(named("a"), kTarget), Priority::kBackground);       // lower: no effect
+  gate->raise(make_key(named("nowhere"), kTarget), Priority::kOnDemand);  // not in flight: no effect
+  gone.cancel();
+  fake.release("blocker");
+  for (auto* f : {&a, &spec, &b}) KILN_ASSERT_OK(f->get());
+  EXPECT_EQ(gone.get().status().code(), ErrorCode::kCancelled);
+  EXPECT_EQ(fake.order(), (std::vector<std::string>{"blocker", "a", "spec", "b"}));
+  EXPECT_EQ(gate->counters().requests, 5u);
+}
+
+// A binary compiled here for speculative requests only is told apart (a tune does not count it as a cached
+// candidate) until something asks for it at a higher priority; a raise does not make it wanted.
+TEST_F(HeldGate, ASpeculativeOnlyBinaryIsToldApartUntilSomethingAsksForIt) {
+  const KernelKey guess = make_key(named("guess"), kTarget), joined = make_key(named("joined"), kTarget);
+  auto g = gate->precompile(named("guess"), kTarget, Priority::kSpeculative);
+  auto j = gate->precompile(named("joined"), kTarget, Priority::kSpeculative);
+  auto j2 = gate->precompile(named("joined"), kTarget, Priority::kBackground);  // wanted while in flight
+  gate->raise(guess, Priority::kNormal);
+  EXPECT_FALSE(gate->speculative_only(guess));  // not compiled yet
+  fake.release("blocker");
+  for (auto* f : {&g, &j, &j2}) KILN_ASSERT_OK(f->get());
+  EXPECT_TRUE(gate->speculative_only(guess));
+  EXPECT_FALSE(gate->speculative_only(joined));
+  KILN_ASSERT_OK(gate->precompile(named("guess"), kTarget, Priority::kSpeculative).get());
+  EXPECT_TRUE(gate->speculative_only(guess));
+  KILN_ASSERT_OK(gate->precompile(named("guess"), kTarget, Priority::kNormal).get());
+  EXPECT_FALSE(gate->speculative_only(guess));
+}
+
 // A template's compile-cost estimate reaches the executor's queue through the gate: within one priority the
 // longest expected compile starts first, those without an estimate last in submission order.
 TEST_F(HeldGate, CostHintsStartTheLongestCompileFirst) {

@@ -535,6 +535,37 @@ TEST(SelectionRule, AWideSpreadWidensTheWindow) {
   EXPECT_EQ(r[detail::pick_winner(r, rank_by_prefix, 0.02)].name, "cublas_a");
 }
 
+TEST(SelectionRule, WhatTheInterleavedReMeasureToldApartLeavesTheWindow) {
+  // The H200 suite's 333x4096x4096 (2 Dec, 6b54bb8): after the re-measure cuBLASLt read 20.79 us and a swap-AB
+  // template 21.21 (2.0% slower), inside the best's wide interval, and the template won on rank; the side-by-side
+  // re-time put it 5.9% behind the exhaustive effort's pick, that cuBLASLt algorithm.
+  ChoiceResult lt = sampled("cublaslt_a66_t401", 20.79, 22.60, 19.48, 20);
+  ChoiceResult tmpl = sampled("tmpl_swab168", 21.21, 23.28, 19.87, 20);
+  const std::vector<ChoiceResult> r = {lt, tmpl};
+  auto templates_first = [](const std::string& name) { return name.rfind("tmpl", 0) == 0 ? 0 : 1; };
+  ASSERT_GT(detail::tie_window(lt, 0.005), 21.21 - 20.79);
+  EXPECT_EQ(r[detail::pick_winner(r, templates_first, 0.005)].name, "tmpl_swab168");
+  auto apart = [](const std::string&, const std::string&) { return true; };
+  auto not_apart = [](const std::string&, const std::string&) { return false; };
+  EXPECT_EQ(r[detail::pick_winner(r, templates_first, 0.005, apart)].name, "cublaslt_a66_t401");
+  EXPECT_EQ(r[detail::pick_winner(r, templates_first, 0.005, not_apart)].name, "tmpl_swab168");
+  // Within the flat fraction the rank decides whatever the rounds said.
+  const std::vector<ChoiceResult> close = {sampled("cublaslt_a", 20.79, 22.6, 19.5, 20), sampled("tmpl_b", 20.85, 22.6, 19.5, 20)};
+  EXPECT_EQ(close[detail::pick_winner(close, templates_first, 0.005, apart)].name, "tmpl_b");
+}
+
+TEST(SelectionRule, TheRoundsTellASlowerChoiceApartByAConsistentGapOrABigOne) {
+  // Consistently 1% slower round by round: told apart.
+  EXPECT_TRUE(detail::told_apart_slower({20.0, 20.4, 19.8}, {20.2, 20.6, 20.0}, 20.0, 20.2));
+  // 1% slower on the medians but not round by round: not told apart.
+  EXPECT_FALSE(detail::told_apart_slower({20.0, 20.4, 19.8}, {20.6, 20.0, 20.0}, 20.0, 20.2));
+  // Faster, or one round only: never "slower".
+  EXPECT_FALSE(detail::told_apart_slower({20.2, 20.6, 20.0}, {20.0, 20.4, 19.8}, 20.2, 20.0));
+  EXPECT_FALSE(detail::told_apart_slower({20.0}, {25.0}, 20.0, 25.0));
+  // Beyond kCloseTie over all rounds: told apart whatever the rounds' noise.
+  EXPECT_TRUE(detail::told_apart_slower({20.0, 21.0}, {21.5, 20.6}, 20.0, 20.4));
+}
+
 TEST(SelectionRule, FailuresAndPartialsNeverWin) {
   std::vector<ChoiceResult> r = {timed("fast_but_wrong", 1.0, 1.0, false), timed("dropped", 2.0, 2.0, true, true),
                                  timed("slow", 50.0, 51.0)};

@@ -1,6 +1,7 @@
 // PlanAhead: a workload's compiles ahead of its tunes. One compile worker held busy by a blocked kernel makes
 // the pool's queue order observable: the planned kernels of each problem in problem order, the speculative ones
-// (what a widening may reach) after all of them, nothing a finished tune withdrew, and what a re-plan adds.
+// (what a widening may reach) after all of them, nothing a finished tune withdrew, and what a re-plan adds; with
+// a promote window, the next problems' compiles first, in problem order.
 #include "kiln/runtime/plan_ahead.h"
 
 #include <gtest/gtest.h>
@@ -74,7 +75,7 @@ TEST(PlanAhead, PlannedKernelsInProblemOrderThenTheSpeculativeOnes) {
                     const std::string n = std::to_string(i);
                     return plan_of({k("a" + n), k("b" + n)}, {k("w" + n)});
                   },
-                  {.replan = 0, .speculate = true});
+                  {.replan = 0, .speculate = true, .promote = 0});
   ahead.wait_idle();
   EXPECT_EQ(ahead.requested(0), (std::vector<std::string>{"a0", "b0", "w0"}));
   EXPECT_EQ(ahead.pending(1), (std::vector<std::string>{"a1", "b1", "w1"}));
@@ -91,7 +92,7 @@ TEST(PlanAhead, ATunedProblemsRequestsAreWithdrawn) {
                     const std::string n = std::to_string(i);
                     return plan_of({k("a" + n), k("shared")}, {k("w" + n)});
                   },
-                  {.replan = 0, .speculate = true});
+                  {.replan = 0, .speculate = true, .promote = 0});
   ahead.wait_idle();
   ahead.tuned(0);
   ahead.tuned(0);  // twice: nothing more happens
@@ -102,7 +103,7 @@ TEST(PlanAhead, ATunedProblemsRequestsAreWithdrawn) {
 TEST(PlanAhead, WithoutSpeculationNoWideningIsRequested) {
   Fixture f;
   PlanAhead ahead(*f.gate, 1, [](size_t) -> Result<PlannedChoices> { return plan_of({k("a")}, {k("w")}); },
-                  {.replan = 0, .speculate = false});
+                  {.replan = 0, .speculate = false, .promote = 0});
   ahead.wait_idle();
   EXPECT_EQ(ahead.requested(0), (std::vector<std::string>{"a"}));
   EXPECT_EQ(f.drain(), (std::vector<std::string>{"hold", "a", "end"}));
@@ -122,7 +123,7 @@ TEST(PlanAhead, AfterATuneTheProblemReplanPlacesOnIsPlannedAgainAndItsNewChoices
                     if (call == 1) return plan_of({k("a" + n), k("b" + n)}, {});
                     return plan_of({k("a" + n), k("c" + n)}, {});
                   },
-                  {.replan = 2, .speculate = true});
+                  {.replan = 2, .speculate = true, .promote = 0});
   ahead.wait_idle();
   ahead.tuned(0);
   ahead.wait_idle();
@@ -140,6 +141,24 @@ TEST(PlanAhead, AfterATuneTheProblemReplanPlacesOnIsPlannedAgainAndItsNewChoices
   EXPECT_EQ(f.drain(), (std::vector<std::string>{"hold", "a3", "b3", "c3", "end"}));
 }
 
+TEST(PlanAhead, TheNextProblemsCompilesGoFirstInProblemOrderAndTheirGuessesStaySpeculative) {
+  Fixture f;
+  PlanAhead ahead(*f.gate, 4,
+                  [](size_t i) -> Result<PlannedChoices> {
+                    const std::string n = std::to_string(i);
+                    return plan_of({k("a" + n)}, {k("w" + n)});
+                  },
+                  {.replan = 0, .speculate = true, .promote = 2});
+  ahead.wait_idle();
+  // Problems 0 and 1 are the window: raised to normal as planned. After problem 0's tune the window is 1-2:
+  // problem 2's compiles are raised behind problem 1's; problem 3's stay where the plan put them.
+  ahead.tuned(0);
+  EXPECT_EQ(f.drain("late"), (std::vector<std::string>{"hold", "a1", "w1", "a2", "w2", "a3", "late", "w3", "end"}));
+  // The raised guesses were compiled for speculative requests only: a tune does not count them as cached.
+  EXPECT_TRUE(f.gate->speculative_only(make_key(pool_test::named("w1"), Target{"sm_90"})));
+  EXPECT_FALSE(f.gate->speculative_only(make_key(pool_test::named("a1"), Target{"sm_90"})));
+}
+
 TEST(PlanAhead, AProblemThatCannotBePlannedIsCountedAndTheOthersGoOn) {
   Fixture f;
   PlanAhead ahead(*f.gate, 3,
@@ -147,7 +166,7 @@ TEST(PlanAhead, AProblemThatCannotBePlannedIsCountedAndTheOthersGoOn) {
                     if (i == 1) return make_error(ErrorCode::kInvalidArgument, "no choices for problem 1");
                     return plan_of({k("a" + std::to_string(i))}, {});
                   },
-                  {.replan = 1, .speculate = true});
+                  {.replan = 1, .speculate = true, .promote = 0});
   ahead.wait_idle();
   EXPECT_EQ(ahead.failed_plans(), 1);
   EXPECT_TRUE(ahead.requested(1).empty());
@@ -168,7 +187,7 @@ TEST(PlanAhead, APlanThatATuneOvertookIsWithdrawnAndATunedProblemIsNeverPlanned)
                     }
                     return plan_of({k("a" + std::to_string(i))}, {k("w" + std::to_string(i))});
                   },
-                  {.replan = 0, .speculate = true});
+                  {.replan = 0, .speculate = true, .promote = 0});
   in_plan.wait();
   ahead.tuned(0);
   ahead.tuned(1);
@@ -186,7 +205,7 @@ TEST(PlanAhead, DestructionWithdrawsEverything) {
                     [&](size_t i) -> Result<PlannedChoices> {
                       return plan_of({k("a" + std::to_string(i))}, {k("w" + std::to_string(i))});
                     },
-                    {.replan = 3, .speculate = true});
+                    {.replan = 3, .speculate = true, .promote = 0});
     ahead.wait_idle();
     ahead.tuned(5);  // out of range: ignored
     EXPECT_EQ(ahead.requested(1), (std::vector<std::string>{"a1", "w1"}));

@@ -32,6 +32,7 @@ PlanAhead::~PlanAhead() {
 
 void PlanAhead::tuned(size_t i) {
   std::vector<Future<Binaries>> withdrawn;
+  std::vector<KernelKey> raise;
   {
     std::lock_guard lock(mu_);
     if (i >= slots_.size() || slots_[i].done) return;
@@ -40,9 +41,27 @@ void PlanAhead::tuned(size_t i) {
     slots_[i].requests.clear();
     const size_t later = i + static_cast<size_t>(std::max(0, options_.replan));
     if (options_.replan > 0 && later < slots_.size()) replans_.push_back(later);
+    next_tune_ = std::max(next_tune_, i + 1);
+    raise = window_kernels();
   }
   cv_.notify_all();
   for (auto& f : withdrawn) f.cancel();
+  promote(raise);
+}
+
+std::vector<KernelKey> PlanAhead::window_kernels() const {
+  std::vector<KernelKey> out;
+  const size_t end = std::min(slots_.size(), next_tune_ + static_cast<size_t>(std::max(0, options_.promote)));
+  for (size_t j = next_tune_; j < end; ++j) {
+    if (!slots_[j].done) out.insert(out.end(), slots_[j].kernels.begin(), slots_[j].kernels.end());
+  }
+  return out;
+}
+
+void PlanAhead::promote(const std::vector<KernelKey>& kernels) {
+  // Each raise queues behind what is at normal priority already, so raising the window in order each time keeps
+  // the window's compiles in problem order (a compile raised before is at normal already and stays put).
+  for (const KernelKey& k : kernels) gate_.raise(k, Priority::kNormal);
 }
 
 std::vector<std::string> PlanAhead::requested(size_t i) const {
@@ -115,17 +134,22 @@ void PlanAhead::plan_one(size_t i) {
   }
   std::vector<std::string> names;
   std::vector<Future<Binaries>> requests;
+  std::vector<KernelKey> kernels;
   auto request = [&](const ChoicePtr& c, Priority priority) {
     if (!c || std::find(known.begin(), known.end(), c->name()) != known.end()) return;
     if (std::find(names.begin(), names.end(), c->name()) != names.end()) return;
     names.push_back(c->name());
     requests.push_back(c->precompile(gate_, priority));
+    if (options_.promote > 0) {
+      for (const auto& k : c->kernels()) kernels.push_back(make_key(k.source, k.target));
+    }
   };
   for (const auto& c : planned->first) request(c, Priority::kBackground);
   if (options_.speculate) {
     for (const auto& c : planned->widening) request(c, Priority::kSpeculative);
   }
   bool moot = false;
+  std::vector<KernelKey> raise;
   {
     std::lock_guard lock(mu_);
     Slot& s = slots_[i];
@@ -134,11 +158,15 @@ void PlanAhead::plan_one(size_t i) {
     if (!moot) {
       s.names.insert(s.names.end(), names.begin(), names.end());
       for (auto& f : requests) s.requests.push_back(std::move(f));
+      s.kernels.insert(s.kernels.end(), kernels.begin(), kernels.end());
+      // In the window already (the first problems, a re-plan): raised now, behind the window's earlier problems.
+      if (i >= next_tune_ && i < next_tune_ + static_cast<size_t>(std::max(0, options_.promote))) raise = std::move(kernels);
     }
   }
   if (moot) {
     for (auto& f : requests) f.cancel();
   }
+  promote(raise);
 }
 
 }  // namespace kiln::runtime

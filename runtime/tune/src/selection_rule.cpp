@@ -94,15 +94,31 @@ bool tie_unresolved(const std::vector<double>& leader, const std::vector<double>
   return std::abs(mean) < 2 * se && std::abs(mean) + 2 * se > kTieDoesNotMatter * leader_us;
 }
 
+bool told_apart_slower(const std::vector<double>& best, const std::vector<double>& other, double best_us,
+                       double other_us) {
+  const size_t n = std::min(best.size(), other.size());
+  if (n < 2 || !(best_us > 0)) return false;
+  if (other_us > best_us * (1 + kCloseTie)) return true;
+  double mean = 0;
+  for (size_t i = 0; i < n; ++i) mean += other[i] - best[i];
+  mean /= static_cast<double>(n);
+  double var = 0;
+  for (size_t i = 0; i < n; ++i) var += (other[i] - best[i] - mean) * (other[i] - best[i] - mean);
+  var /= static_cast<double>(n - 1);
+  return mean > 2 * std::sqrt(var / static_cast<double>(n));
+}
+
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
-                double tie_fraction) {
+                double tie_fraction, const ToldApart& told_apart) {
   const int best = best_complete(results);
   if (best < 0) return -1;
   const double limit = results[best].median_us + tie_window(results[best], tie_fraction);
+  const double flat = results[best].median_us * (1 + tie_fraction);
   int pick = best;
   for (int i = 0; i < static_cast<int>(results.size()); ++i) {
     const ChoiceResult& r = results[i];
     if (!usable(r) || r.median_us > limit) continue;
+    if (i != best && r.median_us > flat && told_apart && told_apart(results[best].name, r.name)) continue;
     const int ri = rank(r.name), rp = rank(results[pick].name);
     const double mi = r.median_us, mp = results[pick].median_us;
     if (ri < rp || (ri == rp && (mi < mp || (mi == mp && r.name < results[pick].name)))) pick = i;

@@ -67,11 +67,24 @@ inline constexpr double kTieDoesNotMatter = 0.005;
 bool tie_unresolved(const std::vector<double>& leader, const std::vector<double>& runner_up, double leader_us,
                     double runner_up_us);
 
+/// Whether a near-tie re-measure told `other` apart as slower than `best`: both timed in at least two of its
+/// rounds (each round's median, in round order) and `other`'s median over them beyond kCloseTie of `best_us`, or
+/// the mean of their per-round differences above twice its standard error.
+bool told_apart_slower(const std::vector<double>& best, const std::vector<double>& other, double best_us,
+                       double other_us);
+
+/// Says whether the re-measure told the second choice (by name) apart as slower than the first.
+using ToldApart = std::function<bool(const std::string& best, const std::string& other)>;
+
 /// The winner among `results` (any order): the fastest successful, complete measurement; among the choices
 /// within tie_window() of it, the lowest `rank`; among those, the fastest, then the lowest name. -1 when none
-/// succeeded.
+/// succeeded. A choice beyond tie_fraction of the fastest that `told_apart` (when given) says the interleaved
+/// re-measure told apart as slower is out of the window: the best's own spread says how well its median is
+/// placed, while the paired rounds say how well the difference is. Why: on the H200 suite (29 Nov-2 Dec, nine
+/// runs) the spread-widened window gave a template 0.8-2.0% slower than cuBLASLt the pick three times, and the
+/// side-by-side re-time put all three 1.2-5.9% behind the exhaustive effort's pick (333x4096x4096 at 1.059).
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
-                double tie_fraction);
+                double tie_fraction, const ToldApart& told_apart = {});
 
 }  // namespace kiln::runtime::detail
 

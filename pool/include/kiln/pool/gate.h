@@ -110,6 +110,15 @@ class PrecompileGate {
                          Priority priority = Priority::kBackground,
                          std::function<void(const ProgressSnapshot&)> on_progress = {});
 
+  /// Moves the compile of `key` that is in flight here up to `priority`, as a request at that priority would,
+  /// without being one: nothing to withdraw, and a speculative compile stays speculative. No effect on a key not
+  /// in flight or already at least that high. Thread-safe.
+  void raise(const KernelKey& key, Priority priority);
+
+  /// Whether this gate compiled `key` for kSpeculative requests only, and nothing has asked for it since: a
+  /// binary in the cache that no plan wanted (a tune counts it as a cached candidate only once something did).
+  bool speculative_only(const KernelKey& key) const;
+
   GateCounters counters() const;
   Executor& executor() const;
 

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "kiln/jit/key.h"
 #include "kiln/pool/future.h"
 #include "kiln/runtime/problem.h"
 #include "kiln/runtime/tuner.h"
@@ -33,6 +34,13 @@ class PlanAhead {
     // ahead had named fell from 0.75-1.34 s to 0.15-0.18 s over the 120 problems).
     int replan = 4;
     bool speculate = true;
+    /// The next this many problems (after the last tuned) have their compiles still queued raised to normal
+    /// priority, in problem order, each problem's planned choices before its widening guesses (which stay
+    /// speculative for the tune: a binary only guessed is not a cached candidate). Why: background and
+    /// speculative compiles queue behind the whole workload's plans, and on the H200 suite (2 Dec, 6b54bb8) 2.1 s
+    /// of the 3.2 s of compile waits were kernels requested ahead and still queued or compiling when the tune
+    /// came. 0: no raise.
+    int promote = 4;
   };
   /// Plans problem i (Tuner::plan_ahead).
   using PlanFn = std::function<Result<PlannedChoices>(size_t)>;
@@ -62,9 +70,14 @@ class PlanAhead {
     bool planned = false;  // planned at least once
     std::vector<std::string> names;
     std::vector<Future<Binaries>> requests;
+    std::vector<KernelKey> kernels;  // of the requests, in order (planned choices first)
   };
   void run();
   void plan_one(size_t i);
+  /// Raises the queued compiles of the problems in the promote window (the caller holds no lock).
+  void promote(const std::vector<KernelKey>& kernels);
+  /// The kernels of the window's problems, in problem order (under mu_).
+  std::vector<KernelKey> window_kernels() const;
 
   PrecompileGate& gate_;
   PlanFn plan_;
@@ -73,6 +86,7 @@ class PlanAhead {
   std::condition_variable cv_, idle_cv_;
   std::vector<Slot> slots_;
   size_t next_first_ = 0;      // the first pass's next problem
+  size_t next_tune_ = 0;       // one past the last problem tuned: the promote window starts here
   std::deque<size_t> replans_;
   bool busy_ = false;          // the thread is planning one now
   bool stop_ = false;
