@@ -1,6 +1,8 @@
 // The autotuner end to end on a GPU: tuning, checking against the reference, cached decisions, tune modes,
 // failing choices, deferred selection, size dispatch and graph capture. Skipped without a GPU.
 #include <gtest/gtest.h>
+
+#include <thread>
 #include <unistd.h>
 
 #include <cmath>
@@ -639,6 +641,27 @@ TEST_F(TuneGpu, AProblemPlannedOnAThreadWithoutAContextKeepsCublasLtsAlgorithms)
   for (const auto& c : sel->report().choices) measured += c.name.rfind("cublaslt_", 0) == 0 && c.reps > 0;
   EXPECT_GT(measured, 0) << "the tune took the planned choices without cuBLASLt's";
   expect_correct(*sel);
+}
+
+// tune() itself on a thread with no current context (a serving engine's worker thread): it runs in the tuner's
+// context, measures cuBLASLt's algorithms as on the tuner's own thread, and its pick runs correctly here.
+TEST_F(TuneGpu, ATuneOnAThreadWithoutAContextRunsInTheTunersContext) {
+  auto t = tuner(cache::TuneMode::kTune);
+  const Problem p = gemm(64, 4096, 2048);
+  Result<std::shared_ptr<Selection>> sel = make_error(ErrorCode::kInternal, "not run");
+  bool had_context = true;
+  std::thread worker([&] {
+    auto current = current_context();
+    had_context = !current.ok() || *current != nullptr;
+    sel = t->tune(p);
+  });
+  worker.join();
+  ASSERT_FALSE(had_context) << "the fixture's premise: a new thread has no current context";
+  KILN_ASSERT_OK(sel.status());
+  int measured = 0;
+  for (const auto& c : (*sel)->report().choices) measured += c.name.rfind("cublaslt_", 0) == 0 && c.reps > 0;
+  EXPECT_GT(measured, 0) << "no cuBLASLt algorithm was measured on a thread without a context";
+  expect_correct(**sel);
 }
 
 }  // namespace

@@ -57,6 +57,16 @@ struct Tuner::Impl {
   cache::DeviceFingerprint fingerprint;
   cache::VersionStamp versions;
   CUcontext context = nullptr;
+  /// Makes the tuner's context current on a thread that has none (PlanAhead's, a serving engine's worker): there
+  /// cuBLASLt's heuristics answer nothing and nothing can be measured. A thread with another context keeps it.
+  Status use_context() const {
+    if (!context) return Status();
+    KILN_ASSIGN_OR_RETURN(CUcontext current, current_context());
+    if (current) return Status();
+    KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
+    KILN_CHECK(d->cuCtxSetCurrent(context));
+    return Status();
+  }
   Effort effort = Effort::kDefault;
   EffortPolicy policy;
   DevicePeaks peaks;
@@ -278,16 +288,7 @@ Result<std::vector<ChoicePtr>> Tuner::planned_choices(const Problem& problem) co
 }
 
 Result<PlannedChoices> Tuner::plan_ahead(const Problem& problem) const {
-  // The choices are generated in the tuner's context (cuBLASLt's heuristics run in it, and answer nothing
-  // without one): a thread with no current context, as PlanAhead's own, gets it. A thread with another
-  // context current keeps it.
-  if (impl_->context) {
-    KILN_ASSIGN_OR_RETURN(CUcontext current, current_context());
-    if (!current) {
-      KILN_ASSIGN_OR_RETURN(const DriverApi* d, driver());
-      KILN_CHECK(d->cuCtxSetCurrent(impl_->context));
-    }
-  }
+  KILN_RETURN_IF_ERROR(impl_->use_context());
   impl_->compiles_coming();
   KILN_ASSIGN_OR_RETURN(std::vector<ChoicePtr> choices, impl_->services.ops->choices(problem, impl_->ctx));
   impl_->keep_generated(impl_->key_of(problem), choices);  // tune() takes them instead of generating again
@@ -323,6 +324,7 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
   Impl& s = *impl_;
   const Clock::time_point start = Clock::now();
   KILN_RETURN_IF_ERROR(problem.validate());
+  KILN_RETURN_IF_ERROR(s.use_context());
   const std::string key = s.key_of(problem);
   {
     std::lock_guard lock(s.mu);
