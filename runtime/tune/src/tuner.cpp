@@ -324,12 +324,12 @@ Result<std::shared_ptr<Selection>> Tuner::tune(const Problem& problem) {
   Impl& s = *impl_;
   const Clock::time_point start = Clock::now();
   KILN_RETURN_IF_ERROR(problem.validate());
-  KILN_RETURN_IF_ERROR(s.use_context());
   const std::string key = s.key_of(problem);
   {
     std::lock_guard lock(s.mu);
     if (auto it = s.selections.find(key); it != s.selections.end()) return it->second;
   }
+  KILN_RETURN_IF_ERROR(s.use_context());  // (after the lookup: a selection this tuner holds needs no driver call)
   KILN_ASSIGN_OR_RETURN(auto def, s.services.ops->find(problem.op));
   TuneReport report;
   report.problem = problem.describe();

@@ -37,9 +37,11 @@ class PlanAhead {
     /// The next this many problems (after the last tuned) have their compiles still queued raised to normal
     /// priority, in problem order, each problem's planned choices before its widening guesses (which stay
     /// speculative for the tune: a binary only guessed is not a cached candidate). Why: background and
-    /// speculative compiles queue behind the whole workload's plans, and on the H200 suite (2 Dec, 6b54bb8) 2.1 s
-    /// of the 3.2 s of compile waits were kernels requested ahead and still queued or compiling when the tune
-    /// came. 0: no raise.
+    /// speculative compiles queue behind the whole workload's plans (on the H200 suite, 2 Dec, 6b54bb8, 2.1 s of
+    /// the 3.2 s of compile waits were kernels requested ahead and still queued or compiling when the tune came),
+    /// and a pool that falls behind the tunes (fewer cores) should work on the next problems first. Measured on
+    /// the H200 suite (3677e50) it changed nothing (0.132 s a problem without it, 0.128-0.136 with): there the
+    /// waits left sit in each part's first problems, where the whole pool is busy with the cold start. 0: no raise.
     int promote = 4;
   };
   /// Plans problem i (Tuner::plan_ahead).
