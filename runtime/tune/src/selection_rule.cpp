@@ -80,32 +80,39 @@ std::vector<size_t> round_order(size_t n, int round) {
   return order;
 }
 
+namespace {
+// The mean of the per-round differences (b - a) over the rounds both were timed in, and its standard error.
+struct PairedDifference {
+  size_t rounds = 0;
+  double mean = 0;
+  double se = 0;
+};
+PairedDifference paired_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  PairedDifference d;
+  d.rounds = std::min(a.size(), b.size());
+  if (d.rounds < 2) return d;
+  const double n = static_cast<double>(d.rounds);
+  for (size_t i = 0; i < d.rounds; ++i) d.mean += b[i] - a[i];
+  d.mean /= n;
+  double var = 0;
+  for (size_t i = 0; i < d.rounds; ++i) var += (b[i] - a[i] - d.mean) * (b[i] - a[i] - d.mean);
+  d.se = std::sqrt(var / (n - 1) / n);
+  return d;
+}
+}  // namespace
+
 bool tie_unresolved(const std::vector<double>& leader, const std::vector<double>& runner_up, double leader_us,
                     double runner_up_us) {
-  const size_t n = std::min(leader.size(), runner_up.size());
-  if (n < 2 || !(leader_us > 0) || runner_up_us > leader_us * (1 + kCloseTie)) return false;
-  double mean = 0;
-  for (size_t i = 0; i < n; ++i) mean += runner_up[i] - leader[i];
-  mean /= static_cast<double>(n);
-  double var = 0;
-  for (size_t i = 0; i < n; ++i) var += (runner_up[i] - leader[i] - mean) * (runner_up[i] - leader[i] - mean);
-  var /= static_cast<double>(n - 1);
-  const double se = std::sqrt(var / static_cast<double>(n));
-  return std::abs(mean) < 2 * se && std::abs(mean) + 2 * se > kTieDoesNotMatter * leader_us;
+  const PairedDifference d = paired_difference(leader, runner_up);
+  if (d.rounds < 2 || !(leader_us > 0) || runner_up_us > leader_us * (1 + kCloseTie)) return false;
+  return std::abs(d.mean) < 2 * d.se && std::abs(d.mean) + 2 * d.se > kTieDoesNotMatter * leader_us;
 }
 
 bool told_apart_slower(const std::vector<double>& best, const std::vector<double>& other, double best_us,
                        double other_us) {
-  const size_t n = std::min(best.size(), other.size());
-  if (n < 2 || !(best_us > 0)) return false;
-  if (other_us > best_us * (1 + kCloseTie)) return true;
-  double mean = 0;
-  for (size_t i = 0; i < n; ++i) mean += other[i] - best[i];
-  mean /= static_cast<double>(n);
-  double var = 0;
-  for (size_t i = 0; i < n; ++i) var += (other[i] - best[i] - mean) * (other[i] - best[i] - mean);
-  var /= static_cast<double>(n - 1);
-  return mean > 2 * std::sqrt(var / static_cast<double>(n));
+  const PairedDifference d = paired_difference(best, other);
+  if (d.rounds < 2 || !(best_us > 0)) return false;
+  return other_us > best_us * (1 + kCloseTie) || d.mean > 2 * d.se;
 }
 
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
