@@ -455,15 +455,10 @@ int run_tune(const TuneArgs& a) {
   // Every undecided problem's choices start compiling in the background, in tuning order, planned on a thread
   // of their own: while one problem is benchmarked the next ones' kernels are being built (tune() raises what it
   // waits for), and each problem is planned again a few tunes before its own (runtime::PlanAhead).
-  std::vector<runtime::Problem> ahead_problems;
-  std::vector<std::ptrdiff_t> ahead_index(w->problems.size(), -1);
-  for (size_t i : order) {
-    auto decided = cache->lookup_decision((*tuner)->key(w->problems[i]));
-    if (decided.ok() && *decided) continue;  // a warm start loads only the decided kernel
-    ahead_index[i] = static_cast<std::ptrdiff_t>(ahead_problems.size());
-    ahead_problems.push_back(w->problems[i]);
-  }
-  runtime::PlanAhead ahead(**tuner, ahead_problems, runtime::PlanAhead::Options{});
+  // (A warm start loads only the decided kernels: nothing planned.)
+  const runtime::UndecidedProblems undecided = runtime::undecided_problems(**tuner, w->problems, order);
+  const std::vector<std::ptrdiff_t>& ahead_index = undecided.index;
+  runtime::PlanAhead ahead(**tuner, undecided.problems, runtime::PlanAhead::Options{});
   std::vector<std::string> not_tuned;
   for (size_t i : order) {
     runtime::Tuner* use = tuner->get();

@@ -763,15 +763,8 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
   // The default executor, as a user's tuner has it: started when compiles are coming (never, warm).
   auto tuner = tuner_for(shared, nullptr, effort, 0, !eager_loads);
   step("make_tuner_s");
-  std::vector<Named> named;
-  std::map<size_t, size_t> named_of;  // workload index -> index in `named`
-  for (size_t i = 0; i < w.problems.size(); ++i) {
-    auto decided = shared->lookup_decision(tuner->key(w.problems[i]));
-    if (decided.ok() && *decided) continue;
-    named_of[i] = named.size();
-    named.push_back({w.labels[i], w.problems[i]});
-  }
-  PlanAhead ahead(*tuner, problems_of(named), PlanAhead::Options{});
+  const UndecidedProblems undecided = undecided_problems(*tuner, w.problems);
+  PlanAhead ahead(*tuner, undecided.problems, PlanAhead::Options{});
   step("plan_s");
   int cached = 0, errors = 0;
   double compile_wait = 0, load = 0;
@@ -784,7 +777,7 @@ int phase_workload(const std::string& workload, const std::string& cache_dir, Ef
     const auto t = Clock::now();
     auto sel = tuner->tune(w.problems[i]);
     const double tune_s = seconds_since(t);
-    if (auto it = named_of.find(i); it != named_of.end()) ahead.tuned(it->second);
+    if (undecided.index[i] >= 0) ahead.tuned(static_cast<size_t>(undecided.index[i]));
     if (!sel.ok()) {
       ++errors;
       continue;

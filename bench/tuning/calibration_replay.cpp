@@ -181,7 +181,8 @@ std::vector<std::pair<double, const Timing*>> scored(const Tune& truth, const st
 int main(int argc, char** argv) {
   CLI::App app{"Replay the tuner's neighbour calibration over recorded suite reports (no GPU)"};
   std::vector<std::string> files;
-  int keep = 10, keep_top = 0;
+  int keep = 10, keep_top = 0, plain_top = 1;
+  bool plain_always = false, plain_kept = false;
   bool verbose = false, show_misses = false;
   std::string show;
   double latency = 0, stage_latency = 0;
@@ -190,6 +191,12 @@ int main(int argc, char** argv) {
   app.add_option("--keep", keep, "templates a plan keeps")->check(CLI::Range(1, 1000));
   app.add_option("--keep-top", keep_top, "with one per variant first: the first N by rank before the variants (EffortPolicy::keep_top)")
       ->check(CLI::Range(0, 1000));
+  app.add_option("--plain-top", plain_top, "the row '+ the model's first N': the plan with neighbours also keeps, uncut, "
+                                            "the first N of the model's order without them where they moved them out")
+      ->check(CLI::Range(0, 100));
+  app.add_flag("--plain-always", plain_always, "the plain order's first also on problems without neighbours, and where "
+                                              "the plan kept them (never cut either way)");
+  app.add_flag("--plain-kept", plain_kept, "the plain order's first also where the plan kept them (problems with neighbours)");
   app.add_flag("--misses", show_misses, "name each problem the default plan with neighbours, cut extern-first, misses by 1%");
   app.add_flag("--verbose", verbose, "one line per problem where the schemes differ");
   app.add_option("--show", show, "print the first 2K of this problem's order as the tuner ranks it (its plan marked) and "
@@ -212,7 +219,11 @@ int main(int argc, char** argv) {
     double worst = 1, log_sum = 0;
   };
   std::map<Scheme, Tally> tally;
-  Tally alone, alone_diverse, alone_cut, tuner_cut;
+  Tally alone, alone_diverse, alone_cut, tuner_cut, tuner_cut_plain;
+  int plain_extra = 0;  // templates the plain order's first N add to the plans with neighbours
+  int plain_timed = 0, plain_timed_by = 0;  // of the plain firsts, those left by the cut (never cut / cut by plain)
+  Tally tuner_cut_plain_by;
+  int rescued = 0;  // plain firsts timed only because never cut (their prediction would have cut them)
   // A problem's best kept (or left by the cut) over the fastest: 1 when the fastest is kept.
   auto count = [](Tally& t, double ratio) {
     ++t.problems;
@@ -291,17 +302,34 @@ int main(int argc, char** argv) {
       // templates 2% faster, the model's first 5 not compute-bound protected) against the best extern measured in
       // full: the best left of it and the externs, over the fastest of all.
       auto plan_cut = [&](const std::vector<std::pair<double, const Timing*>>& order,
-                          const std::map<const Timing*, double>& predicted) {
+                          const std::map<const Timing*, double>& predicted,
+                          const std::vector<const Timing*>& also = {},
+                          const std::map<const Timing*, double>* also_predicted = nullptr) {
+        // `also` is kept too: never cut, or (with also_predicted) cut by those predictions instead.
         std::set<const Timing*> protect;
+        if (also_predicted == nullptr) protect.insert(also.begin(), also.end());
         for (size_t r = 0; r < order.size() && r < 5; ++r) {
           if (estimate(truth.problem, order[r].second->kind, order[r].second->parameters, peaks).bound != "compute") {
             protect.insert(order[r].second);
           }
         }
         double best = ext > 0 ? ext : 1e30;
-        for (const Timing* k : plan(order, true)) {
+        std::vector<const Timing*> kept = plan(order, true);
+        std::set<const Timing*> added;
+        for (const Timing* a : also) {
+          if (std::find(kept.begin(), kept.end(), a) == kept.end()) kept.push_back(a), added.insert(a);
+        }
+        if (also_predicted == nullptr) plain_extra += static_cast<int>(added.size());
+        for (const Timing* k : kept) {
           const bool compute = estimate(truth.problem, k->kind, k->parameters, peaks).bound == "compute";
-          const bool cut = ext > 0 && !protect.count(k) && predicted.at(k) > ext * (compute ? 0.98 : 1.15);
+          const bool by_plain = also_predicted != nullptr && std::find(also.begin(), also.end(), k) != also.end();
+          const double p = by_plain ? std::min(predicted.at(k), also_predicted->at(k)) : predicted.at(k);
+          const bool cut = ext > 0 && !protect.count(k) && p > ext * (compute ? 0.98 : 1.15);
+          if (ext > 0 && also_predicted == nullptr && !also.empty() && std::find(also.begin(), also.end(), k) != also.end() &&
+              predicted.at(k) > ext * (compute ? 0.98 : 1.15)) {
+            ++rescued;
+          }
+          if (!cut && added.count(k)) ++(also_predicted != nullptr ? plain_timed_by : plain_timed);
           if (!cut) best = std::min(best, k->median_us);
         }
         return best / fastest_all;
@@ -333,6 +361,22 @@ int main(int argc, char** argv) {
         }
         const double ratio = plan_cut(order_near, predicted_near);
         count(tuner_cut, ratio);
+        // By default only where the neighbours' timings moved them out of the plan (docs/tuning.md: tried 2 Dec, not
+        // adopted).
+        std::vector<const Timing*> plain;
+        const auto planned_near = plan(order_near, true);
+        for (size_t r = 0; (!near.empty() || plain_always) && r < order.size() && r < static_cast<size_t>(plain_top); ++r) {
+          if (plain_always || plain_kept ||
+              std::find(planned_near.begin(), planned_near.end(), order[r].second) == planned_near.end()) {
+            plain.push_back(order[r].second);
+          }
+        }
+        const double ratio_plain = plan_cut(order_near, predicted_near, plain);
+        count(tuner_cut_plain, ratio_plain);
+        count(tuner_cut_plain_by, plan_cut(order_near, predicted_near, plain, &predicted));
+        if (show_misses && ratio_plain != ratio) {
+          fmt::print("plain top {} changes {:<28} {:.3f} -> {:.3f}\n", plain_top, truth.id, ratio, ratio_plain);
+        }
         if (show_misses && ratio > 1.01) fmt::print("plan+cut miss {:<28} {:.3f}\n", truth.id, ratio);
       }
       if (near.empty()) continue;  // nothing to calibrate with: every scheme ranks alike
@@ -380,6 +424,12 @@ int main(int argc, char** argv) {
   row("  one per variant first", alone_diverse);
   row("  then extern-first cut", alone_cut);
   row("with neighbours, cut", tuner_cut);
+  row(fmt::format("  + model's first {}", plain_top).c_str(), tuner_cut_plain);
+  row("  … cut by the plain's", tuner_cut_plain_by);
+  fmt::print("(the model's first {} added {} templates to {} plans; timed: {} never cut, {} cut by the lower of the "
+             "two predictions)\n",
+             plain_top, plain_extra, tuner_cut_plain.problems, plain_timed, plain_timed_by);
+  fmt::print("(timed only because never cut: {})\n", rescued);
   for (Scheme s : schemes) row(scheme_name(s), tally[s]);
   return 0;
 }

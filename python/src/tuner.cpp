@@ -386,19 +386,13 @@ Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& pr
   // does); decided problems load on every thread meanwhile.
   // (A tuner that never measures, mode use or strict, compiles only the reference of an undecided problem.)
   std::mutex undecided_mu;
-  std::vector<bool> undecided(problems.size(), false);
   const bool measures = t->cache().mode() == cache::TuneMode::kTune || t->cache().mode() == cache::TuneMode::kOff;
-  std::vector<runtime::Problem> ahead_problems;
-  std::vector<std::ptrdiff_t> ahead_index(problems.size(), -1);
-  for (size_t i = 0; measures && i < problems.size(); ++i) {
-    auto decision = t->cache().lookup_decision(t->key(problems[i]));
-    undecided[i] = decision.ok() && *decision == nullptr;
-    if (!undecided[i]) continue;
-    ahead_index[i] = static_cast<std::ptrdiff_t>(ahead_problems.size());
-    ahead_problems.push_back(problems[i]);
-  }
+  const runtime::UndecidedProblems undecided =
+      measures ? runtime::undecided_problems(*t, problems)
+               : runtime::UndecidedProblems{{}, std::vector<std::ptrdiff_t>(problems.size(), -1)};
+  const std::vector<std::ptrdiff_t>& ahead_index = undecided.index;
   // Planned on a thread of its own, in order, each again a few tunes before its own (runtime::PlanAhead).
-  runtime::PlanAhead ahead(*t, ahead_problems, runtime::PlanAhead::Options{});
+  runtime::PlanAhead ahead(*t, undecided.problems, runtime::PlanAhead::Options{});
   std::mutex report_mu;
   Status fatal;
   std::atomic<size_t> next{0};
@@ -440,7 +434,7 @@ Result<WarmupReport> PyTuner::run_warmup(const std::vector<runtime::Problem>& pr
         state = Background::State::kLoading;
       }
       std::unique_lock<std::mutex> one_tune(undecided_mu, std::defer_lock);
-      if (undecided[i]) one_tune.lock();
+      if (ahead_index[i] >= 0) one_tune.lock();
       auto sel = t->tune(p);
       if (one_tune.owns_lock()) one_tune.unlock();
       {

@@ -9,6 +9,7 @@
 
 #include "kiln/jit/key.h"
 #include "kiln/runtime.h"
+#include "kiln/runtime/plan_ahead.h"
 #include "kiln/templates/registry.h"
 #include "kiln_test.h"
 #include "tuning_dir.h"
@@ -260,6 +261,35 @@ TEST_F(ChoiceMemo, ATunersWarmStartGeneratesNoChoices) {
   EXPECT_EQ(sel->report().candidates, 0) << "the warm start generated every choice";
   EXPECT_EQ(dl.samples + dl.sample_hits, 0u);
   EXPECT_LE(dl.renders, 1u);
+}
+
+// What a workload's plan ahead is made of (kiln tune, the Python warm-up, the suite bench): the problems without a
+// cached decision, in the order given, and each workload problem's place among them (GPU: a tuner needs a device).
+TEST_F(ChoiceMemo, APlanAheadTakesTheUndecidedProblemsInTheOrderGiven) {
+  KILN_REQUIRE_GPU();
+  TuningDir dir("kiln_choice_memo");
+  TuneOptions o;
+  o.cache = dir.open(cache::TuneMode::kTune);
+  auto made = make_tuner(o);
+  KILN_ASSERT_OK(made);
+  auto& tuner = **made;
+  const std::vector<Problem> workload{gemm(64, 2048, 1024), gemm(128, 2048, 1024), gemm(256, 2048, 1024)};
+  cache::Decision d;
+  d.problem = tuner.key(workload[1]);
+  d.choice = "cublas_default";
+  d.median_us = 1;
+  KILN_ASSERT_OK(o.cache->record_decision(d));
+  const UndecidedProblems all = undecided_problems(tuner, workload);
+  ASSERT_EQ(all.problems.size(), 2u);
+  EXPECT_EQ(all.problems[0], workload[0]);
+  EXPECT_EQ(all.problems[1], workload[2]);
+  EXPECT_EQ(all.index, (std::vector<std::ptrdiff_t>{0, -1, 1}));
+  // A budget's order (kiln tune --budget), with an index repeated and one past the end: each problem once.
+  const UndecidedProblems ordered = undecided_problems(tuner, workload, {2, 1, 0, 2, 7});
+  ASSERT_EQ(ordered.problems.size(), 2u);
+  EXPECT_EQ(ordered.problems[0], workload[2]);
+  EXPECT_EQ(ordered.problems[1], workload[0]);
+  EXPECT_EQ(ordered.index, (std::vector<std::ptrdiff_t>{1, -1, 0}));
 }
 
 // `kiln tune` plans every problem (to precompile in the background) and then tunes it: the choices are

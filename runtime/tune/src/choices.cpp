@@ -46,8 +46,12 @@ int Choice::tie_rank() const {
   return 4;
 }
 
-Future<Binaries> Choice::precompile(PrecompileGate& gate, Priority priority, QueueOrder order) const {
+Future<Binaries> Choice::precompile(PrecompileGate& gate, Priority priority, QueueOrder order,
+                                    std::vector<KernelKey>* keys) const {
   std::vector<CompileRequest> requests = kernels();
+  if (keys != nullptr) {
+    for (const auto& r : requests) keys->push_back(make_key(r.source, r.target));
+  }
   if (requests.empty()) return make_ready_future<Binaries>(Binaries{});
   std::vector<Future<Binary>> futures;
   futures.reserve(requests.size());

@@ -139,10 +139,7 @@ void PlanAhead::plan_one(size_t i) {
     if (!c || std::find(known.begin(), known.end(), c->name()) != known.end()) return;
     if (std::find(names.begin(), names.end(), c->name()) != names.end()) return;
     names.push_back(c->name());
-    requests.push_back(c->precompile(gate_, priority));
-    if (options_.promote > 0) {
-      for (const auto& k : c->kernels()) kernels.push_back(make_key(k.source, k.target));
-    }
+    requests.push_back(c->precompile(gate_, priority, QueueOrder::kSubmission, options_.promote > 0 ? &kernels : nullptr));
   };
   for (const auto& c : planned->first) request(c, Priority::kBackground);
   if (options_.speculate) {
@@ -167,6 +164,25 @@ void PlanAhead::plan_one(size_t i) {
     for (auto& f : requests) f.cancel();
   }
   promote(raise);
+}
+
+UndecidedProblems undecided_problems(const Tuner& tuner, const std::vector<Problem>& workload,
+                                     const std::vector<size_t>& order) {
+  UndecidedProblems out;
+  out.index.assign(workload.size(), -1);
+  auto consider = [&](size_t i) {
+    if (i >= workload.size() || out.index[i] >= 0) return;
+    auto decided = tuner.cache().lookup_decision(tuner.key(workload[i]));
+    if (decided.ok() && *decided) return;
+    out.index[i] = static_cast<std::ptrdiff_t>(out.problems.size());
+    out.problems.push_back(workload[i]);
+  };
+  if (order.empty()) {
+    for (size_t i = 0; i < workload.size(); ++i) consider(i);
+  } else {
+    for (size_t i : order) consider(i);
+  }
+  return out;
 }
 
 }  // namespace kiln::runtime

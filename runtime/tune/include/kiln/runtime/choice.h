@@ -94,9 +94,10 @@ class Choice {
 
   /// The precompile gate: sends kernels() through `gate` at `priority` and returns a future of the binaries
   /// (every kernel of a subgraph; a ready future when there is nothing to compile). `order`: how they queue
-  /// among the pool's other jobs of their priority (QueueOrder).
-  Future<Binaries> precompile(PrecompileGate& gate, Priority priority,
-                              QueueOrder order = QueueOrder::kSubmission) const;
+  /// among the pool's other jobs of their priority (QueueOrder). `keys` (when given) gets each kernel's key, so
+  /// that a caller who later moves the compiles (PrecompileGate::raise) does not render them again.
+  Future<Binaries> precompile(PrecompileGate& gate, Priority priority, QueueOrder order = QueueOrder::kSubmission,
+                              std::vector<KernelKey>* keys = nullptr) const;
 };
 
 using ChoicePtr = std::shared_ptr<Choice>;

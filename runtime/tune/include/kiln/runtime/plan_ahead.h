@@ -96,4 +96,14 @@ class PlanAhead {
   std::thread thread_;
 };
 
+/// A workload's problems that the tuner's cache holds no decision for (a cache that cannot say counts as none:
+/// planning costs only compiles), in `order` (every index in turn when empty): what a PlanAhead is made of.
+/// `index[i]` is workload problem i's place among them, -1 for a decided one (or one not in `order`).
+struct UndecidedProblems {
+  std::vector<Problem> problems;
+  std::vector<std::ptrdiff_t> index;
+};
+UndecidedProblems undecided_problems(const Tuner& tuner, const std::vector<Problem>& workload,
+                                     const std::vector<size_t>& order = {});
+
 }  // namespace kiln::runtime
