@@ -541,6 +541,26 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
       row["allocations"].push_back(medians);
       fmt::print("{}\n", line);
     }
+    // Under sustained load (where a long compute-bound GEMM runs at the board's power cap): 2 s of the choices'
+    // runs in turn, then six rounds of 64 runs of each, interleaved, with no idle between.
+    if (series_too) {
+      const auto t0 = Clock::now();
+      while (seconds_since(t0) < 2.0) {
+        for (const ChoicePtr& c : picked) (void)bench::must(runner->time_runs(*c, buffers.args, ws.ptr(), 32, false));
+      }
+      std::string line = id + " under sustained load, medians of 64 interleaved:";
+      json loaded = json::object();
+      for (int round = 0; round < 6; ++round) {
+        for (const ChoicePtr& c : picked) {
+          const double m = summarize(bench::must(runner->time_runs(*c, buffers.args, ws.ptr(), 64, false)).us).median;
+          loaded[c->name()].push_back(m);
+          line += fmt::format(" {:.1f}", m);
+        }
+        line += " |";
+      }
+      row["sustained_load_us"] = loaded;
+      fmt::print("{}\n", line);
+    }
     for (const ChoicePtr& c : picked) {
       if (!series_too) break;
       for (int i = 0; i < 2; ++i) bench::check(c->run(buffers.args, ws.ptr(), runner->stream()));
@@ -561,7 +581,7 @@ int phase_probe(const std::vector<std::string>& pairs, const std::string& worklo
       cj["after_idle_us"] = cold;
       cj["right_after_us"] = hot;
       json warm = json::object();
-      for (int w_ms : {0, 1, 2, 5, 10, 20, 50, 100, 200}) {
+      for (int w_ms : {0, 1, 2, 5, 10, 20, 50, 100, 200, 1000, 3000}) {
         idle();
         const auto t0 = Clock::now();
         while (seconds_since(t0) * 1e3 < w_ms) (void)series(std::max(1, std::min(64, static_cast<int>(1e3 / est))));

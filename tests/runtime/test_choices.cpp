@@ -499,6 +499,35 @@ TEST(SelectionRule, NearTiesGoToTheLowerRankThenTheFastest) {
   EXPECT_EQ(s[detail::pick_winner(s, rank_by_prefix, 0.02)].name, "cublas_a");
 }
 
+// A long compute-bound problem's ties go to the externs (kSustainedPowerUs): 512x14336x8192 on the H200 (e96ed20),
+// where the template's tie rank won at 163.25 us against cuBLASLt's 162.45 and the re-time under load put it 4.9%
+// behind. Shorter or memory-bound problems keep the templates-first rank; a template faster beyond the window wins.
+TEST(SelectionRule, LongComputeBoundTiesGoToTheExterns) {
+  const std::vector<ChoiceResult> r = {sampled("gemm_wgmma_128x224", 163.25, 166.79, 162.64, 100),
+                                       sampled("cublaslt_a66_t165", 162.45, 167.26, 159.19, 100)};
+  auto rank_for = [](bool externs_first) {
+    return [externs_first](const std::string& name) {
+      const ChoiceKind kind = name.rfind("cublas", 0) == 0 ? ChoiceKind::kExtern : ChoiceKind::kTemplate;
+      return detail::problem_tie_rank(kind == ChoiceKind::kExtern ? 1 : 0, kind, externs_first);
+    };
+  };
+  const double tie = BenchmarkOptions{}.rank_tie_fraction;
+  EXPECT_TRUE(detail::externs_first_on_ties(162.45, "compute"));
+  EXPECT_EQ(r[detail::pick_winner(r, rank_for(true), tie)].name, "cublaslt_a66_t165");
+  EXPECT_EQ(r[detail::pick_winner(r, rank_for(false), tie)].name, "gemm_wgmma_128x224");
+  EXPECT_FALSE(detail::externs_first_on_ties(162.45, "memory"));
+  EXPECT_FALSE(detail::externs_first_on_ties(detail::kSustainedPowerUs - 0.1, "compute"));
+  EXPECT_FALSE(detail::externs_first_on_ties(500, ""));  // the model knows no choice of the problem
+  // A template told apart as faster (beyond the window) still wins.
+  const std::vector<ChoiceResult> s = {sampled("gemm_wgmma_128x224", 158.0, 159.0, 157.5, 100),
+                                       sampled("cublaslt_a66_t165", 162.45, 163.0, 162.0, 100)};
+  EXPECT_EQ(s[detail::pick_winner(s, rank_for(true), tie)].name, "gemm_wgmma_128x224");
+  // Subgraphs and user kernels keep their ranks behind both.
+  EXPECT_EQ(detail::problem_tie_rank(2, ChoiceKind::kSubgraph, true), 2);
+  EXPECT_EQ(detail::problem_tie_rank(3, ChoiceKind::kUser, true), 3);
+  EXPECT_EQ(detail::problem_tie_rank(0, ChoiceKind::kTemplate, false), 0);
+}
+
 TEST(SelectionRule, ASameRankChoiceWithinTheWindowButSlowerDoesNotWinByName) {
   // The H200 suite (26 Nov): cublas_default at 26.08 us was picked over a cuBLASLt algorithm at 25.25 us, 3.3%
   // faster, because the best's p90 widened the window and "cublas_default" sorts first.

@@ -42,6 +42,9 @@ std::string TuneReport::table(int top) const {
                          stream_k_pick);
     }
   }
+  if (externs_first_on_ties) {
+    out += "    ties went to the externs first (a long compute-bound problem: runs back to back hold the power cap)\n";
+  }
   double best = 0;
   for (const auto& c : choices) {
     if (c.status.ok() && !c.partial) {
@@ -113,6 +116,7 @@ std::string TuneReport::json() const {
   j["shared_swaps"] = shared_swaps;
   j["variant_picks"] = variant_picks;
   j["stream_k_pick"] = stream_k_pick;
+  j["externs_first_on_ties"] = externs_first_on_ties;
   j["neighbour_timings"] = neighbour_timings;
   j["widenings"] = widenings;
   j["revived"] = revived;

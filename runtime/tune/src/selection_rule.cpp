@@ -133,4 +133,16 @@ int pick_winner(const std::vector<ChoiceResult>& results, const std::function<in
   return pick;
 }
 
+int problem_tie_rank(int choice_tie_rank, ChoiceKind kind, bool externs_first) {
+  if (!externs_first) return choice_tie_rank;
+  // Choice::tie_rank(): templates 0, externs 1; swapped, the others unchanged.
+  if (kind == ChoiceKind::kExtern) return 0;
+  if (kind == ChoiceKind::kTemplate) return 1;
+  return choice_tie_rank;
+}
+
+bool externs_first_on_ties(double best_us, const std::string& model_bound) {
+  return model_bound == "compute" && best_us >= kSustainedPowerUs;
+}
+
 }  // namespace kiln::runtime::detail

@@ -86,6 +86,21 @@ using ToldApart = std::function<bool(const std::string& best, const std::string&
 int pick_winner(const std::vector<ChoiceResult>& results, const std::function<int(const std::string&)>& rank,
                 double tie_fraction, const ToldApart& told_apart = {});
 
+/// From how long a run of a compute-bound problem's best choice is, ties go to the externs: such runs back to
+/// back hold the board at its power cap, where a serving engine runs them, and there the vendor's kernels keep
+/// more of their speed. Why: on the H200 (2 Dec, `bench_tuning_speed probe`, 512x14336x8192) two wgmma templates
+/// and cuBLASLt timed 162-165 us each in the short bursts a tune measures (after idle, or warmed up to 50 ms),
+/// and 188-193 against 180-183 us in interleaved rounds after 2 s of load (clocks 1335-1515 MHz under the 700 W
+/// cap); the suite's side-by-side re-time runs there, and over 76 recorded suite runs the default effort's pick of
+/// a template there was 1.000-1.049x the exhaustive's choice (21 runs), of cuBLASLt 0.964-1.030x (55).
+/// Over every recorded run, on problems of 80 us or more where the two efforts picked a template and an extern,
+/// the extern was the faster in the re-time by 1.3% on average (100 picks one way, 13 the other).
+inline constexpr double kSustainedPowerUs = 100;
+/// Choice::tie_rank() in a problem, given its kind: with `externs_first` (a compute-bound problem whose best run
+/// takes kSustainedPowerUs or more: externs_first_on_ties()) externs go before templates; the rest keep theirs.
+int problem_tie_rank(int choice_tie_rank, ChoiceKind kind, bool externs_first);
+bool externs_first_on_ties(double best_us, const std::string& model_bound);
+
 }  // namespace kiln::runtime::detail
 
 namespace kiln::runtime::detail {

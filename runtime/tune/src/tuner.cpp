@@ -923,8 +923,23 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
     }
     return 0.0;
   };
+  std::string model_bound;  // the model's first choice's: what bounds the problem
+  for (const auto& r : order) {
+    if (r.estimate.known) {
+      model_bound = r.estimate.bound;
+      break;
+    }
+  }
+  const int best_index = detail::best_complete(results);
+  report.externs_first_on_ties =
+      best_index >= 0 && detail::externs_first_on_ties(results[best_index].median_us, model_bound);
   const int pick = detail::pick_winner(
-      results, [&](const std::string& name) { return choice_by_name[name]->tie_rank(); }, options.bench.rank_tie_fraction,
+      results,
+      [&](const std::string& name) {
+        const ChoicePtr& c = choice_by_name[name];
+        return detail::problem_tie_rank(c->tie_rank(), c->kind(), report.externs_first_on_ties);
+      },
+      options.bench.rank_tie_fraction,
       [&](const std::string& best, const std::string& other) {
         auto b = tie_rounds.find(best), o = tie_rounds.find(other);
         return b != tie_rounds.end() && o != tie_rounds.end() && b->second.first == o->second.first &&

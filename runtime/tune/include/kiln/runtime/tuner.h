@@ -237,6 +237,9 @@ struct TuneReport {
   int variant_picks = 0;
   /// The stream-K tile kept and never cut extern-first (EffortPolicy::stream_k_pick); empty if none.
   std::string stream_k_pick;
+  /// Ties went to the externs before the templates: a compute-bound problem whose best run takes 100 us or more,
+  /// where runs back to back hold the board at its power cap (detail::kSustainedPowerUs in selection_rule.h).
+  bool externs_first_on_ties = false;
   int widenings = 0;                  // times the kept set grew (near the end of the ranks, or around the best's variant)
   /// Choices dropped early as clearly slower, measured in full after all because the best read slower when
   /// re-measured (detail::revoked_partials).
