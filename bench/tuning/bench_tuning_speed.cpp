@@ -329,9 +329,9 @@ int phase_suite(const std::string& part_text, const std::string& filter, const s
     const int measured_kernels = static_cast<int>(measured_names.size());
     gates[effort] = json{{"requests", g.requests}, {"joined", g.joined},   {"repeats", g.repeats},
                          {"compiles", g.compiles}, {"compiled", g.compiled}, {"failed", g.failed},
-                         {"distinct_measured_choices", measured_kernels}};
-    fmt::print(stderr, "{} gate: {} requests, {} compiles submitted ({} compiled, {} failed), {} distinct compiled "
-               "choices measured\n", effort, g.requests, g.compiles, g.compiled, g.failed,
+                         {"withdrawn", g.withdrawn}, {"distinct_measured_choices", measured_kernels}};
+    fmt::print(stderr, "{} gate: {} requests, {} compiles submitted ({} compiled, {} failed, {} withdrawn), {} distinct "
+               "compiled choices measured\n", effort, g.requests, g.compiles, g.compiled, g.failed, g.withdrawn,
                measured_kernels);
     tuners[effort] = std::move(tuner);
   }

@@ -107,6 +107,8 @@ struct PrecompileGate::Impl : std::enable_shared_from_this<PrecompileGate::Impl>
         if (r.ok() && !f->wanted) speculative.insert(key);
         if (r.ok()) {
           ++counters.compiled;
+        } else if (r.status().code() == ErrorCode::kCancelled) {
+          ++counters.withdrawn;
         } else {
           ++counters.failed;
         }

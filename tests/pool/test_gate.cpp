@@ -289,6 +289,11 @@ TEST_F(HeldGate, WithdrawnWhileStillQueuedNeverCompiles) {
   fake.release("blocker");
   KILN_EXPECT_OK(blocker.get());
   EXPECT_EQ(fake.calls(), 1);
+  // Counted as withdrawn, not as a failure (the suite bench printed PlanAhead's withdrawals as failed compiles).
+  const GateCounters c = gate->counters();
+  EXPECT_EQ(c.withdrawn, 1u);
+  EXPECT_EQ(c.failed, 0u);
+  EXPECT_EQ(c.compiled, 1u);
 }
 
 TEST(Gate, SubgraphCompletesWhenAllOfItsKernelsAre) {

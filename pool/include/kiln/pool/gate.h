@@ -65,7 +65,8 @@ struct GateCounters {
   uint64_t repeats = 0;          // lookups answered with what this gate itself compiled earlier
   uint64_t compiles = 0;         // jobs submitted to the executor
   uint64_t compiled = 0;         // of those, successes
-  uint64_t failed = 0;           // of those, errors of any kind
+  uint64_t failed = 0;           // of those, errors of any kind but a withdrawal
+  uint64_t withdrawn = 0;        // of those, stopped because every requester withdrew (kCancelled)
   uint64_t claim_waits = 0;      // keys another process was building when asked (claims only)
   uint64_t claim_hits = 0;       // of those, binaries that then appeared in the cache
   uint64_t claim_failures = 0;   // failures another process's build recorded
