@@ -90,7 +90,7 @@ int pick_winner(const std::vector<ChoiceResult>& results, const std::function<in
 /// back hold the board at its power cap, where a serving engine runs them, and there the vendor's kernels keep
 /// more of their speed. Why: on the H200 (2 Dec, `bench_tuning_speed probe`, 512x14336x8192) two wgmma templates
 /// and cuBLASLt timed 162-165 us each in the short bursts a tune measures (after idle, or warmed up to 50 ms),
-/// and 188-193 against 180-183 us in interleaved rounds after 2 s of load (clocks 1335-1515 MHz under the 700 W
+/// and 188-193 against 180-183 us in interleaved rounds after 2 s of load (clocks down to 1485 MHz under the 700 W
 /// cap); the suite's side-by-side re-time runs there, and over 76 recorded suite runs the default effort's pick of
 /// a template there was 1.000-1.049x the exhaustive's choice (21 runs), of cuBLASLt 0.964-1.030x (55).
 /// Over every recorded run, on problems of 80 us or more where the two efforts picked a template and an extern,
