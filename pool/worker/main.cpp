@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 
+#include "huge_text.h"
 #include "kiln/jit/compiler.h"
 #include "kiln/pool/worker_loop.h"
 #include "wire.h"
@@ -120,6 +121,13 @@ int main(int argc, char** argv) {
   if (auto it = args.other.find("--nice"); it != args.other.end()) {
     const int n = std::atoi(it->second.c_str());
     if (n > 0 && n <= 19) (void)::setpriority(PRIO_PROCESS, 0, n);
+  }
+  // Before any other thread exists: nothing may run NVRTC's code while it moves.
+  if (const char* huge = std::getenv("KILN_WORKER_HUGE_TEXT"); huge && std::string_view(huge) == "1") {
+    auto moved = kiln::pool_detail::move_text_to_huge_pages("libnvrtc.so");
+    if (!moved.ok()) {
+      std::fprintf(stderr, "kiln-compile-worker: NVRTC's code stays on small pages: %s\n", moved.status().to_string().c_str());
+    }
   }
   if (!kiln::attach_to_host(args)) return 0;
   if (auto it = args.other.find("--pch-dir"); it != args.other.end()) g_pch_dir = it->second;
