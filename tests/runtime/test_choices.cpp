@@ -508,7 +508,7 @@ TEST(SelectionRule, LongComputeBoundTiesGoToTheExterns) {
   auto rank_for = [](bool externs_first) {
     return [externs_first](const std::string& name) {
       const ChoiceKind kind = name.rfind("cublas", 0) == 0 ? ChoiceKind::kExtern : ChoiceKind::kTemplate;
-      return detail::problem_tie_rank(kind == ChoiceKind::kExtern ? 1 : 0, kind, externs_first);
+      return detail::problem_tie_rank(kind == ChoiceKind::kExtern ? 1 : 0, externs_first);
     };
   };
   const double tie = BenchmarkOptions{}.rank_tie_fraction;
@@ -522,10 +522,14 @@ TEST(SelectionRule, LongComputeBoundTiesGoToTheExterns) {
   const std::vector<ChoiceResult> s = {sampled("gemm_wgmma_128x224", 158.0, 159.0, 157.5, 100),
                                        sampled("cublaslt_a66_t165", 162.45, 163.0, 162.0, 100)};
   EXPECT_EQ(s[detail::pick_winner(s, rank_for(true), tie)].name, "gemm_wgmma_128x224");
-  // Subgraphs and user kernels keep their ranks behind both.
-  EXPECT_EQ(detail::problem_tie_rank(2, ChoiceKind::kSubgraph, true), 2);
-  EXPECT_EQ(detail::problem_tie_rank(3, ChoiceKind::kUser, true), 3);
-  EXPECT_EQ(detail::problem_tie_rank(0, ChoiceKind::kTemplate, false), 0);
+  // The template and extern ranks trade places; subgraphs and user kernels keep theirs behind both, and a choice
+  // that overrides tie_rank() moves with the rank it chose (a user kernel ranked as an extern goes first too).
+  EXPECT_EQ(detail::problem_tie_rank(Choice::kTemplateTieRank, true), Choice::kExternTieRank);
+  EXPECT_EQ(detail::problem_tie_rank(Choice::kExternTieRank, true), Choice::kTemplateTieRank);
+  EXPECT_EQ(detail::problem_tie_rank(2, true), 2);
+  EXPECT_EQ(detail::problem_tie_rank(3, true), 3);
+  EXPECT_EQ(detail::problem_tie_rank(Choice::kTemplateTieRank, false), Choice::kTemplateTieRank);
+  EXPECT_EQ(detail::problem_tie_rank(Choice::kExternTieRank, false), Choice::kExternTieRank);
 }
 
 TEST(SelectionRule, ASameRankChoiceWithinTheWindowButSlowerDoesNotWinByName) {

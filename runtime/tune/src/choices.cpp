@@ -38,8 +38,8 @@ std::string_view choice_kind_name(ChoiceKind kind) {
 
 int Choice::tie_rank() const {
   switch (kind()) {
-    case ChoiceKind::kTemplate: return 0;
-    case ChoiceKind::kExtern: return 1;
+    case ChoiceKind::kTemplate: return kTemplateTieRank;
+    case ChoiceKind::kExtern: return kExternTieRank;
     case ChoiceKind::kSubgraph: return 2;
     case ChoiceKind::kUser: return 3;
   }

@@ -133,11 +133,11 @@ int pick_winner(const std::vector<ChoiceResult>& results, const std::function<in
   return pick;
 }
 
-int problem_tie_rank(int choice_tie_rank, ChoiceKind kind, bool externs_first) {
+int problem_tie_rank(int choice_tie_rank, bool externs_first) {
   if (!externs_first) return choice_tie_rank;
-  // Choice::tie_rank(): templates 0, externs 1; swapped, the others unchanged.
-  if (kind == ChoiceKind::kExtern) return 0;
-  if (kind == ChoiceKind::kTemplate) return 1;
+  // By value, not by kind: a choice that overrides Choice::tie_rank() keeps the place of the rank it chose.
+  if (choice_tie_rank == Choice::kTemplateTieRank) return Choice::kExternTieRank;
+  if (choice_tie_rank == Choice::kExternTieRank) return Choice::kTemplateTieRank;
   return choice_tie_rank;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/runtime/choice.h"
 #include "kiln/runtime/tuner.h"
 
 namespace kiln::runtime::detail {
@@ -96,9 +97,10 @@ int pick_winner(const std::vector<ChoiceResult>& results, const std::function<in
 /// Over every recorded run, on problems of 80 us or more where the two efforts picked a template and an extern,
 /// the extern was the faster in the re-time by 1.3% on average (100 picks one way, 13 the other).
 inline constexpr double kSustainedPowerUs = 100;
-/// Choice::tie_rank() in a problem, given its kind: with `externs_first` (a compute-bound problem whose best run
-/// takes kSustainedPowerUs or more: externs_first_on_ties()) externs go before templates; the rest keep theirs.
-int problem_tie_rank(int choice_tie_rank, ChoiceKind kind, bool externs_first);
+/// A choice's Choice::tie_rank() in a problem: with `externs_first` (a compute-bound problem whose best run
+/// takes kSustainedPowerUs or more: externs_first_on_ties()) the extern rank and the template rank trade places;
+/// the other ranks keep theirs.
+int problem_tie_rank(int choice_tie_rank, bool externs_first);
 bool externs_first_on_ties(double best_us, const std::string& model_bound);
 
 }  // namespace kiln::runtime::detail

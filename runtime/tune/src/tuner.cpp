@@ -937,7 +937,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       results,
       [&](const std::string& name) {
         const ChoicePtr& c = choice_by_name[name];
-        return detail::problem_tie_rank(c->tie_rank(), c->kind(), report.externs_first_on_ties);
+        return detail::problem_tie_rank(c->tie_rank(), report.externs_first_on_ties);
       },
       options.bench.rank_tie_fraction,
       [&](const std::string& best, const std::string& other) {

@@ -91,6 +91,8 @@ class Choice {
   /// 30 Nov (f0f0019): within 1% of the exhaustive effort's choice 89.2%, within 3% 96.7% (against 90.8-91.7%
   /// and 98.3-100% over four runs with templates first); the ties it settled the other way missed as often.
   virtual int tie_rank() const;
+  static constexpr int kTemplateTieRank = 0;
+  static constexpr int kExternTieRank = 1;
 
   /// The precompile gate: sends kernels() through `gate` at `priority` and returns a future of the binaries
   /// (every kernel of a subgraph; a ready future when there is nothing to compile). `order`: how they queue
