@@ -522,9 +522,12 @@ TEST(EffortPlan, AMemoryBoundGridOfSeveralWavesKeepsItsBestStreamKTile) {
   const auto without = detail::plan_choices(choices, order, "cublas_default", keep, {}, 0, true, keep);
   EXPECT_FALSE(names(without.first).count("sk"));
   EXPECT_TRUE(without.stream_k_pick.empty());
+  EXPECT_EQ(without.stream_k_choice, nullptr);
   const auto with = detail::plan_choices(choices, order, "cublas_default", keep, {}, 0, true, keep, true);
   EXPECT_TRUE(names(with.first).count("sk"));
   EXPECT_EQ(with.stream_k_pick, "sk");
+  ASSERT_NE(with.stream_k_choice, nullptr);
+  EXPECT_EQ(with.stream_k_choice->name(), "sk");
   EXPECT_EQ(with.kept_ranked, keep + 1) << "one more, none displaced";
   for (const auto& c : without.first) EXPECT_TRUE(names(with.first).count(c->name())) << c->name();
   EXPECT_EQ(with.variant_picks, 0);
@@ -536,6 +539,8 @@ TEST(EffortPlan, AMemoryBoundGridOfSeveralWavesKeepsItsBestStreamKTile) {
   const auto all = detail::plan_choices(choices, order, "cublas_default", 7, {}, 0, true, 7, true);
   EXPECT_TRUE(names(all.first).count("sk"));
   EXPECT_EQ(all.stream_k_pick, "sk");
+  ASSERT_NE(all.stream_k_choice, nullptr);
+  EXPECT_EQ(all.stream_k_choice->name(), "sk");
   EXPECT_EQ(all.kept_ranked, all_without.kept_ranked);
   EXPECT_EQ(names(all.first), names(all_without.first));
   // Under one wave (64 tiles), two per SM, or compute-bound: no candidate.

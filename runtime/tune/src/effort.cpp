@@ -187,7 +187,8 @@ TunePlan plan_choices(const std::vector<ChoicePtr>& choices, const std::vector<R
   if (stream_k_pick && keep > 0) {
     if (const RankedChoice* sk = stream_k_candidate(ranked); sk != nullptr) {
       stream_k_added = kept.insert(sk).second;
-      plan.stream_k_pick = choices[sk->index]->name();
+      plan.stream_k_choice = choices[sk->index];
+      plan.stream_k_pick = plan.stream_k_choice->name();
     }
   }
   int rank = 0;

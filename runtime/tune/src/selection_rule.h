@@ -120,6 +120,7 @@ struct TunePlan {
   int variant_picks = 0;           // ranked below `keep` but kept as the best of its structural variant (diverse)
   std::map<std::string, std::string> structure;  // by name, for the model-ranked choices: structure_class()
   std::string stream_k_pick;       // EffortPolicy::stream_k_pick's choice (kept, added past `keep` if need be)
+  ChoicePtr stream_k_choice;       // that choice; null when there is none
 };
 /// `ranked` is rank()'s answer for `choices`. keep <= 0 keeps everything. `planned`: names of choices planned for
 /// other problems (their kernels compile anyway); with `share_margin` > 0 see EffortPolicy::share_margin, with

@@ -685,9 +685,7 @@ Result<std::shared_ptr<Selection>> Tuner::Impl::run_tune(const Problem& problem,
       if (keep[i]) protected_from_cut.insert(ranked[i]);
     }
     // The stream-K pick is there because the model misprices it: its prediction cannot cut it either.
-    for (const auto& c : choices) {
-      if (!plan.stream_k_pick.empty() && c->name() == plan.stream_k_pick) protected_from_cut.insert(c.get());
-    }
+    if (plan.stream_k_choice) protected_from_cut.insert(plan.stream_k_choice.get());
   }
   // Cuts `list` (and its futures, when given: cancelled, so a queued compile nobody else wants never runs).
   double least_cut_us = 0;
