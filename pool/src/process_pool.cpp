@@ -53,6 +53,17 @@ constexpr const char* kWorkerMalloc =
     "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456:"
     "glibc.malloc.top_pad=16777216:glibc.malloc.hugetlb=1";
 
+// An on/off setting: the option if set, else the environment variable ("0" or "1"), else the default.
+Result<bool> switch_setting(const std::optional<bool>& option, const char* env, bool fallback) {
+  if (option) return *option;
+  const char* v = std::getenv(env);
+  if (v == nullptr || *v == '\0') return fallback;
+  if (std::string_view(v) != "0" && std::string_view(v) != "1") {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("{} is '{}' (give 0 or 1)", env, v));
+  }
+  return std::string_view(v) == "1";
+}
+
 // A worker's folder for NVRTC's automatic PCH (a request with use_pch and no pch_dir). Left to itself NVRTC
 // writes /tmp/__nvrtc_auto_pch_<pid>_0 and removes it only at a normal exit, which a worker never has (the host
 // hangs up and the worker ends in _exit, or it is killed): 57 MB left behind per worker that compiled the pool
@@ -121,6 +132,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
   int target = 1;
   bool pin = false;  // ProcessPoolOptions::pin_workers, resolved
   int nice = 0;      // ProcessPoolOptions::worker_nice, resolved
+  bool huge_text = kDefaultHugeText;  // ProcessPoolOptions::huge_text, resolved
   uint64_t pch_dirs = 0;  // workers named a PCH folder so far (on the I/O thread)
   std::unique_ptr<Executor> host;  // the host arena, used until ready and when the pool cannot start workers
   std::shared_ptr<TaskRunner> callbacks;
@@ -220,6 +232,7 @@ struct ProcessPool::Impl : std::enable_shared_from_this<ProcessPool::Impl> {
     w->pch_dir = (temp_dir() / fmt::format("{}{}-{}", kPchPrefix, ::getpid(), ++pch_dirs)).string();
     std::vector<std::string> args{"--pch-dir", w->pch_dir};
     if (nice > 0) args.insert(args.end(), {"--nice", std::to_string(nice)});
+    if (huge_text) args.insert(args.end(), {"--huge-text", "1"});
     auto started = spawn_worker_process(worker_path, env, args);
     if (!started.ok()) {
       start_failed(started.status().message());
@@ -716,14 +729,8 @@ Result<std::unique_ptr<ProcessPool>> ProcessPool::start(ProcessPoolOptions optio
   auto impl = std::make_shared<Impl>();
   impl->worker_path = std::move(path);
   impl->target = options.workers > 0 ? options.workers : available_cores();
-  if (options.pin_workers) {
-    impl->pin = *options.pin_workers;
-  } else if (const char* v = std::getenv("KILN_POOL_PIN"); v != nullptr && *v != '\0') {
-    if (std::string_view(v) != "0" && std::string_view(v) != "1") {
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("KILN_POOL_PIN is '{}' (give 0 or 1)", v));
-    }
-    impl->pin = std::string_view(v) == "1";
-  }
+  KILN_ASSIGN_OR_RETURN(impl->pin, switch_setting(options.pin_workers, "KILN_POOL_PIN", false));
+  KILN_ASSIGN_OR_RETURN(impl->huge_text, switch_setting(options.huge_text, "KILN_POOL_HUGE_TEXT", kDefaultHugeText));
   impl->nice = kDefaultWorkerNice;
   if (options.worker_nice) {
     impl->nice = *options.worker_nice;

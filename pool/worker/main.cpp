@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     if (n > 0 && n <= 19) (void)::setpriority(PRIO_PROCESS, 0, n);
   }
   // Before any other thread exists: nothing may run NVRTC's code while it moves.
-  if (const char* huge = std::getenv("KILN_WORKER_HUGE_TEXT"); huge && std::string_view(huge) == "1") {
+  if (args.get("--huge-text", 0) == 1) {
     auto moved = kiln::pool_detail::move_text_to_huge_pages("libnvrtc.so");
     if (!moved.ok()) {
       std::fprintf(stderr, "kiln-compile-worker: NVRTC's code stays on small pages: %s\n", moved.status().to_string().c_str());

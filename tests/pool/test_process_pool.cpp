@@ -505,6 +505,61 @@ TEST(ProcessPool, ABadPinSettingIsAnError) {
   EXPECT_NE(pool.status().message().find("KILN_POOL_PIN"), std::string::npos) << pool.status().to_string();
 }
 
+// Bytes of anonymous read+execute mappings in process `pid`: where a worker's moved NVRTC code lives.
+std::size_t anonymous_code_bytes(int pid) {
+  std::ifstream maps(fmt::format("/proc/{}/maps", pid));
+  std::size_t total = 0;
+  for (std::string line; std::getline(maps, line);) {
+    unsigned long lo = 0, hi = 0;
+    char perms[5] = {};
+    unsigned long offset = 0;
+    char dev[16] = {};
+    unsigned long inode = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s %lx %15s %lu", &lo, &hi, perms, &offset, dev, &inode) != 6) continue;
+    if (perms[0] == 'r' && perms[2] == 'x' && inode == 0 && line.find('[') == std::string::npos) total += hi - lo;
+  }
+  return total;
+}
+
+bool thp_possible() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(f, mode);
+  return !mode.empty() && mode.find("[never]") == std::string::npos;
+}
+
+// A worker asked to move NVRTC's code onto huge pages does (its code is in an anonymous mapping of whole 2 MiB
+// pages) and compiles the same cubin as this process; one not asked leaves it in the file's mapping.
+TEST(ProcessPool, HugeTextWorkersCompileTheSameCubin) {
+  KILN_ASSERT_OK_AND_ASSIGN(Binary local, compile(named("huge_text"), kTarget));
+  for (bool huge : {true, false}) {
+    EventLog log;
+    ProcessPoolOptions o;
+    o.huge_text = huge;
+    auto pool = ready_pool(log, 1, o);
+    ASSERT_TRUE(pool);
+    Submission s = pool->submit(real("huge_text"));
+    KILN_ASSERT_OK_AND_ASSIGN(Binary b, s.future.get());
+    EXPECT_EQ(b.cubin, local.cubin) << "huge_text=" << huge;
+    const int pid = log.wait_sent(s.id);
+    const std::size_t moved = anonymous_code_bytes(pid);
+    if (!huge) {
+      EXPECT_EQ(moved, 0u);
+    } else if (thp_possible()) {
+      EXPECT_GE(moved, std::size_t{32} << 20) << "NVRTC's code (~72 MB) should have moved";
+      EXPECT_EQ(moved % (std::size_t{2} << 20), 0u);
+    }
+  }
+}
+
+TEST(ProcessPool, ABadHugeTextSettingIsAnError) {
+  ScopedEnv huge("KILN_POOL_HUGE_TEXT", "on");
+  auto pool = ProcessPool::start({});
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(pool.status().message().find("KILN_POOL_HUGE_TEXT"), std::string::npos) << pool.status().to_string();
+}
+
 // The nice value of process (main thread) `pid`.
 int nice_of(int pid) {
   errno = 0;

@@ -78,12 +78,21 @@ struct ProcessPoolOptions {
   /// the process that started the pool (a tune measuring on the GPU while the pool compiles on every core) gets
   /// a CPU as soon as it wakes. Unset: $KILN_POOL_NICE, else kDefaultWorkerNice. 0 leaves the host's.
   std::optional<int> worker_nice;
+  /// Each worker moves NVRTC's code (~72 MB) onto transparent huge pages when it starts
+  /// (pool/src/huge_text.h), where the machine's THP setting allows it (`madvise` or `always`). Unset:
+  /// $KILN_POOL_HUGE_TEXT ("0" or "1"), else kDefaultHugeText. A worker that cannot move it compiles as before.
+  std::optional<bool> huge_text;
 };
 /// 19: on the H200 machine (16 cores, Linux 6.18; 1 Dec 2026, bench/tuning/nice_ab.sh, two passes of the
 /// suite's default tunes) the first half of the suite tuned in 0.125 s a problem against 0.138-0.157 with the
 /// workers at the host's priority, and its measuring took 0.6-0.8 s less; the compile-bound second half was
 /// unchanged (0.163-0.166 s). The workers still take every CPU nobody else wants.
 inline constexpr int kDefaultWorkerNice = 19;
+/// On: on the H200 machine (16 cores, THP `madvise`; 2 Dec 2026, bench/pool/huge_text_ab.sh, three passes) a
+/// worker compiled kiln's wgmma configurations in a median 0.32-0.37 s against 0.45-0.50 s with NVRTC's code on
+/// 4 KiB pages, and 16 workers compiled 7-23 % more kernels a second in 5 of 6 paired batches. Each worker pays
+/// ~35 ms more to start (the copy) and holds ~72 MB of private memory more.
+inline constexpr bool kDefaultHugeText = true;
 
 struct ProcessPoolStats {
   int workers_alive = 0;
