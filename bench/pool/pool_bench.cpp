@@ -84,15 +84,8 @@ std::map<std::string, double>& template_costs() {
 }
 
 Status load_template_sources(const Target& target) {
-  KILN_ASSIGN_OR_RETURN(TemplatePtr t, find_template("gemm_wgmma_sm90"));
-  KILN_ASSIGN_OR_RETURN(Grid grid, Grid::create(t));
-  KILN_ASSIGN_OR_RETURN(DeviceLimits limits, DeviceLimits::for_target(target));
-  std::vector<Params> picks = sample(grid, limits, kNumConfigs, /*seed=*/1);
-  // sample() may return more to cover every parameter value; a batch of a multiple of 8 keeps the same mix.
-  if (picks.size() > static_cast<size_t>(kNumConfigs)) picks.resize(kNumConfigs);
-  for (const Params& p : picks) {
-    KILN_ASSIGN_OR_RETURN(Rendered r, t->render(p));
-    r.source.name = r.config_name;
+  KILN_ASSIGN_OR_RETURN(std::vector<Rendered> sample, wgmma_sample(target));
+  for (Rendered& r : sample) {
     template_costs()[r.config_name] = r.compile_cost;
     template_sources().push_back(std::move(r.source));
   }
@@ -734,6 +727,22 @@ nlohmann::json to_json(const std::vector<Row>& rows, const Options& o, const std
 }
 
 }  // namespace
+
+Result<std::vector<Rendered>> wgmma_sample(const Target& target) {
+  KILN_ASSIGN_OR_RETURN(TemplatePtr t, find_template("gemm_wgmma_sm90"));
+  KILN_ASSIGN_OR_RETURN(Grid grid, Grid::create(t));
+  KILN_ASSIGN_OR_RETURN(DeviceLimits limits, DeviceLimits::for_target(target));
+  std::vector<Params> picks = sample(grid, limits, kNumConfigs, /*seed=*/1);
+  // sample() may return more to cover every parameter value; a batch of a multiple of 8 keeps the same mix.
+  if (picks.size() > static_cast<size_t>(kNumConfigs)) picks.resize(kNumConfigs);
+  std::vector<Rendered> out;
+  for (const Params& p : picks) {
+    KILN_ASSIGN_OR_RETURN(Rendered r, t->render(p));
+    r.source.name = r.config_name;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
 
 void add_options(CLI::App& app, Options& o) {
   app.add_option("--executor", o.executors,

@@ -8,11 +8,19 @@
 #include <string>
 #include <vector>
 
+#include "kiln/jit/target.h"
+#include "kiln/status.h"
+#include "kiln/templates/template.h"
+
 namespace CLI {
 class App;
 }
 
 namespace kiln::pool_bench {
+
+/// What `--kernel wgmma` compiles: 8 configurations of kiln's gemm_wgmma_sm90 template for `target`, sampled
+/// with seed 1 (every parameter value covered as far as 8 allow). Also bench_text_pages' work.
+Result<std::vector<templates::Rendered>> wgmma_sample(const Target& target);
 
 struct Options {
   /// inline, arena, process; "threads" (a plain std::thread pool calling kiln::compile) is the reference.
