@@ -122,13 +122,6 @@ int main(int argc, char** argv) {
     const int n = std::atoi(it->second.c_str());
     if (n > 0 && n <= 19) (void)::setpriority(PRIO_PROCESS, 0, n);
   }
-  // Before any other thread exists: nothing may run NVRTC's code while it moves.
-  if (args.get("--huge-text", 0) == 1) {
-    auto moved = kiln::pool_detail::move_text_to_huge_pages("libnvrtc.so");
-    if (!moved.ok()) {
-      std::fprintf(stderr, "kiln-compile-worker: NVRTC's code stays on small pages: %s\n", moved.status().to_string().c_str());
-    }
-  }
   if (!kiln::attach_to_host(args)) return 0;
   if (auto it = args.other.find("--pch-dir"); it != args.other.end()) g_pch_dir = it->second;
   const char* faults_env = std::getenv("KILN_WORKER_TEST_FAULTS");
@@ -146,6 +139,15 @@ int main(int argc, char** argv) {
   kiln::NvrtcVersion v = kiln::nvrtc_version();
   auto hello = kiln::wire::encode(kiln::wire::Hello{static_cast<int32_t>(::getpid()), v.major, v.minor});
   if (!hello.ok() || !kiln::codec::write_all(args.fd, *hello).ok()) return 0;
+  // After the hello, so that the host goes on (a tune plans its first problem) while this copies ~72 MB; before
+  // the first request is read, so no NVRTC code runs while it moves (the only other thread, attach_to_host's,
+  // runs none).
+  if (args.get("--huge-text", 0) == 1) {
+    auto moved = kiln::pool_detail::move_text_to_huge_pages("libnvrtc.so");
+    if (!moved.ok()) {
+      std::fprintf(stderr, "kiln-compile-worker: NVRTC's code stays on small pages: %s\n", moved.status().to_string().c_str());
+    }
+  }
 
   kiln::WorkerLoop loop;
   loop.protocol = &kiln::wire::kProtocol;

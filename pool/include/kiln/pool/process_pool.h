@@ -90,8 +90,8 @@ struct ProcessPoolOptions {
 inline constexpr int kDefaultWorkerNice = 19;
 /// On: on the H200 machine (16 cores, THP `madvise`; 2 Dec 2026, bench/pool/huge_text_ab.sh, three passes) a
 /// worker compiled kiln's wgmma configurations in a median 0.32-0.37 s against 0.45-0.50 s with NVRTC's code on
-/// 4 KiB pages, and 16 workers compiled 7-23 % more kernels a second in 5 of 6 paired batches. Each worker pays
-/// ~35 ms more to start (the copy) and holds ~72 MB of private memory more.
+/// 4 KiB pages, and 16 workers compiled 7-23 % more kernels a second in 5 of 6 paired batches. Each worker
+/// copies for ~35 ms after its hello, before its first compile, and holds ~72 MB of private memory more.
 inline constexpr bool kDefaultHugeText = true;
 
 struct ProcessPoolStats {
