@@ -32,19 +32,29 @@ struct Sample {
   int ok = 0;
 };
 
-// One child: compiles `per_proc` distinct sources, writes a Sample for each to `fd`.
+// One child: `warm_up` untimed compiles (a process's first compile also loads NVRTC's builtins and faults its
+// pages in, as a pool worker's does once in its life), then `per_proc` distinct sources, a Sample for each to `fd`.
+// Each child closes `ready` once warmed up, then waits at `start` (a pipe the parent closes when every child is
+// ready), so that every timed compile runs beside the others.
 [[noreturn]] void child(const std::vector<templates::Rendered>& sample, const Target& target, int per_proc,
-                        int index, bool move_here, int fd) {
+                        int warm_up, int index, bool move_here, int fd, int ready, int start) {
   if (move_here) {
     auto moved = pool_detail::move_text_to_huge_pages("libnvrtc.so");
     if (!moved.ok()) std::fprintf(stderr, "child %d: %s\n", index, moved.status().to_string().c_str());
   }
-  for (int i = 0; i < per_proc; ++i) {
+  auto one = [&](int i, const char* what) {
     KernelSource s = sample[static_cast<size_t>(index + i) % sample.size()].source;
-    s.source += fmt::format("\n// text pages {} {} {}\n", ::getpid(), index, i);
+    s.source += fmt::format("\n// text pages {} {} {} {}\n", what, ::getpid(), index, i);
+    return compile(s, target).ok();
+  };
+  for (int i = 0; i < warm_up; ++i) (void)one(i, "warm-up");
+  ::close(ready);
+  char byte;
+  (void)::read(start, &byte, 1);  // EOF once the parent has closed it
+  for (int i = 0; i < per_proc; ++i) {
     const auto t0 = bench::Clock::now();
-    auto b = compile(s, target);
-    Sample out{bench::seconds_since(t0), b.ok() ? 1 : 0};
+    const bool ok = one(i, "timed");
+    Sample out{bench::seconds_since(t0), ok ? 1 : 0};
     if (::write(fd, &out, sizeof out) != static_cast<ssize_t>(sizeof out)) ::_exit(3);
   }
   ::_exit(0);
@@ -55,11 +65,13 @@ struct Sample {
 int main(int argc, char** argv) {
   CLI::App app{"NVRTC compiles side by side with libnvrtc's code on small, per-process huge or shared huge pages"};
   std::string mode = "small", arch = "sm_90a", json;
-  int procs = 1, per_proc = 6;
+  int procs = 1, per_proc = 6, warm_up = 1;
   app.add_option("--mode", mode, "small, private (each process moves its code) or shared (moved before fork)")
       ->check(CLI::IsMember({"small", "private", "shared"}));
   app.add_option("--procs", procs, "Processes compiling side by side")->check(CLI::Range(1, 1024));
   app.add_option("--per-proc", per_proc, "Compiles per process")->check(CLI::Range(1, 1000));
+  app.add_option("--warm-up", warm_up, "Untimed compiles per process first (0: none; the 2 Dec 2026 run had none and "
+                                       "timed the forks too)")->check(CLI::Range(0, 100));
   app.add_option("--arch", arch, "Target arch");
   app.add_option("--json", json, "Write the run here");
   CLI11_PARSE(app, argc, argv);
@@ -72,20 +84,29 @@ int main(int argc, char** argv) {
     auto moved = bench::must(pool_detail::move_text_to_huge_pages("libnvrtc.so"), "moving NVRTC's code");
     moved_json = {{"bytes_moved", moved.bytes_moved}, {"huge_bytes", moved.huge_bytes}};
   }
-  int fds[2];
-  if (::pipe(fds) != 0) bench::fail(make_error(ErrorCode::kIoError, std::strerror(errno)), "pipe");
-  const auto t0 = bench::Clock::now();
+  int fds[2], start[2], ready[2];
+  if (::pipe(fds) != 0 || ::pipe(start) != 0 || ::pipe(ready) != 0) {
+    bench::fail(make_error(ErrorCode::kIoError, std::strerror(errno)), "pipe");
+  }
   std::vector<pid_t> kids;
   for (int p = 0; p < procs; ++p) {
     const pid_t pid = ::fork();
     if (pid < 0) bench::fail(make_error(ErrorCode::kIoError, std::strerror(errno)), "fork");
     if (pid == 0) {
       ::close(fds[0]);
-      child(sample, target, per_proc, p, mode == "private", fds[1]);
+      ::close(start[1]);
+      ::close(ready[0]);
+      child(sample, target, per_proc, warm_up, p, mode == "private", fds[1], ready[1], start[0]);
     }
     kids.push_back(pid);
   }
   ::close(fds[1]);
+  ::close(start[0]);
+  ::close(ready[1]);
+  char byte;
+  (void)::read(ready[0], &byte, 1);  // EOF once every child has closed its end: all warmed up
+  const auto t0 = bench::Clock::now();
+  ::close(start[1]);  // every child starts its timed compiles now
   std::vector<double> seconds;
   int failed = 0;
   Sample s;
@@ -108,7 +129,7 @@ int main(int argc, char** argv) {
   std::fputs(t.str().c_str(), stdout);
   if (!json.empty()) {
     nlohmann::json j = {{"environment", bench::environment()}, {"mode", mode}, {"procs", procs},
-                        {"per_proc", per_proc}, {"compiles", seconds.size()}, {"wall_s", wall},
+                        {"per_proc", per_proc}, {"warm_up", warm_up}, {"compiles", seconds.size()}, {"wall_s", wall},
                         {"kernels_per_second", rate}, {"job_seconds", bench::to_json(st)},
                         {"failed", failed + bad_exits}, {"moved", moved_json}};
     if (!bench::write_json(json, j)) return 1;
